@@ -1,0 +1,292 @@
+"""One held context: appends, state, prompt building, compression and completion (SPEC §3-§6)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from contexts import compression, jsonl
+from contexts.atomic import fsync_dir, read_json
+from contexts.clock import iso
+from contexts.errors import ContextError, FencedError
+from contexts.heartbeat import Heartbeat
+from contexts.lock import ContextLock, LockInfo
+from contexts.masking import mask, mask_value
+from contexts.names import (
+    COMPLETED_DIR,
+    FINAL_STATUSES,
+    MESSAGES_FILE,
+    METADATA_FILE,
+    SUMMARIES_FILE,
+    TOOLS_FILE,
+)
+from contexts.prompt import build_prompt
+from contexts.state import read_state, update_state
+from contexts.tokens import calibrate, estimate_message_tokens
+
+if TYPE_CHECKING:
+    from contexts.store import ContextStore
+
+log = structlog.get_logger(__name__)
+
+
+class Context:
+    """A context directory held by this process; obtained from ``ContextStore.create`` or ``.open``."""
+
+    def __init__(self, store: ContextStore, uuid: str, path: Path, lock: ContextLock) -> None:
+        self.store = store
+        self.uuid = uuid
+        self.path = path
+        self._lock = lock
+        self._fsync = store.fsync
+        self.metadata: dict[str, Any] = read_json(path / METADATA_FILE)
+        self._messages = jsonl.JsonlWriter(path / MESSAGES_FILE, fsync=store.fsync)
+        self._summaries = jsonl.JsonlWriter(path / SUMMARIES_FILE, id_field="summary_id", fsync=store.fsync)
+        self._tools = jsonl.JsonlWriter(path / TOOLS_FILE, fsync=store.fsync)
+        self._write_guard = threading.Lock()
+        self.pinned: list[dict[str, Any]] = []
+        self._pinned_complete = False
+        for record in jsonl.read_head(path / MESSAGES_FILE, 8):
+            if self._pinned_complete:
+                break
+            self._pin(record)
+        self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
+        self.unsummarized_tokens = 0
+        self.unsummarized_count = 0
+        for record in jsonl.iter_records_reversed(path / MESSAGES_FILE):
+            if record["seq"] <= self.boundary_seq:
+                break
+            self.unsummarized_tokens += int(record.get("token_count", 0))
+            self.unsummarized_count += 1
+        self._calibration = float(read_state(path).get("token_calibration", 1.0))
+        self._heartbeat: Heartbeat | None = None
+        self.closed = False
+        self.previous_holder: LockInfo | None = None  # set by ``open`` after a takeover
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start_heartbeat(self) -> None:
+        """Refresh ``.lock`` and ``state.json`` every ``heartbeat_interval_s`` from a background thread."""
+        self._heartbeat = Heartbeat(self.uuid, self.store.heartbeat_interval_s, self.beat)
+        self._heartbeat.start()
+
+    def beat(self) -> None:
+        """One heartbeat: the lock, ``state.json.updated_at`` and the store's hook (the Redis index)."""
+        now = self.store.clock()
+        self._lock.refresh(now)
+        update_state(self.path, now, fsync=False)
+        if self.store.on_heartbeat is not None:
+            self.store.on_heartbeat(self.uuid, now)
+
+    @property
+    def fenced(self) -> bool:
+        """True once this holder learned that its lock was taken over."""
+        return self._lock.fenced or (self._heartbeat is not None and self._heartbeat.fenced)
+
+    def _check(self) -> None:
+        if self.closed:
+            raise ContextError(f"{self.uuid}: context is closed")
+        if self._heartbeat is not None and self._heartbeat.fenced:
+            self._lock.fenced = True
+        self._lock.check()
+
+    # -- records -------------------------------------------------------------------------------
+
+    @property
+    def boundary_seq(self) -> int:
+        """Messages up to this seq are pinned or covered by the latest summary."""
+        pinned_end = self.pinned[-1]["seq"] if self.pinned else 0
+        summary_end = int(self.latest_summary["end_seq"]) if self.latest_summary else 0
+        return max(pinned_end, summary_end)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest message on disk."""
+        return self._messages.last_id
+
+    def _pin(self, record: dict[str, Any]) -> None:
+        self.pinned.append(record)
+        if record.get("role") == "user":
+            self._pinned_complete = True
+
+    def append_message(self, role: str, content: str | None, **extra: Any) -> int:
+        """Mask and append one message; returns its ``seq``."""
+        record: dict[str, Any] = mask_value({"role": role, "content": content, **extra})  # type: ignore[assignment]
+        record["timestamp"] = iso(self.store.clock())
+        record.setdefault("token_count", estimate_message_tokens(record["content"], record.get("tool_calls")))
+        with self._write_guard:
+            self._check()
+            seq = self._messages.append(record)
+        stored = {"seq": seq, **record}
+        if not self._pinned_complete:
+            self._pin(stored)
+        else:
+            self.unsummarized_tokens += int(record["token_count"])
+            self.unsummarized_count += 1
+        return seq
+
+    def append_tool(
+        self,
+        tool_name: str,
+        arguments: dict[str, Any],
+        status: str,
+        duration_ms: int,
+        result: Any = None,
+        error: str | None = None,
+        **extra: Any,
+    ) -> int:
+        """Mask and append one ``tools.jsonl`` record; returns its ``seq``."""
+        record = mask_value(
+            {
+                "tool_name": tool_name,
+                "arguments": arguments,
+                "result": result,
+                "status": status,
+                "error": error,
+                "duration_ms": int(duration_ms),
+                "timestamp": iso(self.store.clock()),
+                **extra,
+            }
+        )
+        with self._write_guard:
+            self._check()
+            return self._tools.append(record)  # type: ignore[arg-type]
+
+    def step_done(self) -> None:
+        """End of an agent step: fsync the JSONL files under the ``step`` policy."""
+        with self._write_guard:
+            for writer in (self._messages, self._tools, self._summaries):
+                writer.sync()
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message record, oldest first (reads the whole file: for viewers and tests)."""
+        return list(jsonl.iter_records(self.path / MESSAGES_FILE))
+
+    def unsummarized(self) -> list[dict[str, Any]]:
+        """Messages after the boundary, oldest first."""
+        newest: list[dict[str, Any]] = []
+        for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
+            if record["seq"] <= self.boundary_seq:
+                break
+            newest.append(record)
+        return newest[::-1]
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def update_state(self, add: dict[str, int] | None = None, **fields: Any) -> dict[str, Any]:
+        """Set ``fields`` (and increment the counters in ``add``) in ``state.json``; returns the new state."""
+        with self._write_guard:
+            self._check()
+            return update_state(
+                self.path, self.store.clock(), fsync=self._fsync != "never", set_fields=fields, add=add
+            )
+
+    def read_state(self) -> dict[str, Any]:
+        """The current ``state.json``."""
+        return read_state(self.path)
+
+    def calibrate_tokens(self, estimated_prompt_tokens: int, reported_prompt_tokens: int) -> float:
+        """Correct future estimates with the provider's reported prompt tokens; returns the new factor."""
+        self._calibration = calibrate(self._calibration, estimated_prompt_tokens, reported_prompt_tokens)
+        self.update_state(token_calibration=self._calibration)
+        return self._calibration
+
+    @property
+    def token_factor(self) -> float:
+        """Multiplier that turns stored estimates into the provider's token counts."""
+        return self._calibration
+
+    # -- prompt and compression ------------------------------------------------------------------
+
+    def build_prompt(self, context_length: int, reserve_tokens: int = 0) -> list[dict[str, Any]]:
+        """The messages to send: pinned task, latest summary, and the newest messages that fit."""
+        return build_prompt(
+            self.pinned,
+            self.latest_summary,
+            jsonl.iter_records_reversed(self.path / MESSAGES_FILE),
+            boundary_seq=self.boundary_seq,
+            last_seq=self.last_seq,
+            budget_tokens=context_length - reserve_tokens,
+            factor=self._calibration,
+        )
+
+    def compress(
+        self, summarizer: compression.Summarizer, policy: compression.CompressionPolicy
+    ) -> dict[str, Any] | None:
+        """Summarize the oldest unsummarized span into ``summaries.jsonl``; ``None`` if nothing to do."""
+        span = compression.select_span(self.unsummarized(), policy.keep_recent)
+        if not span:
+            return None
+        previous = self.latest_summary
+        text = summarizer(previous["summary"] if previous else None, span)
+        record = compression.make_summary_record(
+            span=span, previous=previous, text=mask(text), now=self.store.clock()
+        )
+        with self._write_guard:
+            self._check()
+            summary_id = self._summaries.append(record)
+            self._summaries.sync()
+        self.latest_summary = {"summary_id": summary_id, **record}
+        self.unsummarized_tokens -= sum(int(r.get("token_count", 0)) for r in span)
+        self.unsummarized_count -= len(span)
+        self.update_state(add={"compression_count": 1})
+        return self.latest_summary
+
+    # -- completion ------------------------------------------------------------------------------
+
+    def finish(self, status: str, error: str | None = None, **final: Any) -> Path:
+        """Complete the context (SPEC §3 rule 9) and return its path under ``completed/``."""
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"not a final status: {status!r}")
+        now = self.store.clock()
+        self.step_done()
+        self.update_state(status="completing", completed_at=iso(now), error=error, **final)
+        self._stop_heartbeat()
+        self._close_files()
+        self._lock.release()
+        target = self.store.base_dir / COMPLETED_DIR / self.uuid
+        os.rename(self.path, target)
+        fsync_dir(target.parent)
+        self.path = target
+        update_state(target, self.store.clock(), fsync=self._fsync != "never", set_fields={"status": status})
+        log.info("context finished", uuid=self.uuid, status=status)
+        return target
+
+    def release(self) -> None:
+        """Hand the context back without finishing it (warm shutdown): stop, sync, remove the lock."""
+        self._stop_heartbeat()
+        self._close_files()
+        with contextlib.suppress(FencedError):
+            self._lock.release()
+
+    def detach(self) -> None:
+        """Stop using the context and leave the lock behind, as a crashed holder would."""
+        self._stop_heartbeat()
+        self._close_files()
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _close_files(self) -> None:
+        with self._write_guard:
+            for writer in (self._messages, self._tools, self._summaries):
+                writer.close()
+            self.closed = True
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.closed:
+            self.detach()
+
+
+HeartbeatHook = Callable[[str, datetime], None]

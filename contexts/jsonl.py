@@ -1,0 +1,198 @@
+"""Append-only JSON Lines files: one record per line, one ``write`` per record, torn tails repaired.
+
+Writers append a complete line with a single ``os.write`` on an ``O_APPEND`` descriptor, so a crash
+leaves at most one torn line at the end of the file.  Readers ignore such a line; the next writer cuts
+it off before appending (SPEC §3 rules 1-4).  Readers that want the newest records seek from the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from contexts.atomic import DiskFullError
+from contexts.errors import CorruptRecordError
+from contexts.names import FILE_MODE, GZIP_SUFFIX
+
+FsyncPolicy = Literal["always", "step", "never"]
+FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "step", "never")
+_BLOCK = 64 * 1024
+
+
+class JsonlWriter:
+    """The single writer of one JSONL file; numbers records with ``id_field`` (1, 2, 3, ... across resumes)."""
+
+    def __init__(self, path: Path, *, id_field: str = "seq", fsync: FsyncPolicy = "step") -> None:
+        self.path = path
+        self.id_field = id_field
+        self.fsync = fsync
+        self._dirty = False
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
+        self.last_id = self._repair_and_find_last_id()
+
+    def _repair_and_find_last_id(self) -> int:
+        size = os.fstat(self._fd).st_size
+        tail_start, tail = _read_last_complete_line(self._fd, size)
+        end = tail_start + len(tail)  # end of the last complete line, newline included
+        if end != size:
+            os.ftruncate(self._fd, end)  # a torn last line from a crash mid-write
+            os.fsync(self._fd)
+        if not tail:
+            return 0
+        record = json.loads(tail)
+        return int(record.get(self.id_field, 0))
+
+    def append(self, record: dict[str, Any]) -> int:
+        """Number ``record``, write it as one line and flush it; return its id."""
+        next_id = self.last_id + 1
+        line = json.dumps({self.id_field: next_id, **record}, ensure_ascii=False, separators=(",", ":"))
+        self.write_line(line.encode() + b"\n")
+        self.last_id = next_id
+        return next_id
+
+    def write_line(self, data: bytes) -> None:
+        """Write one complete line; on a failed or short write cut the file back and raise."""
+        before = os.fstat(self._fd).st_size if self.fsync == "always" else -1
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, before if before >= 0 else _size_before(self._fd, data))
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(f"no space left appending to {self.path.name}") from exc
+            raise
+        if self.fsync == "always":
+            os.fsync(self._fd)
+        else:
+            self._dirty = True
+
+    def sync(self) -> None:
+        """fsync pending lines (the ``step`` policy calls this at the end of every step)."""
+        if self._dirty and self.fsync != "never":
+            os.fsync(self._fd)
+        self._dirty = False
+
+    def close(self) -> None:
+        """Sync and close the file."""
+        if self._fd >= 0:
+            self.sync()
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _size_before(fd: int, data: bytes) -> int:
+    """Where the file ended before a failed append: just after its last complete line."""
+    return _complete_end(fd, os.fstat(fd).st_size)
+
+
+def _rfind_newline(fd: int, end: int) -> int:
+    """Offset of the last newline before ``end``, or -1."""
+    pos = end
+    while pos > 0:
+        step = min(_BLOCK, pos)
+        pos -= step
+        cut = os.pread(fd, step, pos).rfind(b"\n")
+        if cut >= 0:
+            return pos + cut
+    return -1
+
+
+def _complete_end(fd: int, size: int) -> int:
+    """Offset just past the last newline: everything after it is a torn line."""
+    return _rfind_newline(fd, size) + 1
+
+
+def _read_last_complete_line(fd: int, size: int) -> tuple[int, bytes]:
+    """Return (offset, bytes) of the last newline-terminated line; (0, b"") when there is none."""
+    end = _complete_end(fd, size)
+    if end == 0:
+        return 0, b""
+    start = _rfind_newline(fd, end - 1) + 1
+    return start, os.pread(fd, end - start, start)
+
+
+def resolve(path: Path) -> Path:
+    """The file as it exists now: ``x.jsonl`` or, after retention, ``x.jsonl.gz``."""
+    if not path.exists():
+        gz = path.with_name(path.name + GZIP_SUFFIX)
+        if gz.exists():
+            return gz
+    return path
+
+
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield records oldest first (transparently from ``.jsonl.gz``); a torn last line is ignored."""
+    path = resolve(path)
+    if not path.exists():
+        return
+    opener = gzip.open if path.suffix == GZIP_SUFFIX else open
+    with opener(path, "rb") as handle:
+        pending: bytes | None = None
+        number = 0
+        for line in handle:
+            if pending is not None:
+                yield _parse(pending, path, number)
+            number += 1
+            pending = line if line.endswith(b"\n") else None
+            if pending is None and line.strip():
+                return  # torn last line
+        if pending is not None:
+            yield _parse(pending, path, number)
+
+
+def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield records newest first, reading blocks from the end; never reads more than it yields."""
+    path = resolve(path)
+    if not path.exists():
+        return
+    if path.suffix == GZIP_SUFFIX:  # archives are small and rare: no seeking in gzip
+        yield from reversed(list(iter_records(path)))
+        return
+    with open(path, "rb") as handle:
+        pos = _complete_end(handle.fileno(), os.fstat(handle.fileno()).st_size)
+        remainder = b""
+        while pos > 0:
+            step = min(_BLOCK, pos)
+            pos -= step
+            chunk = os.pread(handle.fileno(), step, pos) + remainder
+            lines = chunk.split(b"\n")
+            remainder = lines[0]
+            for line in reversed(lines[1:]):
+                if line.strip():
+                    yield _parse(line, path, -1)
+        if remainder.strip():
+            yield _parse(remainder, path, -1)
+
+
+def read_head(path: Path, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` records."""
+    out: list[dict[str, Any]] = []
+    for record in iter_records(path):
+        if len(out) >= count:
+            break
+        out.append(record)
+    return out
+
+
+def last_record(path: Path) -> dict[str, Any] | None:
+    """The newest complete record, or ``None``."""
+    return next(iter_records_reversed(path), None)
+
+
+def _parse(line: bytes, path: Path, number: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        where = f"line {number + 1}" if number >= 0 else "a line"
+        raise CorruptRecordError(f"{path}: {where} is not valid JSON") from exc
+    if not isinstance(record, dict):
+        raise CorruptRecordError(f"{path}: a line is not a JSON object")
+    return record

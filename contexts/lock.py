@@ -1,0 +1,199 @@
+"""The context's ``.lock``: who holds it, when it is stale, and how it changes hands (SPEC §4).
+
+Every change to a ``.lock`` — create, heartbeat, takeover, release — happens while holding a per-UUID
+``flock`` mutex in ``{base}/.locks/``, and re-checks the lock's owner token under it.  That makes the
+changes linearizable: under any interleaving of any number of processes at most one holder exists.
+Readers (the monitor, the viewer) never take the mutex; the ``.lock`` is always replaced whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import filelock
+
+from contexts.atomic import write_bytes_atomic
+from contexts.clock import iso, parse_iso
+from contexts.errors import FencedError, LockHeldError
+from contexts.names import FILE_MODE
+
+MUTEX_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The content of a ``.lock`` file."""
+
+    process_id: int
+    hostname: str
+    acquired_at: datetime
+    heartbeat_at: datetime
+    owner: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as written to disk (schemas/lock.schema.json plus ``owner``)."""
+        return {
+            "process_id": self.process_id,
+            "hostname": self.hostname,
+            "acquired_at": iso(self.acquired_at),
+            "heartbeat_at": iso(self.heartbeat_at),
+            "owner": self.owner,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LockInfo:
+        """Parse a ``.lock`` record."""
+        return cls(
+            process_id=int(data["process_id"]),
+            hostname=str(data["hostname"]),
+            acquired_at=parse_iso(data["acquired_at"]),
+            heartbeat_at=parse_iso(data["heartbeat_at"]),
+            owner=str(data.get("owner", "")),
+        )
+
+    @property
+    def worker(self) -> str:
+        """``hostname:pid`` as ``state.json`` records it."""
+        return f"{self.hostname}:{self.process_id}"
+
+
+def is_stale(lock: LockInfo, now: datetime, stale_after_s: float, this_host: str, process_alive: bool) -> bool:
+    """A lock is stale when its heartbeat is older than ``stale_after_s`` and its holder cannot be alive.
+
+    ``process_alive`` (``kill -0``) only means something on the holder's own host; from another host
+    only the heartbeat counts (SPEC §4, §12).
+    """
+    if (now - lock.heartbeat_at).total_seconds() <= stale_after_s:
+        return False
+    return lock.hostname != this_host or not process_alive
+
+
+def heartbeat_age_s(lock: LockInfo, now: datetime) -> float:
+    """Seconds since the holder's last heartbeat."""
+    return (now - lock.heartbeat_at).total_seconds()
+
+
+def process_alive(pid: int) -> bool:
+    """``kill -0``: does a process with this id exist on this host?"""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_lock(path: Path) -> LockInfo | None:
+    """The ``.lock`` at ``path``, or ``None`` when there is none (or it vanished while reading)."""
+    try:
+        with open(path, "rb") as handle:
+            return LockInfo.from_json(json.loads(handle.read()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError) as exc:  # never written torn, but an operator may have edited it
+        raise LockHeldError(f"{path}: unreadable lock file ({exc})") from exc
+
+
+class ContextLock:
+    """One holder's handle on a context's ``.lock``: acquire, refresh, check (fencing), release."""
+
+    def __init__(self, path: Path, mutex_path: Path, hostname: str, pid: int | None = None) -> None:
+        self.path = path
+        self.mutex_path = mutex_path
+        self.hostname = hostname
+        self.pid = os.getpid() if pid is None else pid
+        self.owner = secrets.token_hex(16)
+        self.info: LockInfo | None = None
+        self.fenced = False
+        self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of our own last write
+        self._guard = threading.Lock()
+
+    def _mutex(self) -> filelock.BaseFileLock:
+        return filelock.FileLock(str(self.mutex_path), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE)
+
+    def acquire(self, now: datetime, stale_after_s: float, *, create_only: bool = False) -> LockInfo | None:
+        """Take the lock; return the previous (stale) holder's info when this was a takeover.
+
+        Raises :class:`LockHeldError` while a live holder has it.
+        """
+        try:
+            with self._mutex():
+                current = read_lock(self.path)
+                if current is not None:
+                    alive = current.hostname == self.hostname and process_alive(current.process_id)
+                    if create_only or not is_stale(current, now, stale_after_s, self.hostname, alive):
+                        raise LockHeldError(
+                            f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})"
+                        )
+                self._write(LockInfo(self.pid, self.hostname, now, now, self.owner))
+                return current
+        except filelock.Timeout as exc:
+            raise LockHeldError(f"{self.path}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
+
+    def refresh(self, now: datetime) -> None:
+        """Heartbeat: rewrite ``heartbeat_at``; raises :class:`FencedError` if the lock was taken over."""
+        if self.info is None or self.fenced:
+            raise FencedError(f"{self.path}: not the holder")
+        with self._mutex():
+            self._verify_owner()
+            self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner))
+
+    def check(self) -> None:
+        """Fencing before a write: cheap ``stat``; reads the file only when it changed under us."""
+        if self.fenced or self.info is None:
+            raise FencedError(f"{self.path}: lock lost; this holder must not write")
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            self._fence("lock file removed")
+        if (stat.st_ino, stat.st_mtime_ns) == self._seen:
+            return
+        with self._guard:  # our own heartbeat may have just replaced the file
+            current = read_lock(self.path)
+            if current is None or current.owner != self.owner:
+                self._fence("lock taken over")
+            self._seen = (stat.st_ino, stat.st_mtime_ns) if current else None
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours (finish, or handing the task back on shutdown)."""
+        if self.info is None:
+            return
+        with self._mutex():
+            current = read_lock(self.path)
+            if current is not None and current.owner == self.owner:
+                os.unlink(self.path)
+        self.info = None
+
+    def _verify_owner(self) -> None:
+        current = read_lock(self.path)
+        if current is None or current.owner != self.owner:
+            self._fence("lock taken over")
+
+    def _fence(self, why: str) -> NoReturn:
+        self.fenced = True
+        raise FencedError(f"{self.path.parent.name}: {why}; this holder stops writing")
+
+    def _write(self, info: LockInfo) -> None:
+        with self._guard:
+            write_bytes_atomic(self.path, json.dumps(info.to_json()).encode() + b"\n")
+            stat = os.stat(self.path)
+            self._seen = (stat.st_ino, stat.st_mtime_ns)
+            self.info = info
+
+
+def lock_mutex_path(mutex_dir: Path, uuid: str) -> Path:
+    """Where the flock mutex of ``uuid`` lives (outside the context, so it exists before the context)."""
+    with contextlib.suppress(FileExistsError):
+        mutex_dir.mkdir(mode=0o700, parents=True)
+    return mutex_dir / uuid

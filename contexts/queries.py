@@ -1,0 +1,207 @@
+"""What the viewer and the statistics read (001 §9.1, §9.2): summaries of contexts, details, totals."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from contexts import jsonl
+from contexts.atomic import read_json
+from contexts.clock import parse_iso
+from contexts.errors import CorruptRecordError
+from contexts.names import COMPLETED_DIR, MESSAGES_FILE, METADATA_FILE, RUNNING_DIR, SUMMARIES_FILE, TOOLS_FILE
+from contexts.state import read_state
+from contexts.store import ContextStore
+
+
+@dataclass(frozen=True)
+class ContextSummary:
+    """One context as the list, the viewer header and the statistics see it."""
+
+    uuid: str
+    location: str  # running | completed
+    status: str
+    task_key: dict[str, str]
+    user: str | None
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    llm_call_count: int
+    tool_call_count: int
+    total_tokens_used: int
+    compression_count: int
+    attempt: int
+    worker: str | None
+    message_count: int
+    error: str | None
+    path: Path
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to completion (``None`` while running)."""
+        if self.started_at is None or self.completed_at is None:
+            return None
+        return (self.completed_at - self.started_at).total_seconds()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (timestamps as ISO strings)."""
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, datetime):
+                data[key] = value.isoformat()
+        data["path"] = str(self.path)
+        data["duration_s"] = self.duration_s
+        return data
+
+
+def _opt_time(value: Any) -> datetime | None:
+    return parse_iso(value) if value else None
+
+
+def summarize(directory: Path) -> ContextSummary:
+    """Read one context directory's metadata, state and message count."""
+    metadata = read_json(directory / METADATA_FILE)
+    state = read_state(directory)
+    last = jsonl.last_record(directory / MESSAGES_FILE)
+    return ContextSummary(
+        uuid=metadata["uuid"],
+        location=directory.parent.name,
+        status=state["status"],
+        task_key=metadata["task_key"],
+        user=metadata.get("user"),
+        created_at=parse_iso(metadata["created_at"]),
+        started_at=_opt_time(state.get("started_at")),
+        completed_at=_opt_time(state.get("completed_at")),
+        llm_call_count=int(state.get("llm_call_count", 0)),
+        tool_call_count=int(state.get("tool_call_count", 0)),
+        total_tokens_used=int(state.get("total_tokens_used", 0)),
+        compression_count=int(state.get("compression_count", 0)),
+        attempt=int(state.get("attempt", 1)),
+        worker=state.get("worker"),
+        message_count=int(last["seq"]) if last else 0,
+        error=state.get("error"),
+        path=directory,
+    )
+
+
+def list_contexts(
+    store: ContextStore, *, status: str | None = None, user: str | None = None
+) -> list[ContextSummary]:
+    """Every readable context, newest first, optionally filtered by status and user."""
+    out = []
+    for location, uuids in ((RUNNING_DIR, store.running_uuids()), (COMPLETED_DIR, store.completed_uuids())):
+        for uuid in uuids:
+            try:
+                item = summarize(store.base_dir / location / uuid)
+            except (OSError, ValueError, KeyError, CorruptRecordError):
+                continue  # vanished mid-listing (moved to completed/) or unreadable
+            if (status is None or item.status == status) and (user is None or item.user == user):
+                out.append(item)
+    out.sort(key=lambda item: item.created_at, reverse=True)
+    return out
+
+
+@dataclass
+class ContextDetail:
+    """The viewer's full picture of one context."""
+
+    summary: ContextSummary
+    metadata: dict[str, Any]
+    state: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+
+def newest(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    """The newest ``limit`` records of a JSONL file (all when ``None``), oldest first."""
+    if limit is None:
+        return list(jsonl.iter_records(path))
+    out: list[dict[str, Any]] = []
+    for record in jsonl.iter_records_reversed(path):
+        if len(out) >= limit:
+            break
+        out.append(record)
+    return out[::-1]
+
+
+def show_context(store: ContextStore, uuid: str, *, limit: int | None = 10) -> ContextDetail:
+    """Metadata, state, and the newest ``limit`` messages, summaries and tool calls of ``uuid``."""
+    directory = store.locate(uuid)
+    return ContextDetail(
+        summary=summarize(directory),
+        metadata=read_json(directory / METADATA_FILE),
+        state=read_state(directory),
+        messages=newest(directory / MESSAGES_FILE, limit),
+        summaries=newest(directory / SUMMARIES_FILE, None),
+        tools=newest(directory / TOOLS_FILE, limit),
+    )
+
+
+def disk_usage(directory: Path) -> int:
+    """Bytes used by the files below ``directory``."""
+    total = 0
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+@dataclass(frozen=True)
+class Stats:
+    """001 §9.2's statistics over a filtered set of contexts."""
+
+    total: int
+    running: int
+    completed: int
+    by_status: dict[str, int]
+    disk_running_bytes: int
+    disk_completed_bytes: int
+    avg_messages: float
+    avg_tokens: float
+    avg_duration_s: float | None
+    avg_compressions: float
+    by_user: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def compute_stats(
+    store: ContextStore,
+    *,
+    user: str | None = None,
+    status: str | None = None,
+    date_from: date | None = None,
+    date_to: date | None = None,
+) -> Stats:
+    """Statistics over contexts created between ``date_from`` and ``date_to`` (inclusive, UTC)."""
+    items = [
+        item
+        for item in list_contexts(store, status=status, user=user)
+        if (date_from is None or item.created_at.date() >= date_from)
+        and (date_to is None or item.created_at.date() <= date_to)
+    ]
+    count = len(items) or 1
+    durations = [d for d in (item.duration_s for item in items) if d is not None]
+    return Stats(
+        total=len(items),
+        running=sum(1 for item in items if item.location == RUNNING_DIR),
+        completed=sum(1 for item in items if item.location == COMPLETED_DIR),
+        by_status=dict(Counter(item.status for item in items).most_common()),
+        disk_running_bytes=disk_usage(store.base_dir / RUNNING_DIR),
+        disk_completed_bytes=disk_usage(store.base_dir / COMPLETED_DIR),
+        avg_messages=sum(item.message_count for item in items) / count,
+        avg_tokens=sum(item.total_tokens_used for item in items) / count,
+        avg_duration_s=sum(durations) / len(durations) if durations else None,
+        avg_compressions=sum(item.compression_count for item in items) / count,
+        by_user=dict(Counter(item.user or "(none)" for item in items).most_common()),
+    )

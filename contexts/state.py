@@ -1,0 +1,77 @@
+"""``state.json``: read-modify-write under ``.state.lock``, replaced atomically (SPEC §3 rule 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from contexts.atomic import read_json, write_json_atomic
+from contexts.clock import iso
+from contexts.errors import ContextError
+from contexts.masking import mask_value
+from contexts.names import FILE_MODE, STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
+
+COUNTERS = (
+    "llm_call_count",
+    "tool_call_count",
+    "total_tokens_used",
+    "current_context_tokens",
+    "compression_count",
+)
+
+
+def initial_state(now: datetime, worker: str) -> dict[str, Any]:
+    """The state of a context that was just created (001 §3.2 plus Tasuki's fields)."""
+    return {
+        "status": "initializing",
+        "started_at": iso(now),
+        "updated_at": iso(now),
+        "completed_at": None,
+        "llm_call_count": 0,
+        "tool_call_count": 0,
+        "total_tokens_used": 0,
+        "current_context_tokens": 0,
+        "compression_count": 0,
+        "last_activity": None,
+        "error": None,
+        "attempt": 1,
+        "worker": worker,
+        "cancel_requested": False,
+        "token_calibration": 1.0,
+    }
+
+
+def read_state(directory: Path) -> dict[str, Any]:
+    """The current ``state.json`` of a context directory."""
+    data = read_json(directory / STATE_FILE)
+    if not isinstance(data, dict):
+        raise ContextError(f"{directory / STATE_FILE}: not a JSON object")
+    return data
+
+
+def update_state(
+    directory: Path,
+    now: datetime,
+    *,
+    fsync: bool,
+    set_fields: Mapping[str, Any] | None = None,
+    add: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Apply ``set_fields`` and counter increments ``add`` to ``state.json``; return the new state."""
+    lock = filelock.FileLock(str(directory / STATE_LOCK_FILE), timeout=STATE_LOCK_TIMEOUT_S, mode=FILE_MODE)
+    try:
+        with lock:
+            state = read_state(directory)
+            if set_fields:
+                state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]
+            for key, delta in (add or {}).items():
+                state[key] = int(state.get(key, 0)) + delta
+            state["updated_at"] = iso(now)
+            write_json_atomic(directory / STATE_FILE, state, fsync=fsync)
+            return state
+    except filelock.Timeout as exc:
+        raise ContextError(f"{directory.name}: state.json is locked for more than {STATE_LOCK_TIMEOUT_S}s") from exc

@@ -1,0 +1,227 @@
+"""The context store: where contexts live, and how one is created, resumed or found (SPEC §3, §4)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import uuid as uuid_module
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from contexts.atomic import fsync_dir, write_json_atomic
+from contexts.clock import iso, utc_now
+from contexts.context import Context, HeartbeatHook
+from contexts.errors import (
+    ContextCompletedError,
+    ContextExistsError,
+    ContextNotFoundError,
+    InvalidUUIDError,
+    LockHeldError,
+)
+from contexts.jsonl import FSYNC_POLICIES, FsyncPolicy
+from contexts.lock import MUTEX_TIMEOUT_S, ContextLock, LockInfo, lock_mutex_path, read_lock
+from contexts.masking import mask_value
+from contexts.names import (
+    COMPLETED_DIR,
+    DIR_MODE,
+    FILE_MODE,
+    JSONL_FILES,
+    LOCK_FILE,
+    METADATA_FILE,
+    MUTEX_DIR,
+    RUNNING_DIR,
+    STAGING_DIR,
+    STATE_FILE,
+)
+from contexts.state import initial_state, read_state, update_state
+
+TASK_KEY_FIELDS = ("task_source", "owner", "repo", "task_type", "task_id")
+
+
+def validate_uuid(text: str) -> str:
+    """Return the canonical form of a context UUID, or raise :class:`InvalidUUIDError`."""
+    try:
+        parsed = uuid_module.UUID(str(text))
+    except ValueError:
+        raise InvalidUUIDError(f"not a context UUID: {str(text)[:80]!r}") from None
+    if str(parsed) != str(text).lower():  # no braces, urn: prefixes or path tricks
+        raise InvalidUUIDError(f"not a context UUID: {str(text)[:80]!r}")
+    return str(parsed)
+
+
+class ContextStore:
+    """Contexts under ``base_dir``: ``running/{uuid}`` while held, ``completed/{uuid}`` when done."""
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        heartbeat_interval_s: float = 30,
+        stale_after_s: float = 60,
+        fsync: FsyncPolicy = "step",
+        hostname: str | None = None,
+        on_heartbeat: HeartbeatHook | None = None,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.base_dir = Path(base_dir).absolute()
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.stale_after_s = stale_after_s
+        self.fsync: FsyncPolicy = fsync
+        self.hostname = hostname or socket.gethostname()
+        self.on_heartbeat = on_heartbeat
+        self.clock = clock
+        for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR):
+            (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+    # -- where things are ----------------------------------------------------------------------
+
+    def running_path(self, uuid: str) -> Path:
+        """``running/{uuid}`` (whether or not it exists)."""
+        return self.base_dir / RUNNING_DIR / validate_uuid(uuid)
+
+    def completed_path(self, uuid: str) -> Path:
+        """``completed/{uuid}`` (whether or not it exists)."""
+        return self.base_dir / COMPLETED_DIR / validate_uuid(uuid)
+
+    def locate(self, uuid: str) -> Path:
+        """The directory of ``uuid``, running or completed; raises when there is none."""
+        for path in (self.running_path(uuid), self.completed_path(uuid)):
+            if path.is_dir():
+                return path
+        raise ContextNotFoundError(f"no context {uuid} under {self.base_dir}")
+
+    def running_uuids(self) -> list[str]:
+        """UUIDs of the contexts under ``running/``."""
+        return _uuid_dirs(self.base_dir / RUNNING_DIR)
+
+    def completed_uuids(self) -> list[str]:
+        """UUIDs of the contexts under ``completed/``."""
+        return _uuid_dirs(self.base_dir / COMPLETED_DIR)
+
+    def read_lock(self, uuid: str) -> LockInfo | None:
+        """The ``.lock`` of a running context, if any."""
+        return read_lock(self.running_path(uuid) / LOCK_FILE)
+
+    def _new_lock(self, directory: Path, uuid: str) -> ContextLock:
+        return ContextLock(directory / LOCK_FILE, lock_mutex_path(self.base_dir / MUTEX_DIR, uuid), self.hostname)
+
+    # -- create, open ------------------------------------------------------------------------------
+
+    def create(
+        self,
+        task_key: dict[str, Any],
+        config: dict[str, Any],
+        user: str | None = None,
+        uuid: str | None = None,
+        *,
+        heartbeat: bool = True,
+    ) -> Context:
+        """Create ``running/{uuid}`` whole (metadata, state, empty logs, ``.lock``) and hold it."""
+        uuid = validate_uuid(uuid) if uuid else str(uuid_module.uuid4())
+        missing = [f for f in TASK_KEY_FIELDS if f not in task_key]
+        if missing:
+            raise ValueError(f"task_key lacks {', '.join(missing)}")
+        now = self.clock()
+        staging = self.base_dir / STAGING_DIR / f"{uuid}.{os.getpid()}.{uuid_module.uuid4().hex[:8]}"
+        staging.mkdir(mode=DIR_MODE)
+        try:
+            lock = self._new_lock(staging, uuid)
+            metadata = {
+                "uuid": uuid,
+                "task_key": {k: str(v) for k, v in task_key.items()},
+                "created_at": iso(now),
+                "process_id": os.getpid(),
+                "hostname": self.hostname,
+                "config": config,
+                "user": user,
+            }
+            write_json_atomic(staging / METADATA_FILE, mask_value(metadata))
+            write_json_atomic(staging / STATE_FILE, initial_state(now, f"{self.hostname}:{os.getpid()}"))
+            for name in JSONL_FILES:
+                os.close(os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+            lock.acquire(now, self.stale_after_s, create_only=True)
+            fsync_dir(staging)
+            target = self.running_path(uuid)
+            with filelock.FileLock(str(lock.mutex_path), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE):
+                if target.exists() or self.completed_path(uuid).exists():
+                    raise ContextExistsError(f"context {uuid} already exists")
+                try:
+                    os.rename(staging, target)
+                except OSError as exc:  # another creator won the race for the same UUID
+                    raise ContextExistsError(f"context {uuid} already exists") from exc
+            lock.path = target / LOCK_FILE
+            fsync_dir(target.parent)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return self._hold(uuid, target, lock, heartbeat)
+
+    def open(self, uuid: str, *, resume: bool = True, heartbeat: bool = True) -> Context:
+        """Hold a running context: free, or stale and taken over.  ``resume`` counts a new ``attempt``.
+
+        Raises :class:`LockHeldError` while a live holder has it, :class:`ContextCompletedError` once it
+        is finished (or finishing), :class:`ContextNotFoundError` when it never existed.
+        """
+        directory = self.running_path(uuid)
+        if not directory.is_dir():
+            self._raise_missing(uuid)
+        lock = self._new_lock(directory, uuid)
+        try:
+            previous = lock.acquire(self.clock(), self.stale_after_s)
+        except FileNotFoundError:
+            self._raise_missing(uuid)
+        state = read_state(directory)
+        if state.get("status") == "completing":  # finishing was interrupted; the monitor completes it
+            lock.release()
+            raise ContextCompletedError(f"context {uuid} is completing")
+        fields: dict[str, Any] = {"worker": lock.info.worker if lock.info else None}
+        if resume:
+            fields["attempt"] = int(state.get("attempt", 1)) + 1
+        update_state(directory, self.clock(), fsync=self.fsync != "never", set_fields=fields)
+        ctx = self._hold(uuid, directory, lock, heartbeat)
+        ctx.previous_holder = previous
+        return ctx
+
+    def _hold(self, uuid: str, directory: Path, lock: ContextLock, heartbeat: bool) -> Context:
+        ctx = Context(self, uuid, directory, lock)
+        if self.on_heartbeat is not None:
+            self.on_heartbeat(uuid, self.clock())
+        if heartbeat:
+            ctx.start_heartbeat()
+        return ctx
+
+    def _raise_missing(self, uuid: str) -> None:
+        if self.completed_path(uuid).is_dir():
+            raise ContextCompletedError(f"context {uuid} is already completed")
+        raise ContextNotFoundError(f"no context {uuid} under {self.base_dir}")
+
+    def is_held(self, uuid: str) -> bool:
+        """True while a live (non-stale) holder has the context's lock."""
+        try:
+            lock = self._new_lock(self.running_path(uuid), uuid)
+            current = read_lock(lock.path)
+        except LockHeldError:
+            return True
+        if current is None:
+            return False
+        from contexts.lock import is_stale, process_alive
+
+        alive = current.hostname == self.hostname and process_alive(current.process_id)
+        return not is_stale(current, self.clock(), self.stale_after_s, self.hostname, alive)
+
+
+def _uuid_dirs(directory: Path) -> list[str]:
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            if entry.is_dir() and not entry.name.startswith("."):
+                out.append(entry.name)
+    return out
