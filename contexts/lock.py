@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -119,33 +120,39 @@ class ContextLock:
         self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of our own last write
         self._guard = threading.Lock()
 
-    def _mutex(self) -> filelock.BaseFileLock:
+    def mutex(self) -> filelock.BaseFileLock:
+        """The per-UUID mutex every change to the ``.lock`` happens under."""
         return filelock.FileLock(str(self.mutex_path), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE)
 
-    def acquire(self, now: datetime, stale_after_s: float, *, create_only: bool = False) -> LockInfo | None:
+    def acquire(
+        self, clock: Callable[[], datetime], stale_after_s: float, *, create_only: bool = False
+    ) -> LockInfo | None:
         """Take the lock; return the previous (stale) holder's info when this was a takeover.
 
         Raises :class:`LockHeldError` while a live holder has it.
         """
         try:
-            with self._mutex():
-                current = read_lock(self.path)
-                if current is not None:
-                    alive = current.hostname == self.hostname and process_alive(current.process_id)
-                    if create_only or not is_stale(current, now, stale_after_s, self.hostname, alive):
-                        raise LockHeldError(
-                            f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})"
-                        )
-                self._write(LockInfo(self.pid, self.hostname, now, now, self.owner))
-                return current
+            with self.mutex():
+                # The time is read once the mutex is ours: a long wait must not write a lock already stale.
+                return self.acquire_under_mutex(clock(), stale_after_s, create_only=create_only)
         except filelock.Timeout as exc:
             raise LockHeldError(f"{self.path}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
+
+    def acquire_under_mutex(self, now: datetime, stale_after_s: float, *, create_only: bool = False) -> LockInfo | None:
+        """:meth:`acquire` for a caller that already holds :meth:`mutex` (``create`` renames under it)."""
+        current = read_lock(self.path)
+        if current is not None:
+            alive = current.hostname == self.hostname and process_alive(current.process_id)
+            if create_only or not is_stale(current, now, stale_after_s, self.hostname, alive):
+                raise LockHeldError(f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})")
+        self._write(LockInfo(self.pid, self.hostname, now, now, self.owner))
+        return current
 
     def refresh(self, now: datetime) -> None:
         """Heartbeat: rewrite ``heartbeat_at``; raises :class:`FencedError` if the lock was taken over."""
         if self.info is None or self.fenced:
             raise FencedError(f"{self.path}: not the holder")
-        with self._mutex():
+        with self.mutex():
             self._verify_owner()
             self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner))
 
@@ -169,7 +176,7 @@ class ContextLock:
         """Remove the lock if it is still ours (finish, or handing the task back on shutdown)."""
         if self.info is None:
             return
-        with self._mutex():
+        with self.mutex():
             current = read_lock(self.path)
             if current is not None and current.owner == self.owner:
                 os.unlink(self.path)

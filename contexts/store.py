@@ -78,6 +78,8 @@ class ContextStore:
         self.hostname = hostname or socket.gethostname()
         self.on_heartbeat = on_heartbeat
         self.clock = clock
+        # The base itself too: as a mere parent of running/ it would get the umask's 0755 (SPEC §3 rule 6).
+        self.base_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR):
             (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
@@ -147,16 +149,21 @@ class ContextStore:
             write_json_atomic(staging / STATE_FILE, initial_state(now, f"{self.hostname}:{os.getpid()}"))
             for name in JSONL_FILES:
                 os.close(os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-            lock.acquire(now, self.stale_after_s, create_only=True)
-            fsync_dir(staging)
             target = self.running_path(uuid)
-            with filelock.FileLock(str(lock.mutex_path), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE):
-                if target.exists() or self.completed_path(uuid).exists():
-                    raise ContextExistsError(f"context {uuid} already exists")
-                try:
-                    os.rename(staging, target)
-                except OSError as exc:  # another creator won the race for the same UUID
-                    raise ContextExistsError(f"context {uuid} already exists") from exc
+            try:
+                with lock.mutex():
+                    if target.exists() or self.completed_path(uuid).exists():
+                        raise ContextExistsError(f"context {uuid} already exists")
+                    # Stamped under the mutex, right before the rename: the lock appears fresh however long
+                    # the staging writes and the wait for the mutex took.
+                    lock.acquire_under_mutex(self.clock(), self.stale_after_s, create_only=True)
+                    fsync_dir(staging)
+                    try:
+                        os.rename(staging, target)
+                    except OSError as exc:  # another creator won the race for the same UUID
+                        raise ContextExistsError(f"context {uuid} already exists") from exc
+            except filelock.Timeout as exc:
+                raise LockHeldError(f"context {uuid}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
             lock.path = target / LOCK_FILE
             fsync_dir(target.parent)
         except BaseException:
@@ -175,7 +182,7 @@ class ContextStore:
             self._raise_missing(uuid)
         lock = self._new_lock(directory, uuid)
         try:
-            previous = lock.acquire(self.clock(), self.stale_after_s)
+            previous = lock.acquire(self.clock, self.stale_after_s)
         except FileNotFoundError:
             self._raise_missing(uuid)
         state = read_state(directory)

@@ -1,0 +1,129 @@
+"""Real ``celery -A worker worker`` processes for integration, crash and resume tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from celery import Celery
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class WorkerProcess:
+    """One worker subprocess in its own process group (so a kill takes its pool children too)."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    concurrency: int = 1
+    queues: str = "tasks,compression,maintenance"
+    pool: str = "prefork"
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> WorkerProcess:
+        """Start the worker and wait until it answers a ping."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker",
+            "worker",
+            "-n",
+            f"{self.name}@%h",
+            "-Q",
+            self.queues,
+            "-c",
+            str(self.concurrency),
+            "-P",
+            self.pool,
+            "--without-gossip",
+            "--without-mingle",
+            "-E",
+            "-l",
+            "INFO",
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
+        self.process = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_for_ping(self.env["TASUKI__BROKER__URL"], self.hostname_prefix, self.process, self.log_path)
+        return self
+
+    @property
+    def hostname_prefix(self) -> str:
+        return f"{self.name}@"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the machine died) and reap it."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (warm shutdown) and wait for the worker to exit; returns its exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def stop(self) -> None:
+        """Stop it whatever state it is in (test teardown)."""
+        if self.process is not None and self.process.poll() is None:
+            self.terminate(timeout_s=20)
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for_ping(broker_url: str, prefix: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Poll ``control.ping`` until a worker whose name starts with ``prefix`` answers."""
+    probe = Celery(broker=broker_url)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"worker exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            replies = probe.control.ping(timeout=0.5) or []
+            if any(name.startswith(prefix) for reply in replies for name in reply):
+                return
+        raise RuntimeError(f"worker {prefix} did not answer a ping:\n{log_path.read_text()[-3000:]}")
+    finally:
+        probe.close()
+
+
+def worker_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:
+    """The environment of a worker subprocess: the test's settings as TASUKI__ variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env.update(base)
+    env.update(overrides)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env

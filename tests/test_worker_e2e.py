@@ -1,0 +1,45 @@
+"""The main job end to end: a task in Redis, a real celery worker, the scripted model over HTTP, a git repo."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.model_server import model_server
+from tests.helpers.schemas import validate_context_dir
+from tests.helpers.stack import FIXED_CALC, Stack, fix_calc_trajectory, git, local_request, make_buggy_repo
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_url: str, redis_client: object) -> Iterator[Stack]:
+    with model_server(fix_calc_trajectory()) as server:
+        s = Stack(tmp_path, redis_url, server.url)
+        s.model = server  # type: ignore[attr-defined]
+        try:
+            yield s
+        finally:
+            s.stop()
+
+
+def test_task_fixes_failing_test_and_leaves_branch_with_the_fix(stack: Stack, tmp_path: Path) -> None:
+    repo = make_buggy_repo(tmp_path / "repo")
+    stack.start_worker("w1")
+    uuid = stack.send(local_request(repo))
+
+    state = stack.wait_finished(uuid)
+
+    assert state["status"] == "completed", state
+    assert state["llm_call_count"] == 5
+    assert state["tool_call_count"] == 5
+    assert state["attempt"] == 1
+    completed = stack.contexts_dir / "completed" / uuid
+    validate_context_dir(completed)
+    assert not (completed / ".lock").exists()
+    branch = f"tasuki/1-{uuid[:8]}"
+    assert git(repo, "show", f"{branch}:calc.py") == FIXED_CALC
+    assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"  # the operator's checkout untouched
+    stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")

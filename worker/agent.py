@@ -1,0 +1,227 @@
+"""The agent loop (SPEC §5): ``run → step → query → execute``, durable after every step.
+
+The model's reply is on disk before its tool calls run, so a resumed task first answers the calls of
+the last reply it has (``unanswered``) and never repeats an LLM call whose answer is already written.
+Control flow uses exceptions, like mini-swe-agent: :class:`Finished`, :class:`Cancelled`, :class:`StepLimit`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from contexts import CompressionPolicy, Context, TasukiError
+from contexts.tokens import estimate_message_tokens, estimate_tokens
+from worker.checkout import Checkout
+from worker.llm import Provider, Reply, ToolCall
+from worker.llm.base import parse_arguments
+from worker.prompts import NUDGE
+from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
+
+log = structlog.get_logger(__name__)
+
+TOOLS_TOKENS = estimate_tokens(json.dumps(TOOL_SCHEMAS))
+FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the prompt gets far less
+COMPRESSION_RETRY_STEPS = 3
+
+
+class Finished(Exception):
+    """The model called ``finish``."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+
+
+class Cancelled(TasukiError):
+    """Someone asked for the task to stop; it stops at a step boundary."""
+
+
+class StepLimit(TasukiError):
+    """The task used all of its steps without finishing."""
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """How far one task may go."""
+
+    max_steps: int
+    context_length: int
+    tool_output_max_chars: int
+    bash_timeout_s: int
+    response_reserve_tokens: int = 1024
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Prompt room kept free for the tool schemas and the model's answer."""
+        return TOOLS_TOKENS + min(self.response_reserve_tokens, self.context_length // 8)
+
+
+Compressor = Callable[[Context], None]
+
+
+class Agent:
+    """Runs one task's loop over a held context, a provider and a checkout."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        provider: Provider,
+        checkout: Checkout,
+        limits: AgentLimits,
+        policy: CompressionPolicy,
+        compressor: Compressor | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.provider = provider
+        self.checkout = checkout
+        self.workspace = Workspace(checkout.path)
+        self.limits = limits
+        self.policy = policy
+        self.compressor = compressor
+        self.should_stop = should_stop or (lambda: False)
+        self._skip_compression_until = 0
+
+    def run(self) -> str:
+        """Step until the model finishes; return its summary."""
+        try:
+            while True:
+                self.step()
+        except Finished as done:
+            return done.summary
+
+    def step(self) -> None:
+        """One step: answer pending calls, or ask the model and run what it asks for."""
+        state = self.ctx.read_state()
+        if state.get("cancel_requested"):
+            raise Cancelled("cancelled on request")
+        if self.should_stop():
+            raise Cancelled("worker is shutting down")
+        calls = self.unanswered()
+        if calls is None:
+            if int(state.get("llm_call_count", 0)) >= self.limits.max_steps:
+                raise StepLimit(f"step limit of {self.limits.max_steps} reached without finish")
+            self.maybe_compress(int(state.get("llm_call_count", 0)))
+            reply = self.query()
+            calls = reply.tool_calls
+            if not calls:
+                self.ctx.append_message("user", NUDGE)
+        self.execute(calls)
+        self.ctx.step_done()
+        if self.checkout.checkpoint(int(self.ctx.read_state().get("llm_call_count", 0))):
+            self.ctx.update_state(last_activity="checkpoint")
+        finish = next((c for c in calls if c.name == "finish"), None)
+        if finish is not None:
+            raise Finished(str(finish.arguments.get("summary", "")))
+
+    def unanswered(self) -> list[ToolCall] | None:
+        """Tool calls of the newest reply that have no result on disk yet (``None``: ask the model).
+
+        A reply whose calls were all answered, including a ``finish``, ends the task at once.
+        """
+        answered: set[str] = set()
+        for record in self._newest_records():
+            role = record.get("role")
+            if role == "tool":
+                answered.add(str(record.get("tool_call_id")))
+                continue
+            if role != "assistant":
+                return None
+            calls = [_stored_call(c) for c in record.get("tool_calls") or []]
+            if not calls:  # a reply without calls whose nudge was lost in a crash
+                self.ctx.append_message("user", NUDGE)
+                return []
+            pending = [c for c in calls if c.id not in answered]
+            finish = next((c for c in calls if c.name == "finish"), None)
+            if not pending and finish is not None:
+                raise Finished(str(finish.arguments.get("summary", "")))
+            return pending or None
+        return None
+
+    def _newest_records(self) -> Any:
+        from contexts import jsonl
+        from contexts.names import MESSAGES_FILE
+
+        for record in jsonl.iter_records_reversed(self.ctx.path / MESSAGES_FILE):
+            if record["seq"] <= (self.ctx.pinned[-1]["seq"] if self.ctx.pinned else 0):
+                return
+            yield record
+
+    def maybe_compress(self, step: int) -> None:
+        """Hand the context to compression when the unsummarized history passes the threshold."""
+        tokens = int(self.ctx.unsummarized_tokens * self.ctx.token_factor)
+        stage = self.policy.stage(tokens, self.limits.context_length)
+        if stage == "warn":
+            log.info("context filling up", tokens=tokens, context_length=self.limits.context_length)
+        if self.compressor is None or step < self._skip_compression_until:
+            return
+        if not self.policy.should_compress(tokens, self.ctx.unsummarized_count, self.limits.context_length):
+            return
+        self.ctx.update_state(status="compressing", last_activity="compression")
+        try:
+            self.compressor(self.ctx)
+        except TasukiError as exc:  # the prompt builder's emergency rule keeps the prompt in budget meanwhile
+            self._skip_compression_until = step + COMPRESSION_RETRY_STEPS
+            log.warning("compression failed; will retry", error=str(exc), retry_at_step=self._skip_compression_until)
+        finally:
+            self.ctx.update_state(status="processing")
+
+    def query(self) -> Reply:
+        """Ask the model; its reply is written before anything it asks for runs."""
+        prompt = self.ctx.build_prompt(self.limits.context_length, self.limits.reserve_tokens)
+        estimated = TOOLS_TOKENS + sum(
+            estimate_message_tokens(m.get("content"), m.get("tool_calls")) for m in prompt
+        )
+        self.ctx.update_state(
+            status="processing", last_activity="llm_call", current_context_tokens=int(estimated * self.ctx.token_factor)
+        )
+        reply = self.provider.chat(prompt, TOOL_SCHEMAS)
+        message = reply.to_message()
+        extra = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+        self.ctx.append_message("assistant", message["content"], **extra)
+        used = reply.total_tokens or (reply.prompt_tokens or estimated) + (reply.completion_tokens or 0)
+        self.ctx.update_state(
+            add={"llm_call_count": 1, "total_tokens_used": int(used)},
+            current_context_tokens=int(reply.prompt_tokens or estimated),
+            last_activity="llm_reply",
+        )
+        if reply.prompt_tokens:
+            self.ctx.calibrate_tokens(estimated, reply.prompt_tokens)
+        log.info("llm call", prompt_tokens=reply.prompt_tokens, tool_calls=[c.name for c in reply.tool_calls])
+        return reply
+
+    def execute(self, calls: list[ToolCall]) -> None:
+        """Run each call; record it in ``tools.jsonl`` and as a ``tool`` message (cut for the prompt)."""
+        for call in calls:
+            if call.name == "finish":
+                result_text, status, error, duration = "finished", "success", None, 0
+            else:
+                result = run_tool(
+                    self.workspace,
+                    call.name,
+                    call.arguments if call.raw_arguments is None else call.raw_arguments,
+                    bash_timeout_s=self.limits.bash_timeout_s,
+                    max_output_chars=FULL_OUTPUT_MAX_CHARS,
+                )
+                result_text, status, error, duration = result.output, result.status, result.error, result.duration_ms
+            tool_seq = self.ctx.append_tool(
+                call.name, call.arguments, status, duration, result=result_text, error=error, tool_call_id=call.id
+            )
+            content, cut = cap_output(result_text, self.limits.tool_output_max_chars)
+            extra: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name}
+            if cut is not None:
+                content += f"\n[full output: tools.jsonl seq {tool_seq}]"
+                extra["truncated_from"] = cut
+            self.ctx.append_message("tool", content, **extra)
+            self.ctx.update_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
+
+
+def _stored_call(raw: dict[str, Any]) -> ToolCall:
+    function = raw.get("function", {})
+    arguments, bad = parse_arguments(function.get("arguments"))
+    return ToolCall(id=str(raw.get("id")), name=str(function.get("name")), arguments=arguments, raw_arguments=bad)

@@ -1,0 +1,65 @@
+"""The Celery app (SPEC §5): ``celery -A worker ...`` finds ``worker.celery.app``.
+
+Long tasks are the normal case: late acks, reject on worker loss, one message prefetched at a time,
+and a Redis ``visibility_timeout`` longer than the hard time limit.  The context lock — not Celery —
+is what prevents a task from running twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from worker.names import (
+    ALERTS,
+    COMPRESS_CONTEXT,
+    COMPRESSION_QUEUE,
+    MAINTENANCE_QUEUE,
+    REAP_STALE,
+    RETENTION,
+    RUN_TASK,
+    TASKS_QUEUE,
+)
+from worker.runtime import settings
+from worker.settings_models import Settings
+
+
+def celery_config(s: Settings) -> dict[str, Any]:
+    """Celery settings derived from Tasuki's settings."""
+    transport = {"visibility_timeout": s.broker.visibility_timeout_s}
+    return {
+        "broker_url": s.broker.url,
+        "result_backend": s.broker.url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_expires": 86400,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_hijack_root_logger": False,
+        "task_default_queue": TASKS_QUEUE,
+        "task_routes": {
+            RUN_TASK: {"queue": TASKS_QUEUE},
+            COMPRESS_CONTEXT: {"queue": COMPRESSION_QUEUE},
+            REAP_STALE: {"queue": MAINTENANCE_QUEUE},
+            RETENTION: {"queue": MAINTENANCE_QUEUE},
+            ALERTS: {"queue": MAINTENANCE_QUEUE},
+        },
+        "task_soft_time_limit": s.agent.soft_time_limit_s,
+        "task_time_limit": s.agent.time_limit_s,
+        "worker_soft_shutdown_timeout": float(s.agent.shutdown_grace_s),
+        "worker_enable_soft_shutdown_on_idle": True,
+    }
+
+
+app = Celery("tasuki", include=["worker.tasks"])
+app.conf.update(celery_config(settings()))

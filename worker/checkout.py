@@ -1,0 +1,105 @@
+"""The task's git checkout: clone, task branch, checkpoints after steps, the final commit and push.
+
+Checkpoints make resume work on another machine: after every step that changed files, the work is
+committed on the task branch and pushed to the remote, so a worker that picks the baton up clones
+the branch and finds the files exactly as the last step on disk left them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from contexts.errors import TasukiError
+
+AUTHOR = {
+    "GIT_AUTHOR_NAME": "Tasuki",
+    "GIT_AUTHOR_EMAIL": "tasuki@localhost",
+    "GIT_COMMITTER_NAME": "Tasuki",
+    "GIT_COMMITTER_EMAIL": "tasuki@localhost",
+}
+
+
+class GitError(TasukiError):
+    """A git command failed; the message holds the command and git's last line of output."""
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A working copy in ``{workspaces_dir}/{uuid}`` on branch ``branch`` of ``remote``."""
+
+    path: Path
+    remote: str
+    branch: str
+    git_env: Mapping[str, str] | None = None  # credentials passed out of band (never in the remote URL)
+
+    def git(self, *args: str, cwd: Path | None = None, check: bool = True) -> str:
+        """Run ``git args`` in the checkout; return stdout."""
+        return run_git(args, cwd=cwd or self.path, extra_env=self.git_env, check=check)
+
+    def prepare(self) -> bool:
+        """Make the checkout exist on the task branch; return True when it was resumed (not fresh)."""
+        if (self.path / ".git").is_dir():
+            self.git("checkout", "-q", self.branch)
+            return True
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
+                extra_env=self.git_env)
+        remote_branch = self.git("ls-remote", "--heads", "origin", self.branch).strip()
+        if remote_branch:  # an earlier attempt pushed checkpoints: continue from them
+            self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
+            return True
+        self.git("checkout", "-q", "-b", self.branch)
+        return False
+
+    def has_changes(self) -> bool:
+        """True when the working tree differs from the last commit."""
+        return bool(self.git("status", "--porcelain").strip())
+
+    def commit(self, message: str) -> bool:
+        """Commit everything (if anything changed); return whether a commit was made."""
+        if not self.has_changes():
+            return False
+        self.git("add", "-A")
+        self.git("commit", "-q", "--no-verify", "-m", message)
+        return True
+
+    def push(self) -> None:
+        """Push the task branch to the remote (force: checkpoints of this task's own branch only)."""
+        self.git("push", "-q", "--force", "origin", f"HEAD:refs/heads/{self.branch}")
+
+    def checkpoint(self, step: int) -> bool:
+        """Commit and push the step's changes so another worker can resume from them."""
+        if self.commit(f"tasuki: checkpoint after step {step}"):
+            self.push()
+            return True
+        return False
+
+    def head(self) -> str:
+        """The commit the task branch points at."""
+        return self.git("rev-parse", "HEAD").strip()
+
+    def remove(self) -> None:
+        """Delete the working copy."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_git(
+    args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True
+) -> str:
+    """Run git with a fixed author and no terminal prompts; raise :class:`GitError` on failure."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env.update(AUTHOR)
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env.update(extra_env or {})
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise GitError(f"git {args[0]} failed: {last[0]}")
+    return proc.stdout

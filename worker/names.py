@@ -1,0 +1,27 @@
+"""Every Celery queue, task name and Redis key prefix Tasuki uses, defined once (SPEC §5, §7, §8)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Queues
+TASKS_QUEUE: Final = "tasks"
+COMPRESSION_QUEUE: Final = "compression"
+MAINTENANCE_QUEUE: Final = "maintenance"
+QUEUES: Final = (TASKS_QUEUE, COMPRESSION_QUEUE, MAINTENANCE_QUEUE)
+
+# Task names (stable across refactors: queued messages and Flower refer to them)
+RUN_TASK: Final = "tasuki.run_task"
+COMPRESS_CONTEXT: Final = "tasuki.compress_context"
+REAP_STALE: Final = "tasuki.reap_stale"
+RETENTION: Final = "tasuki.retention"
+ALERTS: Final = "tasuki.alerts"
+
+# Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them
+KEY_PREFIX: Final = "tasuki:"
+HEARTBEATS_KEY: Final = "tasuki:heartbeats"  # sorted set: UUID scored by its last heartbeat (epoch seconds)
+DELIVERY_PREFIX: Final = "tasuki:delivery:"  # + webhook delivery id, SET NX EX to drop duplicate deliveries
+ACTIVE_PREFIX: Final = "tasuki:active:"  # + task key, holds the UUID of its queued or running task
+BEAT_LOCK_KEY: Final = "tasuki:beat-lock"  # held by the one beat that runs the schedule
+USER_CONFIG_PREFIX: Final = "tasuki:user-config:"  # + user, cached per-user LLM overrides
+CANCEL_PREFIX: Final = "tasuki:cancel:"  # + UUID, set by `tasuki cancel` for a task that is still queued

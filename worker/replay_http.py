@@ -1,0 +1,171 @@
+"""The replay model's HTTP face: OpenAI ``/v1/chat/completions`` and Ollama ``/api/chat``, non-streaming."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from contexts.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from worker.replay import Answer, ReplayModel
+
+MODEL_NAME = "tasuki-replay"
+OPENAI_CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+OLLAMA_CHAT_PATH = "/api/chat"
+_OPENAI_ERROR_TYPES = {429: "rate_limit_error", 400: "invalid_request_error"}
+
+
+class ReplayHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that knows its replay model; request threads never block shutdown."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], model: ReplayModel) -> None:
+        self.replay_model = model
+        super().__init__(address, ReplayHandler)
+
+
+def _usage_of(answer: Answer) -> int:
+    calls = [{"name": name, "arguments": arguments} for _, name, arguments in answer.tool_calls]
+    return estimate_tokens(answer.content) + (estimate_tokens(json.dumps(calls)) if calls else 0)
+
+
+def openai_completion(answer: Answer, model: str, prompt_tokens: int) -> dict[str, Any]:
+    """A ``chat.completion`` object as the OpenAI API returns it."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for cid, name, arguments in answer.tool_calls
+        ]
+    completion_tokens = _usage_of(answer)
+    return {
+        "id": f"chatcmpl-replay-{answer.kind}-{answer.turn if answer.turn is not None else 's'}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if answer.tool_calls else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def ollama_chat(answer: Answer, model: str, prompt_tokens: int) -> dict[str, Any]:
+    """A final (``done: true``) ``/api/chat`` response as Ollama returns it."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content or ""}
+    if answer.tool_calls:
+        message["tool_calls"] = [
+            {"id": cid, "function": {"index": k, "name": name, "arguments": arguments}}
+            for k, (cid, name, arguments) in enumerate(answer.tool_calls)
+        ]
+    return {
+        "model": model,
+        "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        "message": message,
+        "done_reason": "stop",
+        "done": True,
+        "total_duration": 0,
+        "load_duration": 0,
+        "prompt_eval_count": prompt_tokens,
+        "prompt_eval_duration": 0,
+        "eval_count": _usage_of(answer),
+        "eval_duration": 0,
+    }
+
+
+def error_body(protocol: str, status: int, message: str) -> dict[str, Any]:
+    """An error in the shape each API uses, so each official client raises its usual exception."""
+    if protocol == "ollama":
+        return {"error": message}
+    kind = _OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class ReplayHandler(BaseHTTPRequestHandler):
+    """Routes one HTTP request to the replay model and shapes its answer for the API that was called."""
+
+    server: ReplayHTTPServer
+    protocol_version = "HTTP/1.1"
+    timeout = 120  # an idle keep-alive connection gives its thread back after this long
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: every request is in ``GET /_requests`` instead of on stderr."""
+
+    def do_GET(self) -> None:
+        """Model lists, version, liveness and the request log."""
+        path = urlsplit(self.path).path
+        model = self.server.replay_model
+        if path == "/_requests":
+            self._send_json(200, model.snapshot())
+            return
+        entry = model.record("GET", path, None)
+        listings: dict[str, Any] = {
+            "/v1/models": {
+                "object": "list",
+                "data": [{"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "tasuki"}],
+            },
+            "/api/tags": {"models": [{"name": MODEL_NAME, "model": MODEL_NAME, "size": 0, "digest": ""}]},
+            "/api/version": {"version": "0.0.0"},
+            "/": {"status": "tasuki replay model is running"},
+        }
+        status = 200 if path in listings else 404
+        model.note(entry, status=status)
+        self._send_json(status, listings.get(path, error_body("openai", 404, f"no route {path}")))
+
+    def do_POST(self) -> None:
+        """Chat completions in either API."""
+        path = urlsplit(self.path).path
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        model = self.server.replay_model
+        entry = model.record("POST", path, body)
+        protocol = "ollama" if path == OLLAMA_CHAT_PATH else "openai"
+        if path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
+            status, payload = 404, error_body(protocol, 404, f"no route {path}")
+        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            status, payload = 400, error_body(protocol, 400, "the body must be JSON with a 'messages' list")
+        elif protocol == "openai" and body.get("stream"):
+            status, payload = 400, error_body(protocol, 400, "the replay model does not stream")
+        else:
+            answer = model.answer(body["messages"], entry)
+            status = answer.status
+            name = str(body.get("model") or MODEL_NAME)
+            if status != 200:
+                payload = error_body(protocol, status, answer.error or "error")
+            elif protocol == "ollama":
+                payload = ollama_chat(answer, name, entry["prompt_tokens"])
+            else:
+                payload = openai_completion(answer, name, entry["prompt_tokens"])
+        model.note(entry, status=status)
+        # Ollama streams unless told not to; a replay answer is then one final NDJSON chunk.
+        streamed = protocol == "ollama" and status == 200 and isinstance(body, dict) and body.get("stream", True)
+        self._send_json(status, payload, ndjson=bool(streamed))
+
+    def _send_json(self, status: int, payload: Any, *, ndjson: bool = False) -> None:
+        data = json.dumps(payload, ensure_ascii=False).encode() + (b"\n" if ndjson else b"")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/x-ndjson" if ndjson else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client is gone (a killed worker); its resumed self will ask again

@@ -1,0 +1,132 @@
+"""Trajectories for the replay model: the ordered assistant turns it answers with, plus scripted faults.
+
+A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same entries):
+
+- a **turn**: ``{"content": "text or null", "tool_calls": [{"name": "bash", "arguments": {...}}]}``;
+  ``arguments`` may also be a JSON string, and OpenAI's ``{"function": {...}}`` shape is accepted;
+- a **fault** for the next turn: ``{"fail": 500}`` (HTTP status, answered once) or
+  ``{"fail": 429, "times": 3}``; with ``"for": "summary"`` it is answered to summary requests instead;
+- a **delay** for the next turn: ``{"delay_s": 2.5}`` (the turn's first answer waits that long);
+  ``fail``/``times``/``delay_s`` may also sit on a turn entry itself.
+
+The ``messages.jsonl`` of an earlier run is a trajectory too: its ``assistant`` records, in order, are the
+turns (other roles are skipped; a torn last line is ignored; ``.jsonl.gz`` is read as well).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from worker.llm.base import parse_arguments
+
+MARKER_PATTERN = re.compile(r"\[tasuki-replay turn=(\d+)\]")
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    """One tool call of a scripted turn."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant answer of the trajectory, with the faults and delay that come before it."""
+
+    content: str | None = None
+    tool_calls: tuple[ScriptedCall, ...] = ()
+    faults: tuple[int, ...] = ()
+    delay_s: float = 0.0
+    summary_faults: tuple[int, ...] = ()
+
+
+def load_trajectory(path: Path) -> list[Turn]:
+    """Read a scripted trajectory (JSONL or YAML) or a ``messages.jsonl``; raise ``ValueError`` if malformed."""
+    if path.suffix in {".yaml", ".yml"}:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        if not isinstance(entries, list):
+            raise ValueError(f"{path}: a YAML trajectory is a list of entries")
+    else:
+        entries = _read_jsonl(path)
+    return turns_from_entries(entries, source=str(path))
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    lines = raw.decode("utf-8").split("\n")
+    entries: list[Any] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            if number == len(lines):  # no newline after it: a torn last line from a crash mid-write
+                break
+            raise ValueError(f"{path}: line {number} is not valid JSON") from None
+    return entries
+
+
+def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[Turn]:
+    """Fold fault and delay entries into the turn that follows them."""
+    turns: list[Turn] = []
+    faults: list[int] = []
+    summary_faults: list[int] = []
+    delay_s = 0.0
+    for index, entry in enumerate(entries, start=1):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{source}: entry {index} is not an object")
+        if "role" in entry and entry["role"] != "assistant":
+            continue  # a messages.jsonl record of the user, a tool or the system prompt
+        if "fail" in entry:
+            status = entry["fail"]
+            if not isinstance(status, int) or not 400 <= status <= 599:
+                raise ValueError(f"{source}: entry {index}: 'fail' must be an HTTP status 400-599")
+            target = summary_faults if entry.get("for") == "summary" else faults
+            target.extend([status] * int(entry.get("times", 1)))
+        delay_s = float(entry.get("delay_s", delay_s))
+        if not ({"content", "tool_calls"} & entry.keys() or entry.get("role") == "assistant"):
+            continue
+        turns.append(
+            Turn(
+                content=strip_marker(entry.get("content")),
+                tool_calls=tuple(
+                    _scripted_call(call, source, index, recorded="role" in entry)
+                    for call in entry.get("tool_calls") or []
+                ),
+                faults=tuple(faults),
+                delay_s=delay_s,
+                summary_faults=tuple(summary_faults),
+            )
+        )
+        faults, summary_faults, delay_s = [], [], 0.0
+    if faults or summary_faults or delay_s:
+        raise ValueError(f"{source}: a fail or delay entry at the end has no turn after it to apply to")
+    return turns
+
+
+def _scripted_call(call: Any, source: str, index: int, *, recorded: bool) -> ScriptedCall:
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError(f"{source}: entry {index}: a tool call needs a 'name'")
+    arguments, raw = parse_arguments(function.get("arguments"))
+    # A recorded model may have sent broken JSON (its tool then failed); replay that as empty arguments.
+    if raw is not None and not recorded:
+        raise ValueError(f"{source}: entry {index}: arguments of {function['name']!r} are not a JSON object")
+    return ScriptedCall(name=function["name"], arguments=arguments)
+
+
+def strip_marker(content: str | None) -> str | None:
+    """Content without a replay marker (a trajectory recorded from a replayed run carries them)."""
+    if content is None:
+        return None
+    stripped = MARKER_PATTERN.sub("", content, count=1).strip()
+    return stripped or None

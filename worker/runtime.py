@@ -1,0 +1,89 @@
+"""What a worker process builds once: settings, the Redis client, the context store, LLM providers."""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from typing import Any
+
+import redis
+import structlog
+
+from contexts import ContextStore
+from contexts.masking import register_secrets
+from worker.llm import Provider, make_provider
+from worker.names import HEARTBEATS_KEY
+from worker.settings import load_settings
+from worker.settings_models import Settings
+
+log = structlog.get_logger(__name__)
+
+
+@functools.cache
+def settings() -> Settings:
+    """The process's settings, loaded once; secrets are registered for masking at the same time."""
+    loaded = load_settings()
+    register_secrets(s.get_secret_value() for s in loaded.secrets.model_dump().values() if s is not None)
+    return loaded
+
+
+@functools.cache
+def redis_client() -> redis.Redis:
+    """A Redis client on the broker's server (heartbeat index, dedupe keys, cancel flags)."""
+    return redis.Redis.from_url(settings().broker.url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def index_heartbeat(uuid: str, now: datetime) -> None:
+    """Record the context's heartbeat in the Redis sorted set the monitor reads (never fatal)."""
+    try:
+        redis_client().zadd(HEARTBEATS_KEY, {uuid: now.timestamp()})
+    except redis.RedisError as exc:
+        log.warning("heartbeat index not updated", uuid=uuid, error=str(exc))
+
+
+def unindex(uuid: str) -> None:
+    """Drop a finished context from the heartbeat index (never fatal)."""
+    try:
+        redis_client().zrem(HEARTBEATS_KEY, uuid)
+    except redis.RedisError as exc:
+        log.warning("heartbeat index not cleaned", uuid=uuid, error=str(exc))
+
+
+def context_store(s: Settings | None = None, *, index: bool = True) -> ContextStore:
+    """The context store as configured; its heartbeats also refresh the Redis index."""
+    s = s or settings()
+    return ContextStore(
+        s.contexts.base_dir,
+        heartbeat_interval_s=s.contexts.heartbeat_interval_s,
+        stale_after_s=s.contexts.stale_after_s,
+        fsync=s.contexts.fsync,
+        on_heartbeat=index_heartbeat if index else None,
+    )
+
+
+def llm_config(s: Settings) -> dict[str, Any]:
+    """The resolved LLM settings recorded in ``metadata.json.config`` (never a secret)."""
+    profile = s.llm_profile()
+    return {
+        "llm_provider": profile.provider,
+        "model": profile.model,
+        "context_length": profile.context_length,
+        "compression_threshold": s.compression.threshold,
+        "endpoint": str(profile.endpoint) if profile.endpoint else None,
+    }
+
+
+def provider_for(config: dict[str, Any], s: Settings | None = None) -> Provider:
+    """A provider for a task's recorded LLM config; the API key comes from the environment."""
+    s = s or settings()
+    key = s.secrets.openai_api_key
+    return make_provider(
+        config["llm_provider"],
+        config["model"],
+        int(config["context_length"]),
+        config.get("endpoint"),
+        key.get_secret_value() if key is not None else None,
+        timeout_s=float(s.llm.timeout_s),
+        max_retries=s.llm.max_retries,
+        backoff_base_s=s.llm.backoff_base_s,
+    )

@@ -1,0 +1,216 @@
+"""The one settings loader: defaults < config.yaml < `TASUKI__SECTION__KEY` environment variables (SPEC §9).
+
+Secrets come only from unprefixed environment variables (`OPENAI_API_KEY`, ...) and are exposed as
+`settings.secrets`. Nothing else in Tasuki reads YAML or `os.environ`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+
+from contexts.errors import TasukiError
+from contexts.masking import mask_value, register_secrets
+from worker.settings_models import LLMProfile, Secrets, Settings
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_CONFIG",
+    "ENV_PREFIX",
+    "SECRET_VARIABLES",
+    "ConfigError",
+    "LLMProfile",
+    "Secrets",
+    "Settings",
+    "load_settings",
+]
+
+CONFIG_ENV = "TASUKI_CONFIG"
+DEFAULT_CONFIG = Path("config.yaml")
+ENV_PREFIX = "TASUKI__"
+SECRET_VARIABLES = (
+    "OPENAI_API_KEY",
+    "GITHUB_TOKEN",
+    "GITLAB_TOKEN",
+    "GITHUB_WEBHOOK_SECRET",
+    "GITLAB_WEBHOOK_SECRET",
+    "TASUKI_API_TOKEN",
+)
+_NULLS = ("", "null", "none")
+
+KeyPath = tuple[str, ...]
+
+
+class ConfigError(TasukiError):
+    """The configuration cannot be used; the message holds one `config: ...` line per problem."""
+
+
+def load_settings(config_path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read config.yaml (`config_path`, else `$TASUKI_CONFIG`, else ./config.yaml if present) and `env`."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    data = _read_config_file(_config_file(config_path, environ))
+    overrides, origins = _environment_overrides(environ)
+    try:
+        settings = Settings.model_validate(_merge(data, overrides))
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(error, origins) for error in exc.errors())) from None
+    secrets = Secrets.model_validate(
+        {name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)}
+    )
+    # Secrets that match no token pattern are still masked in every log line and file.
+    register_secrets(environ.get(name) for name in SECRET_VARIABLES)
+    return settings.with_secrets(secrets)
+
+
+def _config_file(config_path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
+    if config_path is not None:
+        path, origin = Path(config_path), ""
+    elif environ.get(CONFIG_ENV):
+        path, origin = Path(environ[CONFIG_ENV]), f" (from {CONFIG_ENV})"
+    else:
+        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    if not path.is_file():
+        raise ConfigError(f"config: {path}{origin}: no such file")
+    return path
+
+
+def _read_config_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"config: cannot parse {path}{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path}: expected a mapping of sections, found a {type(data).__name__}")
+    return data
+
+
+def _environment_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[KeyPath, str]]:
+    """Nested overrides from `TASUKI__SECTION__KEY` variables, and which variable set each key."""
+    overrides: dict[str, Any] = {}
+    origins: dict[KeyPath, str] = {}
+    problems: list[str] = []
+    # Shallow variables first, so TASUKI__GITHUB__LABELS__DONE refines a JSON TASUKI__GITHUB__LABELS.
+    names = sorted((n for n in environ if n.upper().startswith(ENV_PREFIX)), key=lambda n: (n.count("__"), n))
+    for name in names:
+        path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+        if not all(path):
+            problems.append(f"config: {name}: expected a name like TASUKI__SECTION__KEY")
+            continue
+        try:
+            value = _env_value(environ[name], _field_at(path))
+        except ValueError as exc:
+            problems.append(f"config: {'.'.join(path)} = {_show(environ[name])} (from {name}): {exc}")
+            continue
+        node = overrides
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+        origins[path] = name
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return overrides, origins
+
+
+def _env_value(raw: str, field: FieldInfo | None) -> Any:
+    """An environment string as the key expects it: JSON for lists and sections, None for null."""
+    if field is None:
+        return raw  # an unknown key: validation reports it with the keys it could have meant
+    annotation = field.annotation
+    if _model_class(annotation) is not None or get_origin(annotation) in (list, tuple, dict):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError('expected JSON, e.g. ["OWNER", "MEMBER"] or {"key": "value"}') from None
+    if type(None) in get_args(annotation) and raw.strip().lower() in _NULLS:
+        return None
+    return raw
+
+
+def _model_class(annotation: object) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _field_at(path: KeyPath) -> FieldInfo | None:
+    """The field a dotted key path names, or None when no such key exists."""
+    model: type[BaseModel] | None = Settings
+    field = None
+    for part in path:
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        model = _model_class(field.annotation)
+    return field
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        below = merged.get(key)
+        merged[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
+
+
+def _describe(error: ErrorDetails, origins: dict[KeyPath, str]) -> str:
+    """One line naming the key, its value, what was expected and the variable it came from."""
+    path = tuple(str(part) for part in error["loc"])
+    ctx = error.get("ctx") or {}
+    value: object = error["input"]
+    if error["type"] == "cross_field":
+        path += tuple(str(ctx["field"]).split("."))
+        value, expected = ctx["value"], str(ctx["expected"])
+    else:
+        expected = _expected(error, path)
+    # The variable that set this key or a section around it, else one that set a key inside it.
+    origin = next((origins[path[:n]] for n in range(len(path), 0, -1) if path[:n] in origins), None)
+    origin = origin or next((name for key, name in origins.items() if key[: len(path)] == path), None)
+    where = f" (from {origin})" if origin else ""
+    return f"config: {'.'.join(path)} = {_show(value)}{where}: {expected}"
+
+
+def _expected(error: ErrorDetails, path: KeyPath) -> str:
+    kind, message = error["type"], error["msg"]
+    ctx = error.get("ctx") or {}
+    if kind == "literal_error":
+        return "expected one of " + ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
+    if kind == "extra_forbidden":
+        parent = _field_at(path[:-1]) if len(path) > 1 else None
+        model = _model_class(parent.annotation) if parent is not None else Settings
+        known = list(model.model_fields) if model is not None else []
+        close = difflib.get_close_matches(path[-1], known, n=1)
+        return "unknown key" + (f" (did you mean {close[0]}?)" if close else f"; known: {', '.join(known)}")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "expected a mapping of keys"
+    if kind == "string_too_short":
+        return "expected a non-empty string"
+    message = message.removeprefix("Value error, ")
+    if message.startswith("Input should be "):
+        return "expected " + message.removeprefix("Input should be ")
+    return message
+
+
+def _show(value: object) -> str:
+    shown = repr(mask_value(value))
+    return shown if len(shown) <= 80 else shown[:77] + "..."

@@ -1,0 +1,331 @@
+"""Typed sections of Tasuki's configuration (SPEC §9); each attribute's docstring documents its key.
+
+`worker.settings` turns config.yaml and the environment into these models; nothing here reads either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple, Self, cast
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic_core import PydanticCustomError
+
+from contexts.masking import mask_value
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Name = Annotated[str, Field(min_length=1)]
+AuthorAssociation = Literal[
+    "OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE"
+]
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise PydanticCustomError("http_url", "expected an http:// or https:// URL")
+    return value
+
+
+def _broker_url(value: str) -> str:
+    if not value.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
+        raise PydanticCustomError("broker_url", "expected a redis://, rediss://, unix:// or sentinel:// URL")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def cross_field_error(field: str, value: object, expected: str) -> PydanticCustomError:
+    """An error about one key of a section that depends on another key; the loader names `field`."""
+    return PydanticCustomError("cross_field", "{expected}", {"field": field, "value": value, "expected": expected})
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are immutable, docstrings describe keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class BrokerSettings(Section):
+    url: Annotated[str, AfterValidator(_broker_url)] = "redis://localhost:6379/0"
+    """Redis URL of the Celery broker, result backend and heartbeat index."""
+    visibility_timeout_s: PositiveInt = 21600
+    """Seconds before Redis redelivers an unacknowledged task; must exceed agent.time_limit_s."""
+
+
+class RetentionSettings(Section):
+    gzip_after_days: PositiveInt = 7
+    """Compress completed contexts older than this many days."""
+    delete_after_days: PositiveInt = 30
+    """Delete completed contexts older than this many days."""
+
+    @model_validator(mode="after")
+    def _gzip_before_delete(self) -> Self:
+        if self.gzip_after_days > self.delete_after_days:
+            expected = f"at most delete_after_days ({self.delete_after_days})"
+            raise cross_field_error("gzip_after_days", self.gzip_after_days, expected)
+        return self
+
+
+class ContextsSettings(Section):
+    base_dir: Path = Path("logs/contexts")
+    """Root of the context store (holds running/ and completed/)."""
+    workspaces_dir: Path = Path("var/workspaces")
+    """Where each task's repository checkout lives, one directory per UUID."""
+    heartbeat_interval_s: PositiveInt = 30
+    """Seconds between heartbeats of a running task."""
+    stale_after_s: PositiveInt = 60
+    """A lock whose heartbeat is older than this many seconds may be taken over."""
+    fsync: Literal["always", "step", "never"] = "step"
+    """When appends reach the disk: after every record, after every agent step, or when the OS decides."""
+    retention: RetentionSettings = RetentionSettings()
+    """How long completed contexts are kept."""
+
+    @model_validator(mode="after")
+    def _heartbeat_within_staleness(self) -> Self:
+        # A heartbeat slower than the staleness limit would make every live task look dead.
+        if self.heartbeat_interval_s >= self.stale_after_s:
+            expected = f"less than stale_after_s ({self.stale_after_s})"
+            raise cross_field_error("heartbeat_interval_s", self.heartbeat_interval_s, expected)
+        return self
+
+
+class OpenAISettings(Section):
+    base_url: HttpUrl | None = None
+    """OpenAI-compatible endpoint (vLLM, llama.cpp, LM Studio, Ollama's /v1); null means api.openai.com."""
+    model: Name = "gpt-4o"
+    """Model name sent with every request."""
+    context_length: PositiveInt = 128000
+    """The model's context window in tokens; the compression budget."""
+
+
+class OllamaSettings(Section):
+    host: HttpUrl = "http://localhost:11434"
+    """URL of the Ollama server."""
+    model: Name = "qwen3:30b"
+    """Model name sent with every request."""
+    context_length: PositiveInt = 32768
+    """The model's context window in tokens; also sent as options.num_ctx."""
+
+
+class LLMProfile(NamedTuple):
+    """The selected provider's connection in one value."""
+
+    provider: Literal["openai", "ollama"]
+    model: str
+    context_length: int
+    endpoint: str | None
+    """openai's base_url (None: the official API) or ollama's host."""
+
+
+class LLMSettings(Section):
+    provider: Literal["openai", "ollama"] = "openai"
+    """Which provider section below the agent talks to."""
+    openai: OpenAISettings = OpenAISettings()
+    """Settings of the openai provider."""
+    ollama: OllamaSettings = OllamaSettings()
+    """Settings of the ollama provider."""
+    timeout_s: PositiveFloat = 600.0
+    """Seconds one model request may take before it counts as failed (and is retried)."""
+    max_retries: Annotated[int, Field(ge=0)] = 4
+    """Retries of a request after a rate limit, a 5xx, a timeout or a connection error."""
+    backoff_base_s: PositiveFloat = 1.0
+    """First retry delay in seconds; it doubles per retry (with jitter), up to 30 s."""
+
+
+class CompressionSettings(Section):
+    warn_at: Fraction = 0.6
+    """Fraction of context_length at which a warning is logged."""
+    threshold: Fraction = 0.7
+    """Fraction of context_length at which old messages are summarized."""
+    min_messages: PositiveInt = 10
+    """No compression below this many messages."""
+    keep_recent: PositiveInt = 5
+    """The newest messages that are never summarized."""
+    start_timeout_s: PositiveFloat = 30.0
+    """Seconds a compression job may wait for a worker; then the task summarizes in its own worker."""
+    timeout_s: PositiveFloat = 600.0
+    """Seconds a compression job may take before the task goes on without it (emergency rule)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.warn_at > self.threshold:
+            raise cross_field_error("warn_at", self.warn_at, f"at most threshold ({self.threshold})")
+        if self.keep_recent >= self.min_messages:
+            expected = f"less than min_messages ({self.min_messages})"
+            raise cross_field_error("keep_recent", self.keep_recent, expected)
+        return self
+
+
+class AgentSettings(Section):
+    max_steps: PositiveInt = 100
+    """LLM calls per task before it fails."""
+    soft_time_limit_s: PositiveInt = 12600
+    """Seconds after which a task is asked to stop at the next step."""
+    time_limit_s: PositiveInt = 14400
+    """Seconds after which the worker process running a task is killed."""
+    tool_output_max_chars: PositiveInt = 20000
+    """Tool output beyond this many characters is cut before it reaches the model."""
+    bash_timeout_s: PositiveInt = 600
+    """Default and ceiling of one bash command's run time, in seconds."""
+    shutdown_grace_s: PositiveInt = 60
+    """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
+
+    @model_validator(mode="after")
+    def _soft_before_hard(self) -> Self:
+        if self.soft_time_limit_s >= self.time_limit_s:
+            expected = f"less than time_limit_s ({self.time_limit_s})"
+            raise cross_field_error("soft_time_limit_s", self.soft_time_limit_s, expected)
+        return self
+
+
+class MonitorSettings(Section):
+    interval_s: PositiveInt = 30
+    """Seconds between runs of the stale-task monitor."""
+    max_attempts: PositiveInt = 3
+    """Runs of one task (first run included) before a lost task is failed instead of resumed."""
+    resume: bool = True
+    """Resume lost tasks on another worker; false fails them at once."""
+
+
+class AlertSettings(Section):
+    disk_warn_gb: PositiveFloat = 10
+    """Disk use of running/ plus completed/ that raises a warning."""
+    disk_critical_gb: PositiveFloat = 50
+    """Disk use of running/ plus completed/ that raises a critical alert."""
+    failure_rate: Fraction = 0.1
+    """Share of failed recent tasks above which an alert is raised."""
+    max_running: PositiveInt = 100
+    """Running tasks above which an alert is raised."""
+    max_runtime_h: PositiveFloat = 6
+    """Hours a task may run before an alert is raised."""
+
+    @model_validator(mode="after")
+    def _warn_before_critical(self) -> Self:
+        if self.disk_warn_gb > self.disk_critical_gb:
+            expected = f"at most disk_critical_gb ({self.disk_critical_gb})"
+            raise cross_field_error("disk_warn_gb", self.disk_warn_gb, expected)
+        return self
+
+
+class WebhookSettings(Section):
+    host: str = "0.0.0.0"  # noqa: S104 - the receiver runs in a container and must be reachable from outside
+    """Address the HTTP intake binds to."""
+    port: Annotated[int, Field(gt=0, lt=65536)] = 8080
+    """Port the HTTP intake listens on."""
+    max_body_bytes: PositiveInt = 26214400
+    """Larger request bodies are refused with 413."""
+
+
+class LabelSettings(Section):
+    trigger: Name = "coding agent"
+    """Adding this label to an issue starts a task."""
+    processing: Name = "coding agent processing"
+    """Set while the task runs."""
+    done: Name = "coding agent done"
+    """Set when the task completed."""
+    failed: Name = "coding agent failed"
+    """Set when the task failed, timed out or was cancelled."""
+
+
+class GitHubSettings(Section):
+    api_url: HttpUrl = "https://api.github.com"
+    """REST API root (GitHub Enterprise: https://HOST/api/v3)."""
+    bot_login: Name = "tasuki-bot"
+    """The bot's account; events it sends are ignored."""
+    mention: Name = "@tasuki"
+    """A comment containing this starts a task."""
+    allowed_associations: tuple[AuthorAssociation, ...] = ("OWNER", "MEMBER", "COLLABORATOR")
+    """Author associations whose comments may start a task."""
+    labels: LabelSettings = LabelSettings()
+    """Label names of the trigger → processing → done / failed state machine."""
+
+
+class GitLabSettings(Section):
+    api_url: HttpUrl = "https://gitlab.com/api/v4"
+    """REST API root of the GitLab instance."""
+    bot_login: Name = "tasuki-bot"
+    """The bot's username; events it sends are ignored."""
+    mention: Name = "@tasuki"
+    """A note containing this starts a task."""
+    labels: LabelSettings = LabelSettings()
+    """Label names of the trigger → processing → done / failed state machine."""
+
+
+class UserConfigAPISettings(Section):
+    url: HttpUrl | None = None
+    """Base URL answering GET {url}/config/{user} with per-user LLM overrides; null disables it."""
+
+
+class Secrets(Section):
+    """Credentials, read only from unprefixed environment variables; never dumped or shown."""
+
+    openai_api_key: SecretStr | None = None
+    github_token: SecretStr | None = None
+    gitlab_token: SecretStr | None = None
+    github_webhook_secret: SecretStr | None = None
+    gitlab_webhook_secret: SecretStr | None = None
+    tasuki_api_token: SecretStr | None = None
+
+
+class Settings(Section):
+    """Everything Tasuki is configured with; build it with `worker.settings.load_settings()`."""
+
+    broker: BrokerSettings = BrokerSettings()
+    """The Redis broker."""
+    contexts: ContextsSettings = ContextsSettings()
+    """The durable context store."""
+    llm: LLMSettings = LLMSettings()
+    """The language model."""
+    compression: CompressionSettings = CompressionSettings()
+    """When and how much of a conversation is summarized."""
+    agent: AgentSettings = AgentSettings()
+    """Limits of one task."""
+    monitor: MonitorSettings = MonitorSettings()
+    """The stale-task monitor."""
+    alerts: AlertSettings = AlertSettings()
+    """Alert thresholds."""
+    webhook: WebhookSettings = WebhookSettings()
+    """The HTTP intake."""
+    github: GitHubSettings = GitHubSettings()
+    """GitHub events and API."""
+    gitlab: GitLabSettings = GitLabSettings()
+    """GitLab events and API."""
+    user_config_api: UserConfigAPISettings = UserConfigAPISettings()
+    """Optional per-user settings service."""
+
+    # A private attribute: never validated from config.yaml, never in repr or model_dump.
+    _secrets: Secrets = PrivateAttr(default_factory=Secrets)
+
+    @property
+    def secrets(self) -> Secrets:
+        """Credentials from the environment."""
+        return self._secrets
+
+    def with_secrets(self, secrets: Secrets) -> Settings:
+        """A copy of these settings carrying `secrets`."""
+        copy = self.model_copy()
+        copy._secrets = secrets
+        return copy
+
+    @model_validator(mode="after")
+    def _redelivery_after_time_limit(self) -> Self:
+        # Redis redelivers on a fixed timer (SPEC §5): a shorter timeout re-runs tasks that are still alive.
+        if self.broker.visibility_timeout_s <= self.agent.time_limit_s:
+            expected = f"more than agent.time_limit_s ({self.agent.time_limit_s})"
+            raise cross_field_error("broker.visibility_timeout_s", self.broker.visibility_timeout_s, expected)
+        return self
+
+    def llm_profile(self) -> LLMProfile:
+        """The selected provider's name, model, context length and endpoint."""
+        if self.llm.provider == "ollama":
+            o = self.llm.ollama
+            return LLMProfile("ollama", o.model, o.context_length, o.host)
+        a = self.llm.openai
+        return LLMProfile("openai", a.model, a.context_length, a.base_url)
+
+    def public_dump(self) -> dict[str, Any]:
+        """All settings as JSON-ready data, without secrets and with URL credentials masked."""
+        return cast(dict[str, Any], mask_value(self.model_dump(mode="json")))

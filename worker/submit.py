@@ -1,0 +1,73 @@
+"""Enqueueing tasks (CLI, webhooks and the HTTP API all come through here) and cancelling them."""
+
+from __future__ import annotations
+
+import uuid as uuid_module
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
+from contexts.state import update_state
+from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASKS_QUEUE
+from worker.settings_models import Settings
+
+CANCEL_FLAG_TTL_S = 8 * 24 * 3600
+
+
+def task_key_id(task_key: dict[str, str]) -> str:
+    """The task key as one string: ``source/owner/repo/type/id``."""
+    return "/".join(str(task_key[f]) for f in ("task_source", "owner", "repo", "task_type", "task_id"))
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The answer to a submission: the task's UUID, and whether it was already active."""
+
+    uuid: str
+    already_active: bool
+
+
+def enqueue(
+    app: Any, client: redis.Redis, settings: Settings, request: dict[str, Any], *, uuid: str | None = None
+) -> Enqueued:
+    """Send ``tasuki.run_task`` unless a task for the same task key is queued or running (SPEC §2)."""
+    uuid = validate_uuid(uuid) if uuid else str(uuid_module.uuid4())
+    key = ACTIVE_PREFIX + task_key_id(request["task_key"])
+    ttl = settings.broker.visibility_timeout_s * settings.monitor.max_attempts
+    if not client.set(key, uuid, nx=True, ex=ttl):
+        existing = client.get(key)
+        return Enqueued(existing.decode() if isinstance(existing, bytes) else str(existing), True)
+    try:
+        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
+    except Exception:
+        client.delete(key)
+        raise
+    return Enqueued(uuid, False)
+
+
+def release_active(client: redis.Redis, task_key: dict[str, str], uuid: str) -> None:
+    """Forget the active task of a task key once it finished (only if it is still this task)."""
+    key = ACTIVE_PREFIX + task_key_id(task_key)
+    current = client.get(key)
+    if current is not None and (current.decode() if isinstance(current, bytes) else str(current)) == uuid:
+        client.delete(key)
+
+
+def request_cancel(app: Any, client: redis.Redis, store: ContextStore, uuid: str) -> str:
+    """Flag the task to stop at its next step (or never start); returns what was done, for the operator."""
+    uuid = validate_uuid(uuid)
+    client.set(CANCEL_PREFIX + uuid, "1", ex=CANCEL_FLAG_TTL_S)
+    running = store.running_path(uuid)
+    if running.is_dir():
+        update_state(running, store.clock(), fsync=True, set_fields={"cancel_requested": True})
+        return "cancel requested; the task stops at its next step"
+    if store.completed_path(uuid).is_dir():
+        raise ContextCompletedError(f"context {uuid} is already finished")
+    app.control.revoke(uuid)
+    try:
+        store.locate(uuid)
+    except ContextNotFoundError:
+        return "task revoked before it started"
+    return "cancel requested"

@@ -1,0 +1,131 @@
+"""Celery tasks of the worker: ``tasuki.run_task`` and ``tasuki.compress_context`` (SPEC §5, §6)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+from celery import Task
+from celery.result import AsyncResult
+
+from contexts import Context, TasukiError, jsonl
+from contexts.compression import CompressionPolicy
+from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from worker import lifecycle
+from worker.celery import app
+from worker.llm import Provider
+from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK
+from worker.prompts import summarizer_messages
+from worker.run import TaskRequest, TaskRun
+from worker.runtime import context_store, llm_config, provider_for, settings, unindex
+
+log = structlog.get_logger(__name__)
+
+
+class CompressionError(TasukiError):
+    """Summarizing a span failed (the task goes on; the prompt builder's emergency rule applies)."""
+
+
+@app.task(name=RUN_TASK, bind=True)
+def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Create or resume the context ``uuid`` and run the agent until it finishes."""
+    structlog.contextvars.bind_contextvars(uuid=uuid)
+    try:
+        s = settings()
+        parsed = TaskRequest.from_json(request)
+        config = {**llm_config(s), **parsed.config}
+        return TaskRun(
+            uuid=uuid,
+            request=parsed,
+            settings=s,
+            store=context_store(s),
+            provider_for=provider_for,
+            compressor=compress_through_queue,
+            should_stop=lifecycle.shutting_down,
+            cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
+            on_finish=lambda u, _status: unindex(u),
+        ).execute(config)
+    finally:
+        structlog.contextvars.unbind_contextvars("uuid")
+
+
+@app.task(name=COMPRESS_CONTEXT, bind=True)
+def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dict[str, Any]:
+    """Summarize messages ``start_seq..end_seq`` of a running context, incrementally over its latest summary.
+
+    Stateless and read-only: the context's holder records the summary, so there is never a second writer.
+    """
+    structlog.contextvars.bind_contextvars(uuid=uuid)
+    try:
+        store = context_store(index=False)
+        directory = store.running_path(uuid)
+        span = [
+            r for r in jsonl.iter_records(directory / MESSAGES_FILE) if start_seq <= int(r["seq"]) <= end_seq
+        ]
+        previous = jsonl.last_record(directory / SUMMARIES_FILE)
+        config = jsonl_metadata_config(directory)
+        text = summarize(provider_for(config), previous["summary"] if previous else None, span)
+        return {"summary": text, "start_seq": start_seq, "end_seq": end_seq}
+    finally:
+        structlog.contextvars.unbind_contextvars("uuid")
+
+
+def jsonl_metadata_config(directory: Any) -> dict[str, Any]:
+    """The task's recorded LLM config (so the summary uses the task's model)."""
+    from contexts.atomic import read_json
+    from contexts.names import METADATA_FILE
+
+    config: dict[str, Any] = read_json(directory / METADATA_FILE)["config"]
+    return config
+
+
+def summarize(provider: Provider, previous_summary: str | None, span: list[dict[str, Any]]) -> str:
+    """One stateless summarization request; the prompt never enters the task's own messages."""
+    reply = provider.chat(summarizer_messages(previous_summary, span), None)
+    if not reply.content or not reply.content.strip():
+        raise CompressionError("the model returned an empty summary")
+    return reply.content
+
+
+def compress_through_queue(ctx: Context) -> None:
+    """Hand the span to ``tasuki.compress_context`` and record its summary; summarize here if no worker
+    takes the job in time (a single busy worker must never wait on itself)."""
+    s = settings()
+    policy = CompressionPolicy(
+        warn_at=s.compression.warn_at,
+        threshold=s.compression.threshold,
+        min_messages=s.compression.min_messages,
+        keep_recent=s.compression.keep_recent,
+    )
+
+    def summarizer(previous: str | None, span: list[dict[str, Any]]) -> str:
+        result = compress_context.apply_async(
+            args=[ctx.uuid, span[0]["seq"], span[-1]["seq"]], queue=COMPRESSION_QUEUE
+        )
+        text = wait_for_summary(result, s.compression.start_timeout_s, s.compression.timeout_s)
+        if text is None:
+            log.info("no worker took the compression job in time; summarizing in this worker")
+            text = summarize(provider_for(ctx.metadata["config"]), previous, span)
+        return text
+
+    ctx.compress(summarizer, policy)
+
+
+def wait_for_summary(result: AsyncResult, start_timeout_s: float, timeout_s: float) -> str | None:
+    """Poll a compression job; ``None`` when no worker started it within ``start_timeout_s``."""
+    started = time.monotonic()
+    while True:
+        state = result.state
+        if state == "SUCCESS":
+            return str(result.result["summary"])
+        if state in ("FAILURE", "REVOKED"):
+            raise CompressionError(f"compression job {state.lower()}: {str(result.result)[:200]}")
+        waited = time.monotonic() - started
+        if state == "PENDING" and waited > start_timeout_s:
+            result.revoke()
+            return None
+        if waited > timeout_s:
+            result.revoke()
+            raise CompressionError(f"compression job did not finish within {timeout_s}s")
+        time.sleep(0.2)  # polling a remote job's state: there is no event to wait on

@@ -1,0 +1,30 @@
+"""The agent's tools (SPEC §5): bash, read_file, write_file, edit_file, finish, confined to the checkout."""
+
+from worker.tools.dispatch import TOOL_SCHEMAS, TOOLS, FinishTool, ToolResult, check_arguments, run_tool
+from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
+from worker.tools.output import OutputCapture, cap_output
+from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
+from worker.tools.shell import BashTool, run_command, scrubbed_env
+from worker.tools.workspace import ToolError, Workspace
+
+__all__ = [
+    "TOOLS",
+    "TOOL_SCHEMAS",
+    "BashTool",
+    "EditFileTool",
+    "FinishTool",
+    "OutputCapture",
+    "ReadFileTool",
+    "Tool",
+    "ToolError",
+    "ToolOptions",
+    "ToolOutcome",
+    "ToolResult",
+    "Workspace",
+    "WriteFileTool",
+    "cap_output",
+    "check_arguments",
+    "run_command",
+    "run_tool",
+    "scrubbed_env",
+]

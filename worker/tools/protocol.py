@@ -1,0 +1,40 @@
+"""The seam every agent tool fits: a name, a JSON schema for its arguments, and ``run``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from worker.tools.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """What the operator decides for every tool run (the model cannot change these)."""
+
+    bash_timeout_s: int
+    max_output_chars: int
+    env: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one tool returns to the dispatcher; ``error`` set means the run failed."""
+
+    output: str
+    error: str | None = None
+    finished: bool = False
+    summary: str | None = None
+
+
+class Tool(Protocol):
+    """One agent tool; ``parameters`` is the JSON schema of its arguments (``run_tool`` checks them)."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+    def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
+        """Do the work; raise ToolError with a message for the model when it cannot be done."""
+        ...

@@ -1,0 +1,206 @@
+"""The ``bash`` tool: one command in the checkout, in its own process group, with a scrubbed environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from worker.tools.output import OutputCapture
+from worker.tools.protocol import ToolOptions, ToolOutcome
+from worker.tools.workspace import ToolError, Workspace
+
+log = structlog.get_logger(__name__)
+
+# Names that look like credentials never reach the agent's shell, even when a caller passes them.
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# After the command exits, output still buffered in the pipe is read for at most this long.
+_DRAIN_S = 5.0
+# Without pidfd (not Linux) the exit of the command is noticed by polling this often.
+_POLL_S = 0.05
+_READ_SIZE = 65536
+
+_BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",  # a git command asking for a password would hang until the timeout
+    "GIT_AUTHOR_NAME": "tasuki-bot",
+    "GIT_AUTHOR_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "GIT_COMMITTER_NAME": "tasuki-bot",
+    "GIT_COMMITTER_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "NO_COLOR": "1",
+}
+
+
+def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent shell's whole environment: an allow-list plus ``extra``, minus secret-looking names."""
+    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
+    env = {"PATH": os.environ.get("PATH", os.defpath), **_BASE_ENV}
+    env.update(extra or {})
+    env.update({"HOME": str(home), "TMPDIR": str(home)})
+    for name in [name for name in env if _SECRET_NAME.search(name)]:
+        log.warning("tool_env_secret_dropped", variable=name)
+        del env[name]
+    return env
+
+
+class BashTool:
+    """``bash(command, timeout_s?)``: run a shell command in the checkout."""
+
+    name = "bash"
+    description = (
+        "Run a bash command in the repository root and return its combined stdout and stderr and exit code. "
+        "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls. "
+        "stdin is empty; long output is cut in the middle."
+    )
+    parameters: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The bash command line to run."},
+            "timeout_s": {
+                "type": "integer",
+                "description": "Seconds before the command is killed (capped by the operator's limit).",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+
+    def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
+        """Run the command; a timeout kills its whole process group and is reported as an error."""
+        command: str = arguments["command"]
+        requested: int | None = arguments.get("timeout_s")
+        if requested is not None and requested <= 0:
+            raise ToolError(f"timeout_s must be a positive integer, got {requested}")
+        if "\x00" in command:
+            raise ToolError("command contains a NUL byte")
+        timeout_s = min(requested or options.bash_timeout_s, options.bash_timeout_s)
+        home = Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
+        try:
+            env = scrubbed_env(home, options.env)
+            code, text, timed_out = run_command(command, workspace.root, env, timeout_s, options.max_output_chars)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        body = text if not text or text.endswith("\n") else text + "\n"
+        if timed_out:
+            message = f"command timed out after {timeout_s} s"
+            return ToolOutcome(f"{body}[{message}; it and every process it started were killed]", error=message)
+        return ToolOutcome(body + _describe_exit(code))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"exit code: {code} (killed by {signal.Signals(-code).name})"
+    return f"exit code: {code}"
+
+
+def run_command(
+    command: str, cwd: Path, env: Mapping[str, str], timeout_s: float, max_chars: int
+) -> tuple[int, str, bool]:
+    """Run ``bash -c command``; return (exit code, capped output, timed out).
+
+    Every process the command started is killed when it returns, so nothing outlives the tool call.
+    """
+    proc = subprocess.Popen(
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None  # noqa: S101 - stdout=PIPE guarantees it
+    out_fd = proc.stdout.fileno()
+    capture = OutputCapture(max_chars)
+    pidfd = _open_pidfd(proc.pid)
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(out_fd, selectors.EVENT_READ)
+            exited = _read_until_exit(selector, out_fd, proc.pid, pidfd, capture, deadline=time.monotonic() + timeout_s)
+            # The leader is not reaped yet, so its process group id cannot have been reused meanwhile.
+            _kill_group(proc.pid)
+            _drain(selector, out_fd, capture, time.monotonic() + _DRAIN_S)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+        proc.stdout.close()
+        _kill_group(proc.pid)  # again, in case something above raised before the first kill
+        code = proc.wait()
+    text, _ = capture.result()
+    return code, text, not exited
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux 5.3+), without reaping it."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _has_exited(pid: int) -> bool:
+    # WNOWAIT leaves the zombie in place, keeping the process group id ours until the group is killed.
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _read_until_exit(
+    selector: selectors.BaseSelector,
+    out_fd: int,
+    pid: int,
+    pidfd: int | None,
+    capture: OutputCapture,
+    *,
+    deadline: float,
+) -> bool:
+    """Collect output until the command exits (True) or the deadline passes (False)."""
+    if pidfd is not None:
+        selector.register(pidfd, selectors.EVENT_READ)
+    try:
+        while (remaining := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(remaining if pidfd is not None else min(remaining, _POLL_S)):
+                if key.fd == pidfd:
+                    return True
+                _read_into(selector, out_fd, capture)
+            if pidfd is None and _has_exited(pid):
+                return True
+        return False
+    finally:
+        if pidfd is not None:
+            selector.unregister(pidfd)
+
+
+def _drain(selector: selectors.BaseSelector, out_fd: int, capture: OutputCapture, deadline: float) -> None:
+    """Read what is left in the pipe; a process that left the group may hold it open, hence the deadline."""
+    while selector.get_map() and (remaining := deadline - time.monotonic()) > 0:
+        for _ in selector.select(remaining):
+            _read_into(selector, out_fd, capture)
+
+
+def _read_into(selector: selectors.BaseSelector, out_fd: int, capture: OutputCapture) -> None:
+    chunk = os.read(out_fd, _READ_SIZE)
+    if chunk:
+        capture.feed(chunk)
+    else:
+        selector.unregister(out_fd)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

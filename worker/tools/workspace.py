@@ -1,0 +1,53 @@
+"""The checkout the agent works in, and the rule that keeps every tool path inside it."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from contexts.errors import TasukiError
+
+
+class ToolError(TasukiError):
+    """A tool refused or failed; the one-line message is shown to the model."""
+
+
+class Workspace:
+    """A checkout directory; :meth:`resolve` maps the model's relative paths to real paths inside it."""
+
+    def __init__(self, root: Path) -> None:
+        # Compare against the real path so that a root reached through a symlink still contains itself.
+        self.root = Path(os.path.realpath(root))
+
+    def resolve(self, path: str) -> Path:
+        """Return the real path of ``path`` (relative to the checkout), or raise ToolError if it leaves it."""
+        if not path:
+            raise ToolError("path is empty; give a path relative to the repository root")
+        if "\x00" in path:
+            raise ToolError("path contains a NUL byte")
+        try:
+            os.fsencode(path)
+        except UnicodeEncodeError as exc:
+            raise ToolError(f"path is not valid Unicode ({exc.reason})") from exc
+        if path.startswith("/"):
+            raise ToolError(f"absolute paths are not allowed ({path!r}); give a path relative to the repository root")
+        if ".." in path.split("/"):
+            raise ToolError(f"'..' is not allowed in paths ({path!r})")
+        # realpath follows every symlink, also dangling ones and symlinked parent directories, so a
+        # link pointing out of the checkout resolves outside it and is refused below.
+        candidate = self.root / path
+        real = Path(os.path.realpath(candidate))
+        if not real.is_relative_to(self.root):
+            raise ToolError(f"{path!r} resolves outside the repository through a symlink")
+        try:
+            os.stat(candidate)
+        except OSError as exc:
+            # realpath gives up silently on a loop; writing would then replace the link with a file.
+            if exc.errno == errno.ELOOP:
+                raise ToolError(f"{path!r} is a loop of symlinks") from exc
+        return real
+
+    def display(self, real: Path) -> str:
+        """The path relative to the checkout, as the model should see it."""
+        return real.relative_to(self.root).as_posix()

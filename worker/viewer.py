@@ -1,0 +1,377 @@
+"""What the viewer and the statistics print (001 §9.1, §9.2): query results formatted for a terminal or JSON.
+
+Every string read from a context is made safe for a terminal first: the files hold what an LLM and a
+repository's tools produced, and an escape sequence in them must not reach the operator's terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import unicodedata
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, date, datetime
+from typing import Any
+
+from contexts import jsonl
+from contexts.clock import parse_iso
+from contexts.names import FINAL_STATUSES, MESSAGES_FILE
+from contexts.queries import ContextDetail, ContextSummary, Stats
+from contexts.state import read_state
+from contexts.store import ContextStore
+
+SHOWN_BY_DEFAULT = 10  # newest messages (and summaries) the viewer shows without --messages / --summaries
+ELLIPSIS = "…"
+INDENT = "      "  # full-text blocks sit under their "[n] ..." line
+_KEEP = frozenset("\n\t")
+
+# -- values ----------------------------------------------------------------------------------------
+
+
+def format_duration(seconds: float | None) -> str:
+    """``15m 23s``, ``2h 05m 00s``, ``3d 04h 10m``, ``42s``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    days, rest = divmod(max(round(seconds), 0), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def format_bytes(count: int) -> str:
+    """``512 B``, ``5.4 GB``, ``120 MB`` (powers of 1024)."""
+    value, unit = float(count), "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):  # the unit left after the loop is the one to print
+        if value < 1024 or unit == "TB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{count} B"
+    return f"{value:.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+
+
+def format_time(moment: datetime | str | None) -> str:
+    """``2024-01-15 10:30:00 UTC`` from a datetime or a file's ISO timestamp; ``-`` when absent."""
+    if isinstance(moment, str):
+        text = moment
+        try:
+            moment = parse_iso(text)
+        except ValueError:
+            return safe(text)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
+
+
+def repository(task_key: Mapping[str, str]) -> str:
+    """``github/notfolder/coding_agent``."""
+    return safe(f"{task_key.get('task_source', '?')}/{task_key.get('owner', '?')}/{task_key.get('repo', '?')}")
+
+
+def task_label(task_key: Mapping[str, str]) -> str:
+    """``issue #27``."""
+    return safe(f"{task_key.get('task_type', '?')} #{task_key.get('task_id', '?')}")
+
+
+def created_within(item: ContextSummary, date_from: date | None, date_to: date | None) -> bool:
+    """Whether ``item`` was created on a UTC day between ``date_from`` and ``date_to`` (inclusive)."""
+    day = item.created_at.astimezone(UTC).date()
+    return (date_from is None or day >= date_from) and (date_to is None or day <= date_to)
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+
+def safe(text: str, *, keep: frozenset[str] = frozenset()) -> str:
+    """``text`` with control characters (escape sequences, carriage returns) shown as ``\\xNN``."""
+    return "".join(
+        ch if ch in keep or unicodedata.category(ch)[0] != "C" else ch.encode("unicode_escape").decode() for ch in text
+    )
+
+
+def _cell_width(ch: str) -> int:
+    return 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` terminal cells, ending in ``…`` when cut (wide CJK characters count 2)."""
+    if sum(_cell_width(ch) for ch in text) <= width:
+        return text
+    out, used = [], 0
+    for ch in text:
+        used += _cell_width(ch)
+        if used > width - 1:
+            break
+        out.append(ch)
+    return "".join(out) + ELLIPSIS
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text``, with ``…`` when more follows."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0].strip() + (ELLIPSIS if len(lines) > 1 else "")
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _indented(text: str) -> list[str]:
+    return [INDENT + line for line in safe(text, keep=_KEEP).expandtabs(4).splitlines()] or [INDENT]
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+
+def _tool_calls(record: Mapping[str, Any]) -> list[str]:
+    """``name(arguments)`` of each native tool call an assistant message made."""
+    calls = []
+    for call in record.get("tool_calls") or []:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        calls.append(f"{function.get('name', '?')}({_compact(function.get('arguments', ''))})")
+    return calls
+
+
+def message_text(record: Mapping[str, Any]) -> str:
+    """What a message says: its content, the tool it answers, the tools it calls."""
+    parts = []
+    if record.get("role") == "tool" and record.get("tool_name"):
+        parts.append(f"{record['tool_name']} ->")
+    if record.get("content"):
+        parts.append(str(record["content"]))
+    calls = _tool_calls(record)
+    if calls:
+        parts.append("-> " + ", ".join(calls))
+    return " ".join(parts)
+
+
+def message_line(record: Mapping[str, Any], width: int) -> str:
+    """``  [149] tool: github_create_commit -> Success`` within ``width`` cells."""
+    text = first_line(message_text(record))
+    return clip(safe(f"  [{record.get('seq')}] {record.get('role', '?')}: {text}"), width)
+
+
+def message_block(record: Mapping[str, Any]) -> list[str]:
+    """A message in full: ``[seq] role  time  tokens`` and its text indented below."""
+    when = format_time(record.get("timestamp"))
+    head = f"  [{record.get('seq')}] {record.get('role', '?')}  {when}  {int(record.get('token_count', 0)):,} tokens"
+    if record.get("truncated_from"):
+        head += f"  (cut from {int(record['truncated_from']):,} chars for the prompt)"
+    return [safe(head), *_indented(message_text(record))]
+
+
+def summary_line(record: Mapping[str, Any], width: int) -> str:
+    """``  [1] seq 10-50: Fixed authentication bug...``."""
+    text = first_line(str(record.get("summary", "")))
+    return clip(
+        safe(f"  [{record.get('summary_id')}] seq {record.get('start_seq')}-{record.get('end_seq')}: {text}"), width
+    )
+
+
+def summary_block(record: Mapping[str, Any]) -> list[str]:
+    """A summary in full, with its token counts."""
+    head = (
+        f"  [{record.get('summary_id')}] seq {record.get('start_seq')}-{record.get('end_seq')}  "
+        f"{int(record.get('original_tokens', 0)):,} -> {int(record.get('summary_tokens', 0)):,} tokens "
+        f"(ratio {record.get('compression_ratio', '-')})  {format_time(record.get('created_at'))}"
+    )
+    return [safe(head), *_indented(str(record.get("summary", "")))]
+
+
+def tool_lines(record: Mapping[str, Any], width: int) -> list[str]:
+    """``  [3] read_file success 234ms {"path":"main.py"}``, and the error on a second line."""
+    head = (
+        f"  [{record.get('seq')}] {record.get('tool_name', '?')} {record.get('status', '?')} "
+        f"{int(record.get('duration_ms', 0))}ms {_compact(record.get('arguments', {}))}"
+    )
+    lines = [clip(safe(head), width)]
+    if record.get("error"):
+        lines.append(clip(safe(f"{INDENT}error: {first_line(str(record['error']))}"), width))
+    return lines
+
+
+# -- the viewer (001 §9.1) -------------------------------------------------------------------------
+
+
+def format_detail(
+    detail: ContextDetail,
+    *,
+    now: datetime,
+    width: int,
+    all_messages: bool = False,
+    all_summaries: bool = False,
+    show_tools: bool = False,
+) -> str:
+    """The viewer: header, statistics, the newest messages and the summaries (all of them, in full, on request)."""
+    item = detail.summary
+    duration = format_duration(item.duration_s)
+    if item.duration_s is None and item.started_at is not None:
+        duration = f"{format_duration((now - item.started_at).total_seconds())} so far"
+    lines = [
+        f"Task UUID: {item.uuid}",
+        f"Status: {safe(item.status)}",
+        f"Repository: {repository(item.task_key)}",
+        f"Task: {task_label(item.task_key)}",
+        f"Started: {format_time(item.started_at)}",
+        f"Completed: {format_time(item.completed_at)}",
+        f"Duration: {duration}",
+        f"Attempt: {item.attempt}",
+        f"Worker: {safe(item.worker or '-')}",
+        clip(f"Error: {safe(first_line(item.error or '') or '-')}", width),
+        "",
+        "Statistics:",
+        f"  LLM calls: {item.llm_call_count:,}",
+        f"  Tool calls: {item.tool_call_count:,}",
+        f"  Total tokens: {item.total_tokens_used:,}",
+        f"  Compressions: {item.compression_count:,}",
+        "",
+    ]
+    messages = detail.messages if all_messages else detail.messages[-SHOWN_BY_DEFAULT:]
+    lines.append(_count_heading("Messages", item.message_count, len(messages)))
+    for record in messages:
+        lines.extend(message_block(record) if all_messages else [message_line(record, width)])
+    summaries = detail.summaries if all_summaries else detail.summaries[-SHOWN_BY_DEFAULT:]
+    lines += ["", _count_heading("Summaries", len(detail.summaries), len(summaries))]
+    for record in summaries:
+        lines.extend(summary_block(record) if all_summaries else [summary_line(record, width)])
+    if show_tools:
+        lines += ["", _count_heading("Tool calls", len(detail.tools), len(detail.tools))]
+        for record in detail.tools:
+            lines.extend(tool_lines(record, width))
+    return "\n".join(lines)
+
+
+def _count_heading(what: str, total: int, shown: int) -> str:
+    return f"{what}: {total:,}" + (f" (showing last {shown})" if shown < total else "")
+
+
+def detail_json(detail: ContextDetail) -> dict[str, Any]:
+    """The viewer's data as one JSON object."""
+    return {
+        "context": detail.summary.to_json(),
+        "metadata": detail.metadata,
+        "state": detail.state,
+        "messages": detail.messages,
+        "summaries": detail.summaries,
+        "tools": detail.tools,
+    }
+
+
+def follow(
+    store: ContextStore,
+    uuid: str,
+    after_seq: int,
+    write: Callable[[str], None],
+    *,
+    width: int,
+    interval_s: float = 0.5,
+) -> str:
+    """Print messages newer than ``after_seq`` as they arrive, until the context ends; returns its status."""
+    while True:
+        directory = store.locate(uuid)  # running/ until it completes, then completed/
+        try:
+            status = str(read_state(directory).get("status"))
+        except OSError:  # moved to completed/ between locate and read: look again
+            time.sleep(interval_s)
+            continue
+        fresh: list[dict[str, Any]] = []
+        for record in jsonl.iter_records_reversed(directory / MESSAGES_FILE):
+            if int(record.get("seq", 0)) <= after_seq:
+                break
+            fresh.append(record)
+        for record in reversed(fresh):
+            write(message_line(record, width))
+            after_seq = int(record["seq"])
+        if status in FINAL_STATUSES:  # read after the status: a final context gets no more messages
+            write(f"Status: {safe(status)}")
+            return status
+        time.sleep(interval_s)  # polling a file for a human; nothing here synchronizes with a test
+
+
+# -- the list --------------------------------------------------------------------------------------
+
+LIST_HEADINGS = ("UUID", "STATUS", "TASK", "USER", "CREATED (UTC)", "DURATION", "TOKENS")
+_TASK_COLUMN_MAX = 48
+
+
+def task_ref(task_key: Mapping[str, str]) -> str:
+    """``github/notfolder/coding_agent#27``."""
+    return clip(f"{repository(task_key)}#{safe(str(task_key.get('task_id', '?')))}", _TASK_COLUMN_MAX)
+
+
+def format_list(items: Iterable[ContextSummary]) -> str:
+    """A table of contexts, in the order given (newest first from ``list_contexts``)."""
+    rows = [
+        (
+            item.uuid,
+            safe(item.status),
+            task_ref(item.task_key),
+            safe(item.user or "-"),
+            item.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+            format_duration(item.duration_s),
+            f"{item.total_tokens_used:,}",
+        )
+        for item in items
+    ]
+    if not rows:
+        return "No contexts."
+    table = [LIST_HEADINGS, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(LIST_HEADINGS))]
+    right = {len(LIST_HEADINGS) - 2, len(LIST_HEADINGS) - 1}  # durations and tokens line up on the right
+    lines = []
+    for row in table:
+        cells = (
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+# -- the statistics (001 §9.2) ---------------------------------------------------------------------
+
+
+def format_stats(stats: Stats, filters: Mapping[str, str] | None = None) -> str:
+    """001 §9.2's report over the contexts ``filters`` selected (all of them without filters)."""
+    title = "Context Storage Statistics"
+    lines = [title, "=" * len(title)]
+    if filters:
+        lines.append("Filter: " + safe(", ".join(f"{key}={value}" for key, value in filters.items())))
+    lines += [
+        "",
+        f"Total contexts: {stats.total:,}",
+        f"  - Running: {stats.running:,}",
+        f"  - Completed: {stats.completed:,}",
+    ]
+    if stats.by_status:
+        lines += ["", "By status:", *(f"  - {safe(name)}: {n:,}" for name, n in stats.by_status.items())]
+    lines += [
+        "",
+        "Disk usage" + (" (whole store):" if filters else ":"),
+        f"  - Running: {format_bytes(stats.disk_running_bytes)}",
+        f"  - Completed: {format_bytes(stats.disk_completed_bytes)}",
+    ]
+    if stats.total:
+        lines += [
+            "",
+            "Average per task:",
+            f"  - Messages: {stats.avg_messages:,.0f}",
+            f"  - Tokens: {stats.avg_tokens:,.0f}",
+            f"  - Duration: {format_duration(stats.avg_duration_s)}",
+            f"  - Compressions: {stats.avg_compressions:.1f}",
+            "",
+            "By user:",
+            *(
+                f"  - {safe(user)}: {n:,} task{'s' if n != 1 else ''} ({100 * n / stats.total:.0f}%)"
+                for user, n in stats.by_user.items()
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def to_json(data: Any) -> str:
+    """Pretty JSON as the ``--json`` options print it."""
+    return json.dumps(data, ensure_ascii=False, indent=2, default=str)
