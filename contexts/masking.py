@@ -13,7 +13,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         "[PRIVATE_KEY]",
     ),
     # Credentials inside URLs go first so that the e-mail rule does not eat `user:secret@host`.
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]+:[^\s/@]+@"), r"\1[CREDENTIALS]@"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@"), r"\1[CREDENTIALS]@"),
+    # A bare token as the URL's user name (https://TOKEN@host) is masked by the token rules below.
     (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{16,}"), "[GITHUB_TOKEN]"),
     (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"), "[GITHUB_TOKEN]"),
     (re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}"), "[GITLAB_TOKEN]"),

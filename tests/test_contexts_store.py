@@ -22,7 +22,7 @@ from contexts import (
     validate_uuid,
 )
 from contexts.names import FINAL_STATUSES
-from tests.helpers.context_support import CONFIG, TASK_KEY, Clock, loose_modes, shifted_clock, wait_for
+from tests.helpers.context_support import CONFIG, TASK_KEY, Clock, loose_modes, shifted_clock, wait_for, waiting_in
 from tests.helpers.schemas import validate_context_dir
 
 CONTEXT_FILES = {"metadata.json", "state.json", "messages.jsonl", "summaries.jsonl", "tools.jsonl", ".lock"}
@@ -274,11 +274,9 @@ def test_a_lock_taken_after_waiting_for_the_mutex_carries_the_time_it_was_writte
     first = ContextStore(tmp_path, hostname="a", clock=clock).create(TASK_KEY, CONFIG, heartbeat=False)
     first.release()
     mutex = _hold_mutex(store, first.uuid)
-    reads = clock.reads
-    opened: list[object] = []
-    opener = threading.Thread(target=lambda: opened.append(store.open(first.uuid, heartbeat=False)))
+    opener = threading.Thread(target=lambda: store.open(first.uuid, heartbeat=False))
     opener.start()
-    wait_for(lambda: clock.reads > reads, what="open() to read the clock")
+    wait_for(lambda: waiting_in(opener, "filelock"), what="open() to wait for the mutex")
     clock.advance(120)  # the wait for the mutex lasts longer than stale_after_s
     mutex.release()
     opener.join()
@@ -295,10 +293,9 @@ def test_a_context_created_after_waiting_for_the_mutex_is_not_born_stale(tmp_pat
     store = ContextStore(tmp_path, hostname="a", stale_after_s=60, clock=clock)
     wanted = str(uuid_module.uuid4())
     mutex = _hold_mutex(store, wanted)
-    reads = clock.reads
     creator = threading.Thread(target=lambda: store.create(TASK_KEY, CONFIG, uuid=wanted, heartbeat=False))
     creator.start()
-    wait_for(lambda: clock.reads > reads, what="create() to read the clock")
+    wait_for(lambda: waiting_in(creator, "filelock"), what="create() to wait for the mutex")
     clock.advance(120)
     mutex.release()
     creator.join()

@@ -155,12 +155,15 @@ class Agent:
     def maybe_compress(self, step: int) -> None:
         """Hand the context to compression when the unsummarized history passes the threshold."""
         tokens = int(self.ctx.unsummarized_tokens * self.ctx.token_factor)
-        stage = self.policy.stage(tokens, self.limits.context_length)
+        # Thresholds apply to the room messages really have: the tool schemas and the answer's reserve
+        # are sent with every request, and with a small context_length they are a large share of it.
+        budget = self.limits.context_length - self.limits.reserve_tokens
+        stage = self.policy.stage(tokens, budget)
         if stage == "warn":
-            log.info("context filling up", tokens=tokens, context_length=self.limits.context_length)
+            log.info("context filling up", tokens=tokens, budget=budget)
         if self.compressor is None or step < self._skip_compression_until:
             return
-        if not self.policy.should_compress(tokens, self.ctx.unsummarized_count, self.limits.context_length):
+        if not self.policy.should_compress(tokens, self.ctx.unsummarized_count, budget):
             return
         self.ctx.update_state(status="compressing", last_activity="compression")
         try:

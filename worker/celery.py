@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 
 from worker.names import (
     ALERTS,
@@ -59,6 +60,14 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "worker_soft_shutdown_timeout": float(s.agent.shutdown_grace_s),
         "worker_enable_soft_shutdown_on_idle": True,
     }
+
+
+@setup_logging.connect
+def _configure_logging(loglevel: str | int | None = None, **_: object) -> None:
+    """Celery's own lines and Tasuki's go through the same structlog chain (masking, JSON, uuid)."""
+    from worker.logging import configure_logging
+
+    configure_logging(loglevel or "INFO")
 
 
 app = Celery("tasuki", include=["worker.tasks"])

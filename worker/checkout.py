@@ -41,6 +41,11 @@ class Checkout:
         """Run ``git args`` in the checkout; return stdout."""
         return run_git(args, cwd=cwd or self.path, extra_env=self.git_env, check=check)
 
+    @property
+    def checkpoint_branch(self) -> str:
+        """Where step checkpoints are pushed: beside the task branch, never on it."""
+        return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}"
+
     def prepare(self) -> bool:
         """Make the checkout exist on the task branch; return True when it was resumed (not fresh)."""
         if (self.path / ".git").is_dir():
@@ -51,12 +56,16 @@ class Checkout:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                 extra_env=self.git_env)
-        remote_branch = self.git("ls-remote", "--heads", "origin", self.branch).strip()
-        if remote_branch:  # an earlier attempt pushed checkpoints: continue from them
-            self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
-            return True
         self.git("checkout", "-q", "-b", self.branch)
-        return False
+        saved = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch).split()
+        if not saved:
+            return False
+        # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
+        # last step on disk left them (deleted files included), so `git diff` shows the work as before.
+        self.git("fetch", "-q", "origin", self.checkpoint_branch)
+        self.git("read-tree", "-u", "--reset", "FETCH_HEAD")
+        self.git("reset", "-q")
+        return True
 
     def has_changes(self) -> bool:
         """True when the working tree differs from the last commit."""
@@ -71,15 +80,26 @@ class Checkout:
         return True
 
     def push(self) -> None:
-        """Push the task branch to the remote (force: checkpoints of this task's own branch only)."""
+        """Push the task branch to the remote and drop the checkpoints it supersedes."""
         self.git("push", "-q", "--force", "origin", f"HEAD:refs/heads/{self.branch}")
+        self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
 
     def checkpoint(self, step: int) -> bool:
-        """Commit and push the step's changes so another worker can resume from them."""
-        if self.commit(f"tasuki: checkpoint after step {step}"):
-            self.push()
-            return True
-        return False
+        """Snapshot the working tree (without touching HEAD or the index) and push it beside the task
+        branch, so another worker can resume from it; returns whether anything new was pushed."""
+        index = self.path / ".git" / "tasuki-checkpoint-index"
+        env = {**(self.git_env or {}), "GIT_INDEX_FILE": str(index)}
+        run_git(("read-tree", "HEAD"), cwd=self.path, extra_env=env)
+        run_git(("add", "-A"), cwd=self.path, extra_env=env)
+        tree = run_git(("write-tree",), cwd=self.path, extra_env=env).strip()
+        marker = self.path / ".git" / "tasuki-checkpoint-tree"
+        previous = marker.read_text().strip() if marker.exists() else self.git("rev-parse", "HEAD^{tree}").strip()
+        if tree == previous:
+            return False
+        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", f"tasuki: checkpoint after step {step}").strip()
+        self.git("push", "-q", "--force", "origin", f"{commit}:refs/heads/{self.checkpoint_branch}")
+        marker.write_text(tree + "\n")
+        return True
 
     def head(self) -> str:
         """The commit the task branch points at."""

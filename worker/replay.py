@@ -81,7 +81,7 @@ class ReplayModel:
             "method": method,
             "path": path,
             "body": body,
-            "prompt_tokens": prompt_token_estimate(messages) if isinstance(messages, list) else 0,
+            "prompt_tokens": prompt_token_estimate(messages, body.get("tools")) if isinstance(messages, list) else 0,
             "kind": None,
             "turn": None,
             "status": None,

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from contexts.tokens import estimate_tokens
+from contexts.tokens import estimate_message_tokens, estimate_tokens
 from worker.replay_trajectory import MARKER_PATTERN
 
 SUMMARY_SYSTEM_PREFIX = "You summarize"
@@ -76,9 +76,15 @@ def conversation_key(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:16]
 
 
-def prompt_token_estimate(messages: list[dict[str, Any]]) -> int:
-    """UTF-8 bytes / 4 of every message's content, the same estimate the context store makes."""
-    return sum(estimate_tokens(text_of(message.get("content"))) for message in messages)
+def prompt_token_estimate(messages: list[dict[str, Any]], tools: Any = None) -> int:
+    """Tokens of everything a real provider counts in ``prompt_tokens``: every message's content and tool
+    calls (UTF-8 bytes / 4, plus framing, as the context store estimates them) and the tool schemas."""
+    total = sum(
+        estimate_message_tokens(text_of(m.get("content")), m.get("tool_calls") or None) for m in messages
+    )
+    if tools:
+        total += estimate_tokens(json.dumps(tools))
+    return total
 
 
 def _unique(items: list[str]) -> list[str]:

@@ -105,8 +105,7 @@ class TaskRun:
         state = ctx.read_state()
         log.info("task started", attempt=state.get("attempt"), worker=state.get("worker"))
         if int(state.get("attempt", 1)) > self.settings.monitor.max_attempts:
-            error = f"gave up after {self.settings.monitor.max_attempts} attempts"
-            return self._finish(ctx, "failed", error, None)
+            return self._finish(ctx, "failed", f"gave up after {self.settings.monitor.max_attempts} attempts", None)
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
         checkout = Checkout(
@@ -115,34 +114,41 @@ class TaskRun:
             branch_name(self.request.task_key, self.uuid),
         )
         try:
-            checkout.prepare()
-            if not ctx.pinned:
-                ctx.append_message("system", SYSTEM_PROMPT)
-                ctx.append_message("user", task_message(self.request.prompt, self.request.issue))
-                ctx.step_done()
-            summary = self._agent(ctx, checkout, ctx.metadata["config"]).run()
-            checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
-            checkout.push()
-            result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
-            return self._finish(ctx, "completed", None, result, checkout)
+            return self._run(ctx, checkout)
         except FencedError:
             log.warning("lock taken over by another worker; this delivery stops writing")
             ctx.detach()
             return {"uuid": self.uuid, "status": "fenced"}
-        except SoftTimeLimitExceeded:
+        except Exception as exc:
+            return self._on_error(ctx, checkout, exc)
+
+    def _run(self, ctx: Context, checkout: Checkout) -> dict[str, Any]:
+        checkout.prepare()
+        if not ctx.pinned:
+            ctx.append_message("system", SYSTEM_PROMPT)
+            ctx.append_message("user", task_message(self.request.prompt, self.request.issue))
+            ctx.step_done()
+        summary = self._agent(ctx, checkout, ctx.metadata["config"]).run()
+        checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
+        checkout.push()
+        result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
+        return self._finish(ctx, "completed", None, result, checkout)
+
+    def _on_error(self, ctx: Context, checkout: Checkout, exc: Exception) -> dict[str, Any]:
+        """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""
+        if isinstance(exc, SoftTimeLimitExceeded):
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
-        except Cancelled as exc:
+        if isinstance(exc, Cancelled):
             if self.should_stop is not None and self.should_stop() and not ctx.read_state().get("cancel_requested"):
                 ctx.release()  # warm shutdown: hand the baton back; another worker resumes at once
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
             return self._finish(ctx, "cancelled", str(exc), None, checkout)
-        except StepLimit as exc:
+        if isinstance(exc, StepLimit):
             return self._finish(ctx, "failed", str(exc), None, checkout)
-        except Exception as exc:
-            error = mask(f"{type(exc).__name__}: {exc}".splitlines()[0])[:2000]
-            log.exception("task failed")
-            return self._finish(ctx, "failed", error, None, checkout)
+        log.exception("task failed")
+        error = mask(f"{type(exc).__name__}: {exc}".splitlines()[0])[:2000]
+        return self._finish(ctx, "failed", error, None, checkout)
 
     def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any]) -> Agent:
         s = self.settings

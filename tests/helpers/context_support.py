@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -84,3 +85,16 @@ def loose_modes(root: Path) -> dict[str, str]:
         if stat.S_IMODE(mode) != expected:
             bad[rel] = oct(stat.S_IMODE(mode))
     return bad
+
+
+def waiting_in(thread: threading.Thread, module_part: str) -> bool:
+    """True while ``thread`` is executing code from a file whose path contains ``module_part``.
+
+    Lets a test know that another thread is blocked inside, say, ``filelock`` without sleeping.
+    """
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if module_part in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False

@@ -1,0 +1,233 @@
+"""The ``.lock``: staleness as a pure function, heartbeats, takeover of a killed holder, fencing (SPEC §4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid as uuid_module
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from contexts import ContextStore, FencedError, LockHeldError, LockInfo, is_stale
+from contexts.compression import CompressionPolicy
+from contexts.lock import heartbeat_age_s, process_alive
+from tests.helpers.context_support import CONFIG, TASK_KEY, shifted_clock, wait_for
+from tests.helpers.schemas import validate_context_dir, validate_record
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOW = datetime(2025, 6, 1, 9, 30, tzinfo=UTC)
+HERE = "host-a"
+
+
+def lock_info(age_s: float, hostname: str = HERE, pid: int = 4242) -> LockInfo:
+    beat = NOW - timedelta(seconds=age_s)
+    return LockInfo(pid, hostname, beat - timedelta(seconds=5), beat, "owner-token")
+
+
+@pytest.mark.parametrize(
+    ("age_s", "hostname", "alive", "stale"),
+    [
+        pytest.param(5, HERE, True, False, id="fresh, alive, same host"),
+        pytest.param(5, HERE, False, False, id="fresh, dead pid, same host: the heartbeat still counts"),
+        pytest.param(5, "host-b", False, False, id="fresh, other host"),
+        pytest.param(60, HERE, False, False, id="exactly stale_after_s old is not older than it"),
+        pytest.param(61, HERE, False, True, id="old, dead pid, same host"),
+        pytest.param(3600, HERE, True, False, id="old, alive pid, same host: a slow holder is not robbed"),
+        pytest.param(61, "host-b", True, True, id="old, other host: kill -0 means nothing there"),
+        pytest.param(61, "host-b", False, True, id="old, other host, pid unknown"),
+    ],
+)
+def test_is_stale_is_a_pure_function_of_the_lock_now_and_liveness(
+    age_s: float, hostname: str, alive: bool, stale: bool
+) -> None:
+    lock = lock_info(age_s, hostname)
+    assert is_stale(lock, NOW, 60, HERE, alive) is stale
+    assert heartbeat_age_s(lock, NOW) == age_s
+
+
+def test_lock_info_round_trips_through_json_and_matches_the_schema() -> None:
+    info = LockInfo(os.getpid(), "host-a", NOW, NOW + timedelta(seconds=30), "abc")
+    data = info.to_json()
+    validate_record("lock", data)
+    assert LockInfo.from_json(data) == info
+    assert info.worker == f"host-a:{os.getpid()}"
+
+
+def test_process_alive_answers_kill_zero() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process_alive(os.getpid())
+    assert not process_alive(child.pid)  # reaped: the pid is gone
+    assert not process_alive(0)
+    assert not process_alive(-1)
+
+
+def test_the_heartbeat_refreshes_lock_state_and_hook(tmp_path: Path) -> None:
+    beats: list[str] = []
+    store = ContextStore(tmp_path, heartbeat_interval_s=0.02, fsync="never",
+                         on_heartbeat=lambda uuid, _now: beats.append(uuid))
+    ctx = store.create(TASK_KEY, CONFIG)
+    first = store.read_lock(ctx.uuid)
+    created_state = ctx.read_state()["updated_at"]
+    assert first is not None
+
+    def refreshed() -> bool:
+        lock = store.read_lock(ctx.uuid)
+        return lock is not None and lock.heartbeat_at > first.heartbeat_at
+
+    wait_for(refreshed, what="heartbeat_at to move")
+    wait_for(lambda: ctx.read_state()["updated_at"] > created_state, what="state.updated_at to move")
+    wait_for(lambda: len(beats) >= 3, what="the heartbeat hook")
+    lock = store.read_lock(ctx.uuid)
+    assert lock is not None
+    assert (lock.acquired_at, lock.owner) == (first.acquired_at, first.owner)
+    assert set(beats) == {ctx.uuid}
+    ctx.release()
+    validate_context_dir(ctx.path)
+
+
+def test_a_failing_heartbeat_hook_does_not_stop_the_heartbeat(tmp_path: Path) -> None:
+    calls: list[datetime] = []
+
+    def flaky_hook(_uuid: str, now: datetime) -> None:
+        calls.append(now)
+        if len(calls) > 1:
+            raise ConnectionError("redis blip")
+
+    store = ContextStore(tmp_path, heartbeat_interval_s=0.02, fsync="never", on_heartbeat=flaky_hook)
+    ctx = store.create(TASK_KEY, CONFIG)
+    wait_for(lambda: len(calls) >= 5, what="heartbeats after the hook failed")
+    assert not ctx.fenced
+    assert ctx.append_message("user", "still writing") == 1
+    ctx.release()
+
+
+def test_a_live_holder_on_the_same_host_is_never_taken_over_however_old_its_heartbeat(tmp_path: Path) -> None:
+    ctx = ContextStore(tmp_path, hostname="host-a").create(TASK_KEY, CONFIG, heartbeat=False)
+    much_later = ContextStore(tmp_path, hostname="host-a", stale_after_s=60, clock=shifted_clock(3600))
+    with pytest.raises(LockHeldError):
+        much_later.open(ctx.uuid)
+    assert much_later.is_held(ctx.uuid)
+    elsewhere = ContextStore(tmp_path, hostname="host-b", stale_after_s=60, clock=shifted_clock(3600))
+    taken = elsewhere.open(ctx.uuid, heartbeat=False)
+    assert taken.previous_holder is not None
+    assert taken.previous_holder.owner == ctx._lock.owner
+    assert store_lock_owner(elsewhere, ctx.uuid) == taken._lock.owner
+
+
+def store_lock_owner(store: ContextStore, uuid: str) -> str:
+    lock = store.read_lock(uuid)
+    assert lock is not None
+    return lock.owner
+
+
+def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path: Path) -> None:
+    uuid = str(uuid_module.uuid4())
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.context_holder", str(tmp_path), uuid, "0.02"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    store = ContextStore(tmp_path, stale_after_s=0.5, heartbeat_interval_s=0.05, fsync="never")
+    try:
+
+        def holder_ready() -> LockInfo | None:
+            if holder.poll() is not None:
+                raise AssertionError(f"holder exited early: {holder.stderr.read().decode()}")  # type: ignore[union-attr]
+            path = tmp_path / "running" / uuid / "messages.jsonl"
+            return store.read_lock(uuid) if path.exists() and path.stat().st_size else None
+
+        first = wait_for(holder_ready, timeout=30, what="the holder process to create the context")
+        assert (first.process_id, first.hostname) == (holder.pid, store.hostname)
+        wait_for(lambda: store.read_lock(uuid).heartbeat_at > first.heartbeat_at,  # type: ignore[union-attr]
+                 what="the holder's heartbeat")
+        with pytest.raises(LockHeldError):
+            store.open(uuid)
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        assert process_alive(holder.pid)  # dead or dying, but a zombie still answers kill -0 ...
+        holder.wait(timeout=10)  # ... until it is reaped
+        holder.stderr.close()  # type: ignore[union-attr]
+    assert holder.returncode == -signal.SIGKILL
+    assert not process_alive(holder.pid)
+
+    def try_open() -> object:
+        try:
+            return store.open(uuid)
+        except LockHeldError:
+            return None
+
+    ctx = wait_for(try_open, timeout=15, what="the stale lock to be taken over")
+    assert ctx.previous_holder is not None
+    assert ctx.previous_holder.process_id == holder.pid
+    state = ctx.read_state()
+    assert state["attempt"] == 2
+    assert state["worker"] == f"{store.hostname}:{os.getpid()}"
+    assert ctx.append_message("assistant", "picked up the baton") == 2
+    ctx.release()
+    assert validate_context_dir(ctx.path)["messages.jsonl"] == 2
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file() and p.name != ".state.lock"}
+
+
+def test_a_holder_whose_lock_was_taken_over_is_fenced_and_writes_nothing_more(tmp_path: Path) -> None:
+    a = ContextStore(tmp_path, hostname="a", heartbeat_interval_s=0.02, stale_after_s=0.2, fsync="never")
+    b = ContextStore(tmp_path, hostname="b", heartbeat_interval_s=30, stale_after_s=0.2, fsync="never")
+    holder_a = a.create(TASK_KEY, CONFIG)
+    holder_a.append_message("user", "the task")
+    holder_a.append_message("assistant", "working on it")
+    assert holder_a._heartbeat is not None
+    holder_a._heartbeat.stop()  # A stalls: no more heartbeats, but it still believes it holds the lock
+
+    def take_over() -> object:
+        try:
+            return b.open(holder_a.uuid, heartbeat=False)
+        except LockHeldError:
+            return None
+
+    holder_b = wait_for(take_over, what="B to take the stale lock over")
+    assert holder_b.read_state()["attempt"] == 2
+    before = files_of(holder_a.path)
+
+    with pytest.raises(FencedError):
+        holder_a.append_message("assistant", "a write after losing the lock")
+    assert holder_a.fenced
+    with pytest.raises(FencedError):
+        holder_a.append_tool("bash", {"command": "rm -rf /"}, "success", 1)
+    with pytest.raises(FencedError):
+        holder_a.update_state(status="processing")
+    with pytest.raises(FencedError):
+        holder_a.beat()
+    with pytest.raises(FencedError):
+        holder_a.compress(lambda _prev, _span: "s", CompressionPolicy(keep_recent=0))
+    with pytest.raises(FencedError):
+        holder_a.finish("completed")
+    holder_a.release()  # must not remove B's lock
+
+    assert files_of(holder_a.path) == before
+    assert store_lock_owner(b, holder_a.uuid) == holder_b._lock.owner
+    assert holder_b.append_message("assistant", "B carries on") == 3
+    holder_b.finish("completed")
+    validate_context_dir(tmp_path / "completed" / holder_a.uuid)
+
+
+def test_the_heartbeat_thread_notices_a_takeover_and_stops(tmp_path: Path) -> None:
+    a = ContextStore(tmp_path, hostname="a", heartbeat_interval_s=0.02, fsync="never")
+    holder_a = a.create(TASK_KEY, CONFIG)
+    thief = ContextStore(tmp_path, hostname="b", stale_after_s=60, clock=shifted_clock(120))
+    holder_b = thief.open(holder_a.uuid, heartbeat=False)  # as if A had been silent for two minutes
+
+    wait_for(lambda: holder_a.fenced, what="A's heartbeat to notice the takeover")
+    assert holder_a._heartbeat is not None
+    wait_for(lambda: not holder_a._heartbeat.is_alive(), what="A's heartbeat thread to end")  # type: ignore[union-attr]
+    assert store_lock_owner(thief, holder_a.uuid) == holder_b._lock.owner
+    with pytest.raises(FencedError):
+        holder_a.append_message("assistant", "too late")
+    assert holder_b.messages() == []

@@ -1,0 +1,152 @@
+"""The commands that run things: worker, submit, cancel, up, demo, replay-model (SPEC §10).
+
+Each is ``cmd_x(args, settings) -> int`` like the reading commands in :mod:`worker.cli`, which lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contexts.errors import TasukiError
+
+if TYPE_CHECKING:
+    from worker.settings_models import Settings
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# -- worker ----------------------------------------------------------------------------------------
+
+
+def worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("celery_args", nargs=argparse.REMAINDER, help="options passed to `celery worker`")
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """Replace this process with ``celery -A worker worker`` on Tasuki's queues."""
+    from worker.services import worker_argv
+
+    argv = worker_argv(args.celery_args)
+    os.execv(sys.executable, argv)  # noqa: S606 - a fixed program: this interpreter running celery
+
+
+# -- submit, cancel ----------------------------------------------------------------------------------
+
+
+def submit_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repo", metavar="OWNER/NAME", help="a GitHub or GitLab repository")
+    where.add_argument("--repo-path", metavar="PATH", help="a local git repository")
+    parser.add_argument("--issue", type=int, metavar="N", help="the issue to work on (with --repo)")
+    parser.add_argument("--source", choices=("github", "gitlab"), default="github", help="where --repo lives")
+    parser.add_argument("--prompt", metavar="TEXT", default="", help="what to do (local tasks: required)")
+    parser.add_argument("--user", metavar="USER", help="who asked (recorded in metadata.json)")
+    parser.add_argument("--wait", action="store_true", help="show progress until the task finishes")
+
+
+def build_request(args: argparse.Namespace) -> dict[str, object]:
+    """The ``run_task`` request for the command line's arguments."""
+    if args.repo_path:
+        path = Path(args.repo_path).absolute()
+        if not (path / ".git").exists():
+            raise TasukiError(f"--repo-path {path} is not a git repository")
+        if not args.prompt:
+            raise TasukiError("a local task needs --prompt")
+        return {
+            "task_key": {"task_source": "local", "owner": "local", "repo": path.name, "task_type": "prompt",
+                         "task_id": "local"},
+            "repo_path": str(path),
+            "prompt": args.prompt,
+            "user": args.user,
+        }
+    if args.issue is None or "/" not in args.repo:
+        raise TasukiError("--repo OWNER/NAME needs --issue N")
+    owner, name = args.repo.rsplit("/", 1)
+    return {
+        "task_key": {"task_source": args.source, "owner": owner, "repo": name, "task_type": "issue",
+                     "task_id": str(args.issue)},
+        "prompt": args.prompt,
+        "user": args.user,
+    }
+
+
+def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
+    """Enqueue a task; with ``--wait`` follow it to the end."""
+    from worker.celery import app
+    from worker.progress import watch
+    from worker.runtime import context_store, redis_client
+    from worker.submit import enqueue
+
+    queued = enqueue(app, redis_client(), settings, build_request(args))
+    if queued.already_active:
+        _say(f"{queued.uuid} (a task for this issue is already queued or running)")
+    else:
+        _say(queued.uuid)
+    if not args.wait:
+        return 0
+    state = watch(context_store(settings, index=False), queued.uuid, _say)
+    return 0 if state is not None and state.get("status") == "completed" else 1
+
+
+def cancel_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uuid", metavar="UUID", help="the task's UUID")
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """Stop a task at its next step, or revoke it while queued."""
+    from worker.celery import app
+    from worker.runtime import context_store, redis_client
+    from worker.submit import request_cancel
+
+    _say(request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid))
+    return 0
+
+
+# -- up, demo, replay-model ----------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    """The main job end to end on embedded defaults (SPEC §11)."""
+    from worker.demo import run_demo
+
+    return run_demo(settings, _say)
+
+
+def up_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-beat", action="store_true", help="do not start the scheduler")
+    parser.add_argument("--no-webhook", action="store_true", help="do not start the HTTP intake")
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    """Worker, beat and webhook intake on one machine; an embedded Redis when none answers."""
+    from worker.up import run_up
+
+    return run_up(settings, _say, beat=not args.no_beat, webhook=not args.no_webhook)
+
+
+def replay_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trajectory", type=Path, metavar="FILE", help="a scripted trajectory (JSONL or YAML)")
+    source.add_argument("--context", metavar="UUID", help="replay the assistant turns of a recorded context")
+    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000)")
+
+
+def cmd_replay_model(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the replay model (OpenAI and Ollama APIs) until interrupted."""
+    from worker.cli import locate_inside, open_store
+    from worker.replay import run_replay_model
+
+    messages = None
+    if args.context:
+        messages = locate_inside(open_store(settings), args.context) / "messages.jsonl"
+    elif not args.trajectory.is_file():
+        raise TasukiError(f"no trajectory file at {args.trajectory}")
+    run_replay_model(args.trajectory, messages, args.port)
+    return 0

