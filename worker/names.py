@@ -25,3 +25,5 @@ ACTIVE_PREFIX: Final = "tasuki:active:"  # + task key, holds the UUID of its que
 BEAT_LOCK_KEY: Final = "tasuki:beat-lock"  # held by the one beat that runs the schedule
 USER_CONFIG_PREFIX: Final = "tasuki:user-config:"  # + user, cached per-user LLM overrides
 CANCEL_PREFIX: Final = "tasuki:cancel:"  # + UUID, set by `tasuki cancel` for a task that is still queued
+TASK_PREFIX: Final = "tasuki:task:"  # + UUID, the task key of a task the HTTP intake enqueued (GET before it starts)
+STATS_KEY: Final = "tasuki:stats"  # hash: finished tasks per final status, compressions of finished tasks

@@ -1,0 +1,152 @@
+"""Compression end to end: a long task with a small context window, a real worker, the scripted model over HTTP.
+
+What is asserted about the budget, and why: every request's size is computed here as UTF-8 bytes / 4 of all
+it makes the model read (message contents, tool calls and tool schemas: :func:`request_tokens`) and must not
+exceed ``context_length``.  The model reports that same count as its prompt usage (``ServerUsageModel``), as
+OpenAI and Ollama servers count tools and calls too; the agent calibrates its estimates to reported usage
+(SPEC §6), so the count the model reports is the one its budget has to hold against.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from tests.helpers.schemas import validate_context_dir
+from tests.helpers.stack import Stack, local_request, make_buggy_repo
+from tests.helpers.worker_scenarios import (
+    PROVIDERS,
+    agent_requests,
+    bash_turn,
+    context_records,
+    finish_turn,
+    replayed_turn,
+    request_tokens,
+    running_stack,
+    worker_logs,
+)
+from worker.names import COMPRESSION_QUEUE
+from worker.prompts import SUMMARIZER_SYSTEM, SYSTEM_PROMPT, task_message
+
+pytestmark = pytest.mark.integration
+
+CONTEXT_LENGTH = 3000
+STEPS = 32
+PROMPT = "Print the log blocks."
+COMPRESSION_ENV = {
+    "TASUKI__COMPRESSION__THRESHOLD": "0.5",
+    "TASUKI__COMPRESSION__WARN_AT": "0.4",
+    "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
+    "TASUKI__COMPRESSION__KEEP_RECENT": "3",
+}
+INLINE_NOTE = "no worker took the compression job in time"
+
+
+def long_task() -> list[dict[str, Any]]:
+    """32 steps of about 300 tokens each (a bash call and its output), then finish."""
+    return [bash_turn(step) for step in range(STEPS)] + [finish_turn()]
+
+
+def run_long_task(stack: Stack, tmp_path: Path, concurrency: int) -> tuple[str, dict[str, Any], Path]:
+    repo = make_buggy_repo(tmp_path / "repo")
+    stack.start_worker("w1", concurrency=concurrency)
+    uuid = stack.send(local_request(repo, prompt=PROMPT))
+    state = stack.wait_finished(uuid, timeout_s=120)
+    assert state["status"] == "completed", state
+    return uuid, state, stack.contexts_dir / "completed" / uuid
+
+
+def assert_compressed_within_budget(
+    directory: Path, state: dict[str, Any], requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The checks every compression run must pass; returns the summaries."""
+    validate_context_dir(directory)
+    messages = context_records(directory, MESSAGES_FILE)
+    summaries = context_records(directory, SUMMARIES_FILE)
+
+    assert len(summaries) >= 3, f"expected several compressions, got {len(summaries)}"
+    assert state["compression_count"] == len(summaries)
+    pinned_end = 2  # the system prompt and the task
+    assert [m["role"] for m in messages[:pinned_end]] == ["system", "user"]
+    expected_start = pinned_end + 1
+    for summary in summaries:
+        assert summary["start_seq"] == expected_start, summaries
+        assert summary["end_seq"] >= summary["start_seq"]
+        assert summary["compression_ratio"] == round(summary["summary_tokens"] / summary["original_tokens"], 4)
+        assert summary["compression_ratio"] < 1
+        expected_start = summary["end_seq"] + 1
+    assert [s["previous_summary_id"] for s in summaries] == [None, *range(1, len(summaries))]
+
+    # Nothing was asked twice or skipped across compressions: one assistant record per turn, in order.
+    assert [replayed_turn(m) for m in messages if m["role"] == "assistant"] == list(range(STEPS + 1))
+
+    for request in requests:
+        tokens = request_tokens(request["body"])
+        assert tokens <= CONTEXT_LENGTH, f"{request['kind']} request of {tokens} tokens: {request['body']}"
+        assert request["prompt_tokens"] == tokens
+
+    agent = agent_requests(requests)
+    assert len(agent) == STEPS + 1
+    for request in agent:
+        head = request["body"]["messages"][:2]
+        assert head == [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task_message(PROMPT)},
+        ]
+
+    summary_requests = [r for r in requests if r["kind"] == "summary"]
+    assert len(summary_requests) == len(summaries)
+    stored = [m.get("content") or "" for m in messages]
+    for request in summary_requests:
+        system, user = request["body"]["messages"]
+        assert system == {"role": "system", "content": SUMMARIZER_SYSTEM}
+        assert all(user["content"] not in content and content != SUMMARIZER_SYSTEM for content in stored)
+    for summary in summaries:  # a summary lives in summaries.jsonl and in later prompts, never in messages.jsonl
+        assert all(summary["summary"] not in content for content in stored)
+    return summaries
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_long_task_compresses_on_the_compression_queue_and_every_request_fits_the_window(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, provider: str
+) -> None:
+    with running_stack(
+        tmp_path, redis_url, long_task(), provider=provider, context_length=CONTEXT_LENGTH,
+        env=COMPRESSION_ENV, server_usage=True,
+    ) as (stack, server):
+        uuid, state, directory = run_long_task(stack, tmp_path, concurrency=2)
+        summaries = assert_compressed_within_budget(directory, state, server.requests)
+
+        logs = worker_logs(stack)
+        assert logs.count("Task tasuki.compress_context[") >= len(summaries)
+        assert logs.count(f"'start_seq': {summaries[-1]['start_seq']}") >= 1  # the job's result, in its log line
+        assert INLINE_NOTE not in logs
+        if provider == "ollama":
+            chats = [r for r in server.requests if r["method"] == "POST"]
+            assert {r["path"] for r in chats} == {"/api/chat"}
+            assert all(r["body"]["options"]["num_ctx"] == CONTEXT_LENGTH for r in chats)
+
+
+def test_a_single_busy_worker_summarizes_inline_when_no_one_takes_the_compression_job(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    env = {**COMPRESSION_ENV, "TASUKI__COMPRESSION__START_TIMEOUT_S": "0.3"}
+    with running_stack(
+        tmp_path, redis_url, long_task(), context_length=CONTEXT_LENGTH, env=env, server_usage=True
+    ) as (stack, server):
+        _, state, directory = run_long_task(stack, tmp_path, concurrency=1)
+        summaries = assert_compressed_within_budget(directory, state, server.requests)
+
+        assert worker_logs(stack).count(INLINE_NOTE) == len(summaries)
+        # The jobs nobody started were revoked: once the slot is free the worker drops them unrun.
+        stack.wait_until(
+            lambda: worker_logs(stack).count("Discarding revoked task: tasuki.compress_context") == len(summaries)
+            and redis_client.llen(COMPRESSION_QUEUE) == 0,
+            timeout_s=30,
+            what="the revoked compression jobs to be discarded",
+        )
+        assert "tasuki.compress_context[" not in worker_logs(stack).replace("Discarding revoked task", "")
