@@ -6,6 +6,7 @@ Each is ``cmd_x(args, settings) -> int`` like the reading commands in :mod:`work
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -60,8 +61,9 @@ def build_request(args: argparse.Namespace) -> dict[str, object]:
         if not args.prompt:
             raise TasukiError("a local task needs --prompt")
         return {
+            # One active task per key (SPEC §2): the same prompt on the same repository is one task.
             "task_key": {"task_source": "local", "owner": "local", "repo": path.name, "task_type": "prompt",
-                         "task_id": "local"},
+                         "task_id": "p" + hashlib.sha256(args.prompt.encode()).hexdigest()[:8]},
             "repo_path": str(path),
             "prompt": args.prompt,
             "user": args.user,

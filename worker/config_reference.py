@@ -39,4 +39,4 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(markdown())  # noqa: T201 - a generator script
+    print(markdown())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis
 import structlog
 from celery import Task
 from celery.result import AsyncResult
@@ -18,7 +19,8 @@ from worker.llm import Provider
 from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK
 from worker.prompts import summarizer_messages
 from worker.run import TaskRequest, TaskRun
-from worker.runtime import context_store, llm_config, provider_for, settings, unindex
+from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
+from worker.submit import release_active
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +46,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
             compressor=compress_through_queue,
             should_stop=lifecycle.shutting_down,
             cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
-            on_finish=lambda u, _status: unindex(u),
+            on_finish=lambda u, _status: forget(u, parsed.task_key),
         ).execute(config)
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
@@ -69,6 +71,15 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
         return {"summary": text, "start_seq": start_seq, "end_seq": end_seq}
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def forget(uuid: str, task_key: dict[str, str]) -> None:
+    """A finished task leaves the heartbeat index and frees its task key for the next trigger."""
+    unindex(uuid)
+    try:
+        release_active(redis_client(), task_key, uuid)
+    except redis.RedisError as exc:
+        log.warning("active-task key not released", error=str(exc))
 
 
 def jsonl_metadata_config(directory: Any) -> dict[str, Any]:

@@ -26,8 +26,14 @@ CALC_TEST = (
 
 
 def git(cwd: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "PATH": "/usr/bin:/bin:/usr/local/bin", "HOME": str(cwd)}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+        "HOME": str(cwd),
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
@@ -45,10 +51,20 @@ def make_buggy_repo(path: Path) -> Path:
 def fix_calc_trajectory() -> list[dict[str, Any]]:
     """The scripted model's turns for fixing the calc repository."""
     return [
-        {"content": "Run the tests first.", "tool_calls": [{"name": "bash", "arguments": {"command": "python -m unittest -q"}}]},
+        {
+            "content": "Run the tests first.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "python -m unittest -q"}}],
+        },
         {"content": None, "tool_calls": [{"name": "read_file", "arguments": {"path": "calc.py"}}]},
-        {"content": "add subtracts.", "tool_calls": [{"name": "edit_file", "arguments": {
-            "path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"}}]},
+        {
+            "content": "add subtracts.",
+            "tool_calls": [
+                {
+                    "name": "edit_file",
+                    "arguments": {"path": "calc.py", "old_string": "return a - b", "new_string": "return a + b"},
+                }
+            ],
+        },
         {"content": None, "tool_calls": [{"name": "bash", "arguments": {"command": "python -m unittest -q"}}]},
         {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Fix add(): it subtracted."}}]},
     ]
@@ -128,8 +144,13 @@ class Stack:
 
 def local_request(repo: Path, prompt: str = "Make the tests pass.", task_id: str = "1") -> dict[str, Any]:
     return {
-        "task_key": {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt",
-                     "task_id": task_id},
+        "task_key": {
+            "task_source": "local",
+            "owner": "local",
+            "repo": repo.name,
+            "task_type": "prompt",
+            "task_id": task_id,
+        },
         "repo_path": str(repo),
         "prompt": prompt,
         "user": "tester",

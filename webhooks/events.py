@@ -1,0 +1,221 @@
+"""What a verified webhook event asks for (SPEC §8): start a task, cancel one, or nothing.
+
+Pure functions of the event name, the parsed payload and the forge's settings; a payload of an
+unexpected shape is simply not a trigger (webhook senders add fields and events all the time).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.settings_models import GitHubSettings, GitLabSettings
+
+CANCEL_COMMAND = "/tasuki cancel"
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Start a task for ``task_key`` (unless one is active)."""
+
+    task_key: dict[str, str]
+    user: str
+    issue: dict[str, Any]
+    prompt: str = ""
+    trigger: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel the active task of ``task_key``."""
+
+    task_key: dict[str, str]
+    user: str
+
+
+@dataclass(frozen=True)
+class Ignore:
+    """Nothing to do; ``reason`` is logged and counted."""
+
+    reason: str
+
+
+Action = Trigger | Cancel | Ignore
+
+
+def _get(data: Any, *path: str) -> Any:
+    """``data[path[0]][path[1]]...``, or None as soon as a step is missing or not a mapping."""
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def live_lines(body: str) -> list[str]:
+    """The lines of a comment that the author wrote now: not quoted (``>``), not inside a code fence."""
+    lines, fenced = [], False
+    for line in body.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced and not line.lstrip().startswith(">"):
+            lines.append(line)
+    return lines
+
+
+def mentions(body: str, mention: str) -> bool:
+    """True when ``mention`` (``@tasuki``) stands as a word in a live line of ``body``."""
+    pattern = re.compile(rf"(?<![\w@]){re.escape(mention)}(?![\w-])", re.IGNORECASE)
+    return any(pattern.search(line) for line in live_lines(body))
+
+
+def asks_to_cancel(body: str) -> bool:
+    """True when a live line of ``body`` is the ``/tasuki cancel`` command."""
+    return any(line.strip().lower() == CANCEL_COMMAND for line in live_lines(body))
+
+
+def _key(source: str, owner: str, repo: str, task_type: str, number: int) -> dict[str, str]:
+    return {"task_source": source, "owner": owner, "repo": repo, "task_type": task_type, "task_id": str(number)}
+
+
+def _comment_action(
+    body: str, user: str, key: dict[str, str], issue: dict[str, Any], mention: str, trigger: dict[str, Any]
+) -> Action:
+    if asks_to_cancel(body):
+        return Cancel(key, user)
+    if mentions(body, mention):
+        return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), trigger)
+    return Ignore("comment without the mention")
+
+
+# -- GitHub --------------------------------------------------------------------------------------
+
+
+def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> Action:
+    """The action of a GitHub event (``X-GitHub-Event``) and its payload."""
+    sender = _text(_get(payload, "sender", "login"))
+    if sender.lower() == cfg.bot_login.lower():
+        return Ignore("sent by the bot")
+    owner = _text(_get(payload, "repository", "owner", "login"))
+    repo = _text(_get(payload, "repository", "name"))
+    if not owner or not repo or not sender:
+        return Ignore(f"{event or 'event'} without repository or sender")
+    action = _get(payload, "action")
+    if event in ("issues", "pull_request"):
+        return _github_label(event, action, payload, cfg, owner, repo, sender)
+    if event in ("issue_comment", "pull_request_review_comment") and action == "created":
+        item = _get(payload, "issue") if event == "issue_comment" else _get(payload, "pull_request")
+        number = _number(_get(item, "number"))
+        if number is None:
+            return Ignore("comment without an issue number")
+        if _get(payload, "comment", "author_association") not in cfg.allowed_associations:
+            return Ignore("comment author not allowed")
+        is_pull = event == "pull_request_review_comment" or isinstance(_get(item, "pull_request"), dict)
+        key = _key("github", owner, repo, "pull_request" if is_pull else "issue", number)
+        trigger = {"kind": "comment", "user": sender}
+        return _comment_action(_text(_get(payload, "comment", "body")), sender, key, _github_issue(item), cfg.mention,
+                               trigger)
+    return Ignore(f"event {event}.{action}" if action else f"event {event}")
+
+
+def _github_label(
+    event: str, action: Any, payload: dict[str, Any], cfg: GitHubSettings, owner: str, repo: str, sender: str
+) -> Action:
+    item = _get(payload, "issue" if event == "issues" else "pull_request")
+    number = _number(_get(item, "number"))
+    label = _get(payload, "label", "name")
+    if number is None or action not in ("labeled", "unlabeled"):
+        return Ignore(f"event {event}.{action}")
+    key = _key("github", owner, repo, "issue" if event == "issues" else "pull_request", number)
+    if action == "labeled" and label == cfg.labels.trigger:
+        return Trigger(key, sender, _github_issue(item), trigger={"kind": "label", "user": sender})
+    if action == "unlabeled" and label == cfg.labels.processing:
+        return Cancel(key, sender)
+    return Ignore(f"label {label!r} {action}")
+
+
+def _github_issue(item: Any) -> dict[str, Any]:
+    return {
+        "number": _get(item, "number"),
+        "title": _text(_get(item, "title")),
+        "body": _text(_get(item, "body")),
+        "url": _text(_get(item, "html_url")),
+    }
+
+
+# -- GitLab --------------------------------------------------------------------------------------
+
+
+def _label_titles(labels: Any) -> set[str]:
+    if not isinstance(labels, list):
+        return set()
+    return {label["title"] for label in labels if isinstance(label, dict) and isinstance(label.get("title"), str)}
+
+
+def gitlab_action(payload: dict[str, Any], cfg: GitLabSettings) -> Action:
+    """The action of a GitLab event payload (``object_kind`` says which; the header only names it)."""
+    user = _text(_get(payload, "user", "username"))
+    if user.lower() == cfg.bot_login.lower():
+        return Ignore("sent by the bot")
+    path = _text(_get(payload, "project", "path_with_namespace"))
+    kind = _get(payload, "object_kind")
+    if "/" not in path or not user:
+        return Ignore(f"{kind or 'event'} without project or user")
+    owner, repo = path.rsplit("/", 1)
+    trigger = {"kind": "label", "user": user, "user_id": _get(payload, "user", "id")}
+    if kind in ("issue", "merge_request"):
+        attributes = _get(payload, "object_attributes")
+        number = _number(_get(attributes, "iid"))
+        if number is None:
+            return Ignore(f"{kind} without an iid")
+        key = _key("gitlab", owner, repo, kind, number)
+        before = _label_titles(_get(payload, "changes", "labels", "previous"))
+        after = _label_titles(_get(payload, "changes", "labels", "current"))
+        if cfg.labels.trigger in after - before:
+            return Trigger(key, user, _gitlab_issue(attributes), trigger=trigger)
+        if cfg.labels.processing in before - after:
+            return Cancel(key, user)
+        return Ignore(f"{kind} without a trigger label change")
+    if kind == "note":
+        return _gitlab_note(payload, cfg, owner, repo, user, {**trigger, "kind": "comment"})
+    return Ignore(f"event {kind}")
+
+
+def _gitlab_note(
+    payload: dict[str, Any], cfg: GitLabSettings, owner: str, repo: str, user: str, trigger: dict[str, Any]
+) -> Action:
+    note = _get(payload, "object_attributes")
+    if _get(note, "system") is True or _get(note, "action") not in (None, "create"):
+        return Ignore("system or edited note")
+    noteable = _get(note, "noteable_type")
+    kinds = {"Issue": ("issue", "issue"), "MergeRequest": ("merge_request", "merge_request")}
+    if noteable not in kinds:
+        return Ignore(f"note on {noteable}")
+    task_type, section = kinds[noteable]
+    item = _get(payload, section)
+    number = _number(_get(item, "iid"))
+    if number is None:
+        return Ignore("note without an iid")
+    key = _key("gitlab", owner, repo, task_type, number)
+    return _comment_action(_text(_get(note, "note")), user, key, _gitlab_issue(item), cfg.mention, trigger)
+
+
+def _gitlab_issue(item: Any) -> dict[str, Any]:
+    return {
+        "number": _get(item, "iid"),
+        "title": _text(_get(item, "title")),
+        "body": _text(_get(item, "description")),
+        "url": _text(_get(item, "url")),
+    }
+

@@ -1,0 +1,129 @@
+"""From an action to a queued task: dedupe the delivery, enqueue or cancel, answer (SPEC §2, §8).
+
+Blocking Redis and broker calls; the ASGI routes run these in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import structlog
+
+from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
+from webhooks.events import Action, Cancel, Ignore, Trigger
+from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
+from worker.settings_models import Settings
+from worker.submit import Enqueued, enqueue, release_active, request_cancel, task_key_id
+
+log = structlog.get_logger(__name__)
+
+DELIVERY_TTL_S = 8 * 24 * 3600  # GitHub redelivers for a few days; eight covers it with room to spare
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer and the outcome it is counted under in ``/metrics``."""
+
+    status_code: int
+    body: dict[str, Any]
+    outcome: str
+
+
+def delivery_key(source: str, delivery_id: str) -> str:
+    """The Redis key of one delivery; the id is hashed so that no header can make the key large."""
+    return f"{DELIVERY_PREFIX}{source}:{hashlib.sha256(delivery_id.encode('utf-8', 'replace')).hexdigest()[:40]}"
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Intake:
+    """Enqueues and cancels tasks for webhooks and the task API; one per app."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, celery_app: Any) -> None:
+        self.settings = settings
+        self.client = client
+        self.celery_app = celery_app
+        self._store: ContextStore | None = None
+
+    @property
+    def store(self) -> ContextStore:
+        """The context store (created on first use: only the task API and cancels need it)."""
+        if self._store is None:
+            c = self.settings.contexts
+            self._store = ContextStore(c.base_dir, heartbeat_interval_s=c.heartbeat_interval_s,
+                                       stale_after_s=c.stale_after_s, fsync=c.fsync)
+        return self._store
+
+    # -- webhooks --------------------------------------------------------------------------------
+
+    def deliver(self, source: str, delivery_id: str, action: Action) -> Answer:
+        """Act on one verified delivery, at most once per delivery id."""
+        if isinstance(action, Ignore):
+            return Answer(200, {"status": "ignored", "reason": action.reason}, "ignored")
+        key = delivery_key(source, delivery_id)
+        if not self.client.set(key, "1", nx=True, ex=DELIVERY_TTL_S):
+            return Answer(200, {"status": "duplicate"}, "duplicate")
+        try:
+            if isinstance(action, Trigger):
+                return self._trigger(action)
+            return self._cancel(action)
+        except Exception:
+            self.client.delete(key)  # not acted on: a redelivery must be able to try again
+            raise
+
+    def _trigger(self, action: Trigger) -> Answer:
+        request = {
+            "task_key": action.task_key,
+            "issue": action.issue,
+            "user": action.user,
+            "prompt": action.prompt,
+            "trigger": action.trigger,
+        }
+        enqueued = self.submit(request)
+        if enqueued.already_active:
+            return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
+        log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(action.task_key), user=action.user)
+        return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
+
+    def _cancel(self, action: Cancel) -> Answer:
+        uuid = _text(self.client.get(ACTIVE_PREFIX + task_key_id(action.task_key)))
+        if uuid is None:
+            return Answer(200, {"status": "ignored", "reason": "no active task"}, "ignored")
+        log.info("cancel requested", uuid=uuid, user=action.user)
+        return Answer(200, {"status": "cancelled", "task_id": uuid, "detail": self.cancel(uuid)}, "cancelled")
+
+    # -- shared with the task API ----------------------------------------------------------------
+
+    def submit(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued:
+        """Enqueue ``tasuki.run_task`` unless the task key is active; remember the task key by UUID."""
+        enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        if not enqueued.already_active:
+            ttl = self.settings.broker.visibility_timeout_s * self.settings.monitor.max_attempts
+            self.client.set(TASK_PREFIX + enqueued.uuid, json.dumps(request["task_key"]), ex=ttl)
+        return enqueued
+
+    def queued_task_key(self, uuid: str) -> dict[str, str] | None:
+        """The task key of a task this intake enqueued, while Redis remembers it."""
+        raw = _text(self.client.get(TASK_PREFIX + uuid))
+        task_key: dict[str, str] | None = json.loads(raw) if raw else None
+        return task_key
+
+    def cancel(self, uuid: str) -> str:
+        """Request the cancel; a task revoked before it started also frees its task key at once."""
+        try:
+            detail = request_cancel(self.celery_app, self.client, self.store, uuid)
+        except ContextCompletedError:
+            return "already finished"
+        try:
+            self.store.locate(uuid)
+        except ContextNotFoundError:  # revoked while queued: no worker will ever finish it and free the key
+            task_key = self.queued_task_key(uuid)
+            if task_key is not None:
+                release_active(self.client, task_key, uuid)
+        return detail
