@@ -49,7 +49,13 @@ def write_json_atomic(path: Path, data: Any, *, fsync: bool = True) -> None:
 def read_json(path: Path) -> Any:
     """Read a JSON file written by :func:`write_json_atomic`."""
     with open(path, "rb") as handle:
-        return json.loads(handle.read())
+        data = handle.read()
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        from contexts.errors import CorruptRecordError
+
+        raise CorruptRecordError(f"{path}: not valid JSON ({exc})") from exc
 
 
 def fsync_dir(path: Path) -> None:

@@ -247,12 +247,18 @@ class Context:
             raise ValueError(f"not a final status: {status!r}")
         now = self.store.clock()
         self.step_done()
-        self.update_state(status="completing", completed_at=iso(now), error=error, **final)
+        # final_status lets the monitor finish the move with the right status after a crash (SPEC §3 rule 9).
+        self.update_state(status="completing", completed_at=iso(now), error=error, final_status=status, **final)
         self._stop_heartbeat()
         self._close_files()
-        self._lock.release()
         target = self.store.base_dir / COMPLETED_DIR / self.uuid
-        os.rename(self.path, target)
+        # Drop the lock and move the directory under the lock's mutex: an opener cannot take the lock in
+        # between (and leave its .lock in completed/), nor can a holder that was taken over move the context.
+        with self._lock.mutex():
+            if not self._lock.release_under_mutex():
+                self._lock.fenced = True
+                raise FencedError(f"{self.uuid}: lock taken over before completion; this holder stops writing")
+            os.rename(self.path, target)
         fsync_dir(target.parent)
         self.path = target
         update_state(target, self.store.clock(), fsync=self._fsync != "never", set_fields={"status": status})

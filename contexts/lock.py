@@ -177,10 +177,16 @@ class ContextLock:
         if self.info is None:
             return
         with self.mutex():
-            current = read_lock(self.path)
-            if current is not None and current.owner == self.owner:
-                os.unlink(self.path)
+            self.release_under_mutex()
+
+    def release_under_mutex(self) -> bool:
+        """:meth:`release` for a caller holding :meth:`mutex`; returns whether the lock was still ours."""
+        current = read_lock(self.path)
+        ours = current is not None and current.owner == self.owner
+        if ours:
+            os.unlink(self.path)
         self.info = None
+        return ours
 
     def _verify_owner(self) -> None:
         current = read_lock(self.path)

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from contexts.tokens import estimate_message_tokens
+
 PROMPT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 OMITTED_MARKER = "[{count} earlier messages omitted]"
-_MARKER_TOKENS = 12
 
 
 def to_prompt_message(record: dict[str, Any]) -> dict[str, Any]:
@@ -38,6 +39,11 @@ def cost(record: dict[str, Any], factor: float) -> int:
     return int(record.get("token_count", 0) * factor + 0.5)
 
 
+def text_cost(text: str, factor: float) -> int:
+    """Calibrated token cost of a message Tasuki adds to the prompt, estimated like a stored record."""
+    return int(estimate_message_tokens(text) * factor + 0.5)
+
+
 def build_prompt(
     pinned: list[dict[str, Any]],
     summary: dict[str, Any] | None,
@@ -58,8 +64,9 @@ def build_prompt(
     used = sum(cost(r, factor) for r in pinned)
     if summary is not None:
         head.append(summary_message(summary))
-        used += int(summary.get("summary_tokens", 0) * factor) + 16
-    room = budget_tokens - used - _MARKER_TOKENS
+        used += text_cost(head[-1]["content"], factor)  # the summary with its heading, not the bare summary
+    # Room for the marker at its longest (every message omitted), so that adding it never overflows.
+    room = budget_tokens - used - text_cost(OMITTED_MARKER.format(count=max(last_seq - boundary_seq, 0)), factor)
     selected: list[dict[str, Any]] = []
     group: list[dict[str, Any]] = []
     oldest_taken = last_seq + 1

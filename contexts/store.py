@@ -96,7 +96,7 @@ class ContextStore:
     def locate(self, uuid: str) -> Path:
         """The directory of ``uuid``, running or completed; raises when there is none."""
         for path in (self.running_path(uuid), self.completed_path(uuid)):
-            if path.is_dir():
+            if path.is_dir() and not path.is_symlink():
                 return path
         raise ContextNotFoundError(f"no context {uuid} under {self.base_dir}")
 
@@ -125,8 +125,13 @@ class ContextStore:
         uuid: str | None = None,
         *,
         heartbeat: bool = True,
+        extra_metadata: dict[str, Any] | None = None,
     ) -> Context:
-        """Create ``running/{uuid}`` whole (metadata, state, empty logs, ``.lock``) and hold it."""
+        """Create ``running/{uuid}`` whole (metadata, state, empty logs, ``.lock``) and hold it.
+
+        ``extra_metadata`` adds fields to ``metadata.json`` (the worker records the task request there, so
+        the monitor can re-enqueue a lost task); it may not replace a field the store writes.
+        """
         uuid = validate_uuid(uuid) if uuid else str(uuid_module.uuid4())
         missing = [f for f in TASK_KEY_FIELDS if f not in task_key]
         if missing:
@@ -145,6 +150,10 @@ class ContextStore:
                 "config": config,
                 "user": user,
             }
+            clashing = sorted(set(metadata) & set(extra_metadata or {}))
+            if clashing:
+                raise ValueError(f"extra_metadata may not replace {', '.join(clashing)}")
+            metadata.update(extra_metadata or {})
             write_json_atomic(staging / METADATA_FILE, mask_value(metadata))
             write_json_atomic(staging / STATE_FILE, initial_state(now, f"{self.hostname}:{os.getpid()}"))
             for name in JSONL_FILES:
@@ -229,6 +238,7 @@ def _uuid_dirs(directory: Path) -> list[str]:
     out = []
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
-            if entry.is_dir() and not entry.name.startswith("."):
+            # A symlinked directory is never a context: it could point out of the contexts root.
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
                 out.append(entry.name)
     return out

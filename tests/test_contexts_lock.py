@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from contexts import ContextStore, FencedError, LockHeldError, LockInfo, is_stale
+from contexts import Context, ContextStore, FencedError, LockHeldError, LockInfo, is_stale
 from contexts.compression import CompressionPolicy
 from contexts.lock import heartbeat_age_s, process_alive
-from tests.helpers.context_support import CONFIG, TASK_KEY, shifted_clock, wait_for
+from tests.helpers.context_support import (
+    CONFIG,
+    TASK_KEY,
+    every_context_is_valid,  # noqa: F401 - autouse: checks what each test left
+    shifted_clock,
+    wait_for,
+)
 from tests.helpers.schemas import validate_context_dir, validate_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -68,8 +74,9 @@ def test_process_alive_answers_kill_zero() -> None:
 
 def test_the_heartbeat_refreshes_lock_state_and_hook(tmp_path: Path) -> None:
     beats: list[str] = []
-    store = ContextStore(tmp_path, heartbeat_interval_s=0.02, fsync="never",
-                         on_heartbeat=lambda uuid, _now: beats.append(uuid))
+    store = ContextStore(
+        tmp_path, heartbeat_interval_s=0.02, fsync="never", on_heartbeat=lambda uuid, _now: beats.append(uuid)
+    )
     ctx = store.create(TASK_KEY, CONFIG)
     first = store.read_lock(ctx.uuid)
     created_state = ctx.read_state()["updated_at"]
@@ -144,8 +151,10 @@ def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path
 
         first = wait_for(holder_ready, timeout=30, what="the holder process to create the context")
         assert (first.process_id, first.hostname) == (holder.pid, store.hostname)
-        wait_for(lambda: store.read_lock(uuid).heartbeat_at > first.heartbeat_at,  # type: ignore[union-attr]
-                 what="the holder's heartbeat")
+        wait_for(
+            lambda: store.read_lock(uuid).heartbeat_at > first.heartbeat_at,  # type: ignore[union-attr]
+            what="the holder's heartbeat",
+        )
         with pytest.raises(LockHeldError):
             store.open(uuid)
     finally:
@@ -156,7 +165,7 @@ def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path
     assert holder.returncode == -signal.SIGKILL
     assert not process_alive(holder.pid)
 
-    def try_open() -> object:
+    def try_open() -> Context | None:
         try:
             return store.open(uuid)
         except LockHeldError:
@@ -186,7 +195,7 @@ def test_a_holder_whose_lock_was_taken_over_is_fenced_and_writes_nothing_more(tm
     assert holder_a._heartbeat is not None
     holder_a._heartbeat.stop()  # A stalls: no more heartbeats, but it still believes it holds the lock
 
-    def take_over() -> object:
+    def take_over() -> Context | None:
         try:
             return b.open(holder_a.uuid, heartbeat=False)
         except LockHeldError:

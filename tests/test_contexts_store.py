@@ -22,7 +22,17 @@ from contexts import (
     validate_uuid,
 )
 from contexts.names import FINAL_STATUSES
-from tests.helpers.context_support import CONFIG, TASK_KEY, Clock, loose_modes, shifted_clock, wait_for, waiting_in
+from contexts.state import read_state
+from tests.helpers.context_support import (
+    CONFIG,
+    TASK_KEY,
+    Clock,
+    every_context_is_valid,  # noqa: F401 - autouse: checks what each test left
+    loose_modes,
+    shifted_clock,
+    wait_for,
+    waiting_in,
+)
 from tests.helpers.schemas import validate_context_dir
 
 CONTEXT_FILES = {"metadata.json", "state.json", "messages.jsonl", "summaries.jsonl", "tools.jsonl", ".lock"}
@@ -37,7 +47,7 @@ def test_create_makes_a_whole_running_context_that_matches_the_schemas(store: Co
     ctx = store.create(TASK_KEY, CONFIG, user="alice", heartbeat=False)
 
     assert ctx.path == store.base_dir / "running" / ctx.uuid
-    assert CONTEXT_FILES <= {p.name for p in ctx.path.iterdir()}
+    assert {p.name for p in ctx.path.iterdir()} >= CONTEXT_FILES
     state = ctx.read_state()
     assert (state["status"], state["attempt"], state["cancel_requested"]) == ("initializing", 1, False)
     assert state["worker"] == f"{store.hostname}:{os.getpid()}"
@@ -127,7 +137,7 @@ def test_an_observer_never_sees_a_half_created_context(store: ContextStore) -> N
             for entry in os.scandir(running):
                 names = set(os.listdir(entry.path))
                 seen.add(entry.name)
-                if not CONTEXT_FILES <= names:
+                if not names >= CONTEXT_FILES:
                     incomplete.append((entry.name, names))
 
     observer = threading.Thread(target=observe)
@@ -305,3 +315,66 @@ def test_a_context_created_after_waiting_for_the_mutex_is_not_born_stale(tmp_pat
     assert lock.heartbeat_at == clock.now
     with pytest.raises(LockHeldError):
         ContextStore(tmp_path, hostname="c", stale_after_s=60, clock=clock).open(wanted, heartbeat=False)
+
+
+def test_an_open_racing_a_finish_leaves_no_lock_in_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving: the finisher drops its lock, an opener takes it, the finisher renames the directory."""
+    import contexts.store
+
+    ctx = ContextStore(tmp_path, hostname="finisher").create(TASK_KEY, CONFIG, heartbeat=False)
+    opener_store = ContextStore(tmp_path, hostname="opener")
+    opener_reading, renamed = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def open_it() -> None:
+        try:
+            outcome.append(opener_store.open(ctx.uuid, heartbeat=False))
+        except Exception as exc:  # the outcome is what the test is about
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_it)
+    real_rename = os.rename
+
+    def rename_after_the_opener_moved(src: object, dst: object) -> None:
+        if Path(str(src)) == ctx.path:
+            opener.start()
+            wait_for(
+                lambda: opener_reading.is_set() or waiting_in(opener, "filelock") or not opener.is_alive(),
+                what="the opener to take the lock or to wait for the mutex",
+            )
+        real_rename(src, dst)  # type: ignore[arg-type]
+        renamed.set()
+
+    def read_state_after_the_rename(directory: Path) -> dict[str, object]:
+        opener_reading.set()
+        renamed.wait(10)
+        return read_state(directory)
+
+    monkeypatch.setattr(os, "rename", rename_after_the_opener_moved)
+    monkeypatch.setattr(contexts.store, "read_state", read_state_after_the_rename)
+    path = ctx.finish("completed")
+    opener.join(10)
+
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], ContextCompletedError), outcome
+    assert ".lock" not in os.listdir(path)
+    assert json.loads((path / "state.json").read_text())["status"] == "completed"
+    validate_context_dir(path)
+
+
+def test_create_that_cannot_get_the_mutex_raises_lock_held_and_leaves_nothing(
+    store: ContextStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contexts.lock
+
+    monkeypatch.setattr(contexts.lock, "MUTEX_TIMEOUT_S", 0.05)
+    wanted = str(uuid_module.uuid4())
+    mutex = _hold_mutex(store, wanted)
+    try:
+        with pytest.raises(LockHeldError):
+            store.create(TASK_KEY, CONFIG, uuid=wanted, heartbeat=False)
+    finally:
+        mutex.release()
+    assert list((store.base_dir / "running").iterdir()) == []
+    assert list((store.base_dir / ".staging").iterdir()) == []
+    assert store.create(TASK_KEY, CONFIG, uuid=wanted, heartbeat=False).uuid == wanted

@@ -9,7 +9,11 @@ import uuid as uuid_module
 from pathlib import Path
 
 from contexts import ContextStore
-from tests.helpers.context_support import shifted_clock, wait_for
+from tests.helpers.context_support import (
+    every_context_is_valid,  # noqa: F401 - autouse: checks what each test left
+    shifted_clock,
+    wait_for,
+)
 from tests.helpers.lock_race_worker import RaceArgs
 from tests.helpers.schemas import validate_context_dir
 

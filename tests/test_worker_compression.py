@@ -1,14 +1,16 @@
 """Compression end to end: a long task with a small context window, a real worker, the scripted model over HTTP.
 
-What is asserted about the budget, and why: every request's size is computed here as UTF-8 bytes / 4 of all
-it makes the model read (message contents, tool calls and tool schemas: :func:`request_tokens`) and must not
-exceed ``context_length``.  The model reports that same count as its prompt usage (``ServerUsageModel``), as
-OpenAI and Ollama servers count tools and calls too; the agent calibrates its estimates to reported usage
-(SPEC §6), so the count the model reports is the one its budget has to hold against.
+The budget is asserted twice for every request, agent and summary alike, because the two counts answer
+different questions.  The replay model's logged ``prompt_tokens`` is the model's own count (contents, tool
+calls, tool schemas and per-message framing, as OpenAI and Ollama report usage); the agent calibrates its
+estimates to it (SPEC §6), so it is what the window has to hold.  :func:`request_tokens` recomputes plain UTF-8
+bytes / 4 of the same contents, tool calls and tool schemas here, independently of the code under test, so a
+model that under-reports cannot make an oversized prompt pass.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +40,11 @@ CONTEXT_LENGTH = 3000
 STEPS = 32
 PROMPT = "Print the log blocks."
 COMPRESSION_ENV = {
-    "TASUKI__COMPRESSION__THRESHOLD": "0.5",
-    "TASUKI__COMPRESSION__WARN_AT": "0.4",
     "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
     "TASUKI__COMPRESSION__KEEP_RECENT": "3",
 }
 INLINE_NOTE = "no worker took the compression job in time"
+JOB_RAN = re.compile(r"Task tasuki\.compress_context\[[^]]+\] (succeeded|failed|raised)")
 
 
 def long_task() -> list[dict[str, Any]]:
@@ -51,13 +52,13 @@ def long_task() -> list[dict[str, Any]]:
     return [bash_turn(step) for step in range(STEPS)] + [finish_turn()]
 
 
-def run_long_task(stack: Stack, tmp_path: Path, concurrency: int) -> tuple[str, dict[str, Any], Path]:
+def run_long_task(stack: Stack, tmp_path: Path, concurrency: int) -> tuple[dict[str, Any], Path]:
     repo = make_buggy_repo(tmp_path / "repo")
     stack.start_worker("w1", concurrency=concurrency)
     uuid = stack.send(local_request(repo, prompt=PROMPT))
     state = stack.wait_finished(uuid, timeout_s=120)
     assert state["status"] == "completed", state
-    return uuid, state, stack.contexts_dir / "completed" / uuid
+    return state, stack.contexts_dir / "completed" / uuid
 
 
 def assert_compressed_within_budget(
@@ -87,7 +88,7 @@ def assert_compressed_within_budget(
     for request in requests:
         tokens = request_tokens(request["body"])
         assert tokens <= CONTEXT_LENGTH, f"{request['kind']} request of {tokens} tokens: {request['body']}"
-        assert request["prompt_tokens"] == tokens
+        assert request["prompt_tokens"] <= CONTEXT_LENGTH, request["body"]
 
     agent = agent_requests(requests)
     assert len(agent) == STEPS + 1
@@ -115,15 +116,19 @@ def test_long_task_compresses_on_the_compression_queue_and_every_request_fits_th
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, provider: str
 ) -> None:
     with running_stack(
-        tmp_path, redis_url, long_task(), provider=provider, context_length=CONTEXT_LENGTH,
-        env=COMPRESSION_ENV, server_usage=True,
+        tmp_path,
+        redis_url,
+        long_task(),
+        provider=provider,
+        context_length=CONTEXT_LENGTH,
+        env=COMPRESSION_ENV,
     ) as (stack, server):
-        uuid, state, directory = run_long_task(stack, tmp_path, concurrency=2)
+        state, directory = run_long_task(stack, tmp_path, concurrency=2)
         summaries = assert_compressed_within_budget(directory, state, server.requests)
 
         logs = worker_logs(stack)
-        assert logs.count("Task tasuki.compress_context[") >= len(summaries)
-        assert logs.count(f"'start_seq': {summaries[-1]['start_seq']}") >= 1  # the job's result, in its log line
+        # Every summary came from a compress_context job that ran in the worker's other slot.
+        assert [m.group(1) for m in JOB_RAN.finditer(logs)] == ["succeeded"] * len(summaries)
         assert INLINE_NOTE not in logs
         if provider == "ollama":
             chats = [r for r in server.requests if r["method"] == "POST"]
@@ -135,18 +140,18 @@ def test_a_single_busy_worker_summarizes_inline_when_no_one_takes_the_compressio
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     env = {**COMPRESSION_ENV, "TASUKI__COMPRESSION__START_TIMEOUT_S": "0.3"}
-    with running_stack(
-        tmp_path, redis_url, long_task(), context_length=CONTEXT_LENGTH, env=env, server_usage=True
-    ) as (stack, server):
-        _, state, directory = run_long_task(stack, tmp_path, concurrency=1)
+    with running_stack(tmp_path, redis_url, long_task(), context_length=CONTEXT_LENGTH, env=env) as (stack, server):
+        state, directory = run_long_task(stack, tmp_path, concurrency=1)
         summaries = assert_compressed_within_budget(directory, state, server.requests)
 
         assert worker_logs(stack).count(INLINE_NOTE) == len(summaries)
         # The jobs nobody started were revoked: once the slot is free the worker drops them unrun.
         stack.wait_until(
-            lambda: worker_logs(stack).count("Discarding revoked task: tasuki.compress_context") == len(summaries)
-            and redis_client.llen(COMPRESSION_QUEUE) == 0,
+            lambda: (
+                worker_logs(stack).count("Discarding revoked task: tasuki.compress_context") == len(summaries)
+                and redis_client.llen(COMPRESSION_QUEUE) == 0
+            ),
             timeout_s=30,
             what="the revoked compression jobs to be discarded",
         )
-        assert "tasuki.compress_context[" not in worker_logs(stack).replace("Discarding revoked task", "")
+        assert not JOB_RAN.search(worker_logs(stack))

@@ -115,18 +115,24 @@ def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> A
     if event in ("issues", "pull_request"):
         return _github_label(event, action, payload, cfg, owner, repo, sender)
     if event in ("issue_comment", "pull_request_review_comment") and action == "created":
-        item = _get(payload, "issue") if event == "issue_comment" else _get(payload, "pull_request")
-        number = _number(_get(item, "number"))
-        if number is None:
-            return Ignore("comment without an issue number")
-        if _get(payload, "comment", "author_association") not in cfg.allowed_associations:
-            return Ignore("comment author not allowed")
-        is_pull = event == "pull_request_review_comment" or isinstance(_get(item, "pull_request"), dict)
-        key = _key("github", owner, repo, "pull_request" if is_pull else "issue", number)
-        trigger = {"kind": "comment", "user": sender}
-        return _comment_action(_text(_get(payload, "comment", "body")), sender, key, _github_issue(item), cfg.mention,
-                               trigger)
+        return _github_comment(event, payload, cfg, owner, repo, sender)
     return Ignore(f"event {event}.{action}" if action else f"event {event}")
+
+
+def _github_comment(
+    event: str, payload: dict[str, Any], cfg: GitHubSettings, owner: str, repo: str, sender: str
+) -> Action:
+    item = _get(payload, "issue") if event == "issue_comment" else _get(payload, "pull_request")
+    number = _number(_get(item, "number"))
+    if number is None:
+        return Ignore("comment without an issue number")
+    if _get(payload, "comment", "author_association") not in cfg.allowed_associations:
+        return Ignore("comment author not allowed")
+    is_pull = event == "pull_request_review_comment" or isinstance(_get(item, "pull_request"), dict)
+    key = _key("github", owner, repo, "pull_request" if is_pull else "issue", number)
+    body = _text(_get(payload, "comment", "body"))
+    trigger = {"kind": "comment", "user": sender}
+    return _comment_action(body, sender, key, _github_issue(item), cfg.mention, trigger)
 
 
 def _github_label(
@@ -175,21 +181,27 @@ def gitlab_action(payload: dict[str, Any], cfg: GitLabSettings) -> Action:
     owner, repo = path.rsplit("/", 1)
     trigger = {"kind": "label", "user": user, "user_id": _get(payload, "user", "id")}
     if kind in ("issue", "merge_request"):
-        attributes = _get(payload, "object_attributes")
-        number = _number(_get(attributes, "iid"))
-        if number is None:
-            return Ignore(f"{kind} without an iid")
-        key = _key("gitlab", owner, repo, kind, number)
-        before = _label_titles(_get(payload, "changes", "labels", "previous"))
-        after = _label_titles(_get(payload, "changes", "labels", "current"))
-        if cfg.labels.trigger in after - before:
-            return Trigger(key, user, _gitlab_issue(attributes), trigger=trigger)
-        if cfg.labels.processing in before - after:
-            return Cancel(key, user)
-        return Ignore(f"{kind} without a trigger label change")
+        return _gitlab_labels(kind, payload, cfg, owner, repo, user, trigger)
     if kind == "note":
         return _gitlab_note(payload, cfg, owner, repo, user, {**trigger, "kind": "comment"})
     return Ignore(f"event {kind}")
+
+
+def _gitlab_labels(
+    kind: str, payload: dict[str, Any], cfg: GitLabSettings, owner: str, repo: str, user: str, trigger: dict[str, Any]
+) -> Action:
+    attributes = _get(payload, "object_attributes")
+    number = _number(_get(attributes, "iid"))
+    if number is None:
+        return Ignore(f"{kind} without an iid")
+    key = _key("gitlab", owner, repo, kind, number)
+    before = _label_titles(_get(payload, "changes", "labels", "previous"))
+    after = _label_titles(_get(payload, "changes", "labels", "current"))
+    if cfg.labels.trigger in after - before:
+        return Trigger(key, user, _gitlab_issue(attributes), trigger=trigger)
+    if cfg.labels.processing in before - after:
+        return Cancel(key, user)
+    return Ignore(f"{kind} without a trigger label change")
 
 
 def _gitlab_note(

@@ -96,7 +96,11 @@ class Intake:
         if uuid is None:
             return Answer(200, {"status": "ignored", "reason": "no active task"}, "ignored")
         log.info("cancel requested", uuid=uuid, user=action.user)
-        return Answer(200, {"status": "cancelled", "task_id": uuid, "detail": self.cancel(uuid)}, "cancelled")
+        try:
+            detail = self.cancel(uuid)
+        except ContextCompletedError:
+            return Answer(200, {"status": "ignored", "reason": "task already finished"}, "ignored")
+        return Answer(200, {"status": "cancelled", "task_id": uuid, "detail": detail}, "cancelled")
 
     # -- shared with the task API ----------------------------------------------------------------
 
@@ -115,11 +119,8 @@ class Intake:
         return task_key
 
     def cancel(self, uuid: str) -> str:
-        """Request the cancel; a task revoked before it started also frees its task key at once."""
-        try:
-            detail = request_cancel(self.celery_app, self.client, self.store, uuid)
-        except ContextCompletedError:
-            return "already finished"
+        """Request the cancel (ContextCompletedError when it finished); a task revoked while queued frees its key."""
+        detail = request_cancel(self.celery_app, self.client, self.store, uuid)
         try:
             self.store.locate(uuid)
         except ContextNotFoundError:  # revoked while queued: no worker will ever finish it and free the key

@@ -12,7 +12,7 @@ import hashlib
 import hmac
 
 GITHUB_PREFIX = "sha256="  # SHA-1 (``X-Hub-Signature``) is never accepted
-SIGNING_TOKEN_PREFIX = "whsec_"
+SIGNING_TOKEN_PREFIX = "whsec_"  # noqa: S105 - the format marker of GitLab signing tokens, not a secret
 TIMESTAMP_TOLERANCE_S = 300  # Standard Webhooks: refuse replays older (or newer) than five minutes
 _MAX_TIMESTAMP_DIGITS = 12
 

@@ -59,6 +59,8 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_time_limit": s.agent.time_limit_s,
         "worker_soft_shutdown_timeout": float(s.agent.shutdown_grace_s),
         "worker_enable_soft_shutdown_on_idle": True,
+        # The scheduler's beat: its schedule, and a Redis lock so that only one of several beats sends it.
+        "beat_scheduler": "scheduler.beat:LockedScheduler",
     }
 
 
@@ -70,5 +72,5 @@ def _configure_logging(loglevel: str | int | None = None, **_: object) -> None:
     configure_logging(loglevel or "INFO")
 
 
-app = Celery("tasuki", include=["worker.tasks"])
+app = Celery("tasuki", include=["worker.tasks", "scheduler.tasks"])
 app.conf.update(celery_config(settings()))

@@ -226,16 +226,32 @@ COMMANDS: list[Command] = [
         ("context", "show"), "one context: header, statistics, messages, summaries", cmd_context_show, _show_arguments
     ),
     Command(("stats",), "statistics of the context store, optionally of matching tasks", cmd_stats, _stats_arguments),
-    Command(("worker",), "a Celery worker on the tasks, compression and maintenance queues", commands.cmd_worker,
-            commands.worker_arguments),
+    Command(
+        ("worker",),
+        "a Celery worker on the tasks, compression and maintenance queues",
+        commands.cmd_worker,
+        commands.worker_arguments,
+    ),
     Command(("submit",), "enqueue a task", commands.cmd_submit, commands.submit_arguments),
-    Command(("cancel",), "stop a task at its next step (or revoke it while queued)", commands.cmd_cancel,
-            commands.cancel_arguments),
-    Command(("up",), "worker, beat and webhook on one machine (embedded Redis if none answers)", commands.cmd_up,
-            commands.up_arguments),
+    Command(
+        ("cancel",),
+        "stop a task at its next step (or revoke it while queued)",
+        commands.cmd_cancel,
+        commands.cancel_arguments,
+    ),
+    Command(
+        ("up",),
+        "worker, beat and webhook on one machine (embedded Redis if none answers)",
+        commands.cmd_up,
+        commands.up_arguments,
+    ),
     Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo),
-    Command(("replay-model",), "serve a recorded or scripted trajectory as an OpenAI/Ollama model",
-            commands.cmd_replay_model, commands.replay_arguments),
+    Command(
+        ("replay-model",),
+        "serve a recorded or scripted trajectory as an OpenAI/Ollama model",
+        commands.cmd_replay_model,
+        commands.replay_arguments,
+    ),
 ]
 
 

@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-import threading
+import mmap
 
 import redis
 import structlog
-from celery.signals import worker_process_init, worker_shutting_down
+from celery.signals import worker_shutting_down
 
 from worker.names import CANCEL_PREFIX
 from worker.runtime import redis_client
 
 log = structlog.get_logger(__name__)
 
-_shutdown = threading.Event()
+# Celery sends worker_shutting_down in the worker's main process only; prefork pool children, where tasks
+# run, never see it.  One byte of anonymous shared memory, mapped when the main process imports this module
+# (before it forks its pool), is what the main process sets and every child reads (a child forked later
+# inherits it set, and hands back its task at once).
+_shutdown = mmap.mmap(-1, 1)
 
 
 def shutting_down() -> bool:
     """True once this worker was asked to stop (running tasks hand their context back)."""
-    return _shutdown.is_set()
+    return _shutdown[0] == 1
 
 
 @worker_shutting_down.connect
 def _on_shutdown(sig: str = "", how: str = "", exitcode: int = 0, **_: object) -> None:
-    _shutdown.set()
+    _shutdown[0] = 1
     log.info("worker shutting down; running tasks hand back at the next step", how=how)
-
-
-@worker_process_init.connect
-def _on_child_start(**_: object) -> None:
-    _shutdown.clear()
 
 
 def cancel_flagged(uuid: str) -> bool:

@@ -27,4 +27,5 @@ USER_CONFIG_PREFIX: Final = "tasuki:user-config:"  # + user, cached per-user LLM
 CANCEL_PREFIX: Final = "tasuki:cancel:"  # + UUID, set by `tasuki cancel` for a task that is still queued
 TASK_PREFIX: Final = "tasuki:task:"  # + UUID, the task key of a task the HTTP intake enqueued (GET before it starts)
 STATS_KEY: Final = "tasuki:stats"  # hash: finished tasks per final status, compressions of finished tasks
-ALERTS_KEY: Final = "tasuki:alerts"  # hash: latest value of each alert gauge (written by tasuki.alerts, read by /metrics)
+ALERTS_KEY: Final = "tasuki:alerts"  # hash: each alert gauge's latest value (tasuki.alerts writes, /metrics reads)
+REAPED_PREFIX: Final = "tasuki:reaped:"  # + UUID:attempt, SET NX EX by the monitor: one re-enqueue per lost attempt

@@ -7,10 +7,10 @@ lock, not Celery, decides who runs a task (SPEC §5).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from celery.exceptions import SoftTimeLimitExceeded
@@ -22,11 +22,14 @@ from contexts import (
     ContextExistsError,
     ContextStore,
     FencedError,
+    InvalidUUIDError,
     LockHeldError,
     TasukiError,
 )
+from contexts.lock import heartbeat_age_s, process_alive
 from contexts.masking import mask
-from worker.agent import Agent, AgentLimits, Cancelled, Compressor, StepLimit
+from contexts.state import read_state
+from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.settings_models import Settings
@@ -45,6 +48,7 @@ class TaskRequest:
     issue: dict[str, Any] | None = None
     user: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    trigger: dict[str, Any] = field(default_factory=dict)  # how it started: {"kind": "label"|"comment"|"api", ...}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRequest:
@@ -62,6 +66,76 @@ class TaskRequest:
         raise TasukiError("task request has neither repo_path nor repo_url")
 
 
+@dataclass(frozen=True)
+class Workplace:
+    """Where a task works: the remote to clone, git's credentials for it, the issue text for the prompt."""
+
+    remote: str
+    git_env: Mapping[str, str] | None = None
+    issue: dict[str, Any] | None = None
+
+
+class Reporter(Protocol):
+    """Where a task reports besides its context (a forge issue: labels, progress comment, pull request).
+
+    ``begin`` and ``deliver`` failing fails the task; ``on_step`` and ``finish`` failures are only logged.
+    """
+
+    def begin(self, state: dict[str, Any]) -> Workplace:
+        """The task starts or resumes: mark it on the forge, say where to work."""
+        ...
+
+    def on_step(self, state: dict[str, Any]) -> None:
+        """An agent step ended (progress)."""
+        ...
+
+    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
+        """The work is pushed on ``branch``: open the pull/merge request; extra fields for the result."""
+        ...
+
+    def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
+        """The task reached a final status."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalReporter:
+    """A task on a local repository (or a plain URL): nobody to report to."""
+
+    request: TaskRequest
+
+    def begin(self, state: dict[str, Any]) -> Workplace:
+        """Clone the request's own remote."""
+        return Workplace(self.request.remote, None, self.request.issue)
+
+    def on_step(self, state: dict[str, Any]) -> None:
+        """Nothing to show."""
+
+    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
+        """The branch is the result."""
+        return {}
+
+    def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
+        """Nothing to show."""
+
+
+class ReportingAgent(Agent):
+    """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts)."""
+
+    def __init__(self, *args: Any, after_step: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.after_step = after_step
+
+    def step(self) -> None:
+        """One step of :class:`Agent`, then the hook (also after the step that finished)."""
+        try:
+            super().step()
+        except Finished:
+            self.after_step()
+            raise
+        self.after_step()
+
+
 def branch_name(task_key: dict[str, str], uuid: str) -> str:
     """``tasuki/{task_id}-{uuid[:8]}``."""
     return f"tasuki/{task_key['task_id']}-{uuid[:8]}"
@@ -72,7 +146,10 @@ def acquire(store: ContextStore, uuid: str, request: TaskRequest, config: dict[s
     try:
         if not store.running_path(uuid).is_dir() and not store.completed_path(uuid).is_dir():
             try:
-                return store.create(request.task_key, config, user=request.user, uuid=uuid)
+                # The request goes into metadata.json: the monitor re-enqueues a lost task from it.
+                return store.create(
+                    request.task_key, config, user=request.user, uuid=uuid, extra_metadata={"request": asdict(request)}
+                )
             except ContextExistsError:
                 pass  # another delivery created it a moment ago
         return store.open(uuid)
@@ -81,6 +158,19 @@ def acquire(store: ContextStore, uuid: str, request: TaskRequest, config: dict[s
     except ContextCompletedError:
         log.info("delivery dropped: context already finished")
     return None
+
+
+def vanished_holder_wait(store: ContextStore, uuid: str) -> float | None:
+    """Seconds until the lock of a holder gone from this host turns stale (its pool child was killed, the
+    OOM case), so a requeued delivery can come back then; ``None`` when the holder may be alive."""
+    try:
+        holder = store.read_lock(uuid)
+    except (LockHeldError, InvalidUUIDError):
+        return None
+    if holder is None or holder.hostname != store.hostname or process_alive(holder.process_id):
+        return None
+    # SPEC §4 keeps a fresh lock even when its process is gone; one heartbeat more covers clock granularity.
+    return max(store.stale_after_s - heartbeat_age_s(holder, store.clock()), 0.0) + store.heartbeat_interval_s
 
 
 @dataclass
@@ -96,25 +186,39 @@ class TaskRun:
     should_stop: Callable[[], bool] | None = None
     cancel_flagged: Callable[[], bool] = lambda: False
     on_finish: Callable[[str, str], None] | None = None
+    reporter: Reporter | None = None
+
+    def __post_init__(self) -> None:
+        if self.reporter is None:
+            self.reporter = LocalReporter(self.request)
+
+    @property
+    def report(self) -> Reporter:
+        """The task's reporter (local tasks get :class:`LocalReporter`)."""
+        assert self.reporter is not None  # noqa: S101 - set in __post_init__
+        return self.reporter
 
     def execute(self, config: dict[str, Any]) -> dict[str, Any]:
         """Run the task to a final status (or drop the delivery)."""
         ctx = acquire(self.store, self.uuid, self.request, config)
         if ctx is None:
-            return {"uuid": self.uuid, "status": "dropped"}
+            return self._not_taken()
         state = ctx.read_state()
         log.info("task started", attempt=state.get("attempt"), worker=state.get("worker"))
         if int(state.get("attempt", 1)) > self.settings.monitor.max_attempts:
             return self._finish(ctx, "failed", f"gave up after {self.settings.monitor.max_attempts} attempts", None)
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
-        checkout = Checkout(
-            Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
-            self.request.remote,
-            branch_name(self.request.task_key, self.uuid),
-        )
+        checkout: Checkout | None = None
         try:
-            return self._run(ctx, checkout)
+            workplace = self.report.begin(state)
+            checkout = Checkout(
+                Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
+                workplace.remote,
+                branch_name(self.request.task_key, self.uuid),
+                git_env=workplace.git_env,
+            )
+            return self._run(ctx, checkout, workplace)
         except FencedError:
             log.warning("lock taken over by another worker; this delivery stops writing")
             ctx.detach()
@@ -122,19 +226,28 @@ class TaskRun:
         except Exception as exc:
             return self._on_error(ctx, checkout, exc)
 
-    def _run(self, ctx: Context, checkout: Checkout) -> dict[str, Any]:
+    def _not_taken(self) -> dict[str, Any]:
+        """A delivery that did not get the context: dropped, or deferred when its holder was killed here."""
+        wait = vanished_holder_wait(self.store, self.uuid)
+        if wait is None:
+            return {"uuid": self.uuid, "status": "dropped"}
+        log.info("delivery deferred: the holder's process is gone; retry once its lock is stale", retry_in_s=wait)
+        return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
+
+    def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         checkout.prepare()
         if not ctx.pinned:
             ctx.append_message("system", SYSTEM_PROMPT)
-            ctx.append_message("user", task_message(self.request.prompt, self.request.issue))
+            ctx.append_message("user", task_message(self.request.prompt, workplace.issue))
             ctx.step_done()
         summary = self._agent(ctx, checkout, ctx.metadata["config"]).run()
         checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
         checkout.push()
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
+        result.update(self.report.deliver(checkout.branch, summary))
         return self._finish(ctx, "completed", None, result, checkout)
 
-    def _on_error(self, ctx: Context, checkout: Checkout, exc: Exception) -> dict[str, Any]:
+    def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:
         """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""
         if isinstance(exc, SoftTimeLimitExceeded):
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
@@ -164,7 +277,7 @@ class TaskRun:
             min_messages=s.compression.min_messages,
             keep_recent=s.compression.keep_recent,
         )
-        return Agent(
+        return ReportingAgent(
             ctx,
             self.provider_for(config),
             checkout,
@@ -172,7 +285,18 @@ class TaskRun:
             policy,
             compressor=self.compressor,
             should_stop=self.should_stop,
+            after_step=lambda: self._after_step(ctx),
         )
+
+    def _after_step(self, ctx: Context) -> None:
+        state = ctx.read_state()
+        if not state.get("cancel_requested") and self.cancel_flagged():
+            # `tasuki cancel` or the API on a host that cannot see this context: the Redis flag is all it set.
+            state = ctx.update_state(cancel_requested=True)
+        try:
+            self.report.on_step(state)
+        except Exception as exc:
+            log.warning("progress not reported", error=mask(str(exc))[:300])
 
     def _finish(
         self,
@@ -183,9 +307,13 @@ class TaskRun:
         checkout: Checkout | None = None,
     ) -> dict[str, Any]:
         extra = {"result": result} if result else {}
-        ctx.finish(status, error=error, **extra)
+        path = ctx.finish(status, error=error, **extra)
         if checkout is not None:
             shutil.rmtree(checkout.path, ignore_errors=True)
+        try:
+            self.report.finish(status, read_state(path), result, error)
+        except Exception as exc:
+            log.warning("finish not reported", error=mask(str(exc))[:300])
         if self.on_finish is not None:
             self.on_finish(self.uuid, status)
         log.info("task finished", status=status, error=error)

@@ -188,6 +188,8 @@ class MonitorSettings(Section):
     """Runs of one task (first run included) before a lost task is failed instead of resumed."""
     resume: bool = True
     """Resume lost tasks on another worker; false fails them at once."""
+    beat_lock_ttl_s: PositiveInt = 30
+    """Seconds the running beat's Redis lock lasts unrenewed; a standby beat takes over this long after it dies."""
 
 
 class AlertSettings(Section):
@@ -201,6 +203,10 @@ class AlertSettings(Section):
     """Running tasks above which an alert is raised."""
     max_runtime_h: PositiveFloat = 6
     """Hours a task may run before an alert is raised."""
+    interval_s: PositiveInt = 300
+    """Seconds between alert checks (the tasuki.alerts beat entry)."""
+    recent_h: PositiveFloat = 24
+    """Tasks that finished within this many hours make up the failure rate."""
 
     @model_validator(mode="after")
     def _warn_before_critical(self) -> Self:

@@ -13,14 +13,17 @@ from celery.result import AsyncResult
 from contexts import Context, TasukiError, jsonl
 from contexts.compression import CompressionPolicy
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from contexts.state import read_state
 from worker import lifecycle
 from worker.celery import app
+from worker.forges.reporter import reporter_for
 from worker.llm import Provider
-from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK
+from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK, STATS_KEY, TASKS_QUEUE
 from worker.prompts import summarizer_messages
 from worker.run import TaskRequest, TaskRun
-from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
+from worker.runtime import context_store, provider_for, redis_client, settings, unindex
 from worker.submit import release_active
+from worker.user_config import resolve_llm_config
 
 log = structlog.get_logger(__name__)
 
@@ -36,20 +39,36 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
         s = settings()
         parsed = TaskRequest.from_json(request)
-        config = {**llm_config(s), **parsed.config}
-        return TaskRun(
-            uuid=uuid,
-            request=parsed,
-            settings=s,
-            store=context_store(s),
-            provider_for=provider_for,
-            compressor=compress_through_queue,
-            should_stop=lifecycle.shutting_down,
-            cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
-            on_finish=lambda u, _status: forget(u, parsed.task_key),
-        ).execute(config)
+        config = {**resolve_llm_config(s, redis_client(), parsed.user), **parsed.config}
+        reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
+        try:
+            result = TaskRun(
+                uuid=uuid,
+                request=parsed,
+                settings=s,
+                store=context_store(s),
+                provider_for=provider_for,
+                compressor=compress_through_queue,
+                should_stop=lifecycle.shutting_down,
+                cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
+                on_finish=lambda u, status: forget(u, parsed.task_key, status),
+                reporter=reporter,
+            ).execute(config)
+        finally:
+            if reporter is not None:
+                reporter.close()
+        if result["status"] in ("handed_back", "deferred"):
+            requeue(uuid, request, float(result.get("retry_in_s", 0)))
+        return result
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:
+    """Send the task again under its UUID: the baton goes to the next free worker (this one is stopping, or
+    the lock of a killed holder must go stale first).  A duplicate is harmless: the lock drops it."""
+    run_task.apply_async(args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
+    log.info("task requeued", countdown_s=countdown_s)
 
 
 @app.task(name=COMPRESS_CONTEXT, bind=True)
@@ -73,13 +92,28 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
         structlog.contextvars.unbind_contextvars("uuid")
 
 
-def forget(uuid: str, task_key: dict[str, str]) -> None:
+def forget(uuid: str, task_key: dict[str, str], status: str | None = None) -> None:
     """A finished task leaves the heartbeat index and frees its task key for the next trigger."""
     unindex(uuid)
     try:
         release_active(redis_client(), task_key, uuid)
+        if status is not None:
+            count_finished(redis_client(), uuid, status)
     except redis.RedisError as exc:
         log.warning("active-task key not released", error=str(exc))
+
+
+def count_finished(client: redis.Redis, uuid: str, status: str) -> None:
+    """Add the task to the finished-task counters ``/metrics`` exports (by status, and its compressions)."""
+    try:
+        compressions = int(read_state(context_store(index=False).completed_path(uuid)).get("compression_count", 0))
+    except (OSError, ValueError, TasukiError):
+        compressions = 0
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(STATS_KEY, f"finished:{status}", 1)
+    if compressions:
+        pipe.hincrby(STATS_KEY, "compressions", compressions)
+    pipe.execute()
 
 
 def jsonl_metadata_config(directory: Any) -> dict[str, Any]:

@@ -7,10 +7,12 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 TASK_KEY: dict[str, Any] = {
     "task_source": "github",
@@ -52,7 +54,7 @@ def shifted_clock(seconds: float) -> Callable[[], datetime]:
     return lambda: datetime.now(UTC) + timedelta(seconds=seconds)
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float = 10.0, what: str = "condition") -> T:
+def wait_for(predicate: Callable[[], T | None], *, timeout: float = 10.0, what: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -98,3 +100,25 @@ def waiting_in(thread: threading.Thread, module_part: str) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def store_bases(root: Path) -> list[Path]:
+    """Every context store base directory below ``root`` (recognised by its ``.staging`` directory)."""
+    return sorted(staging.parent for staging in root.rglob(".staging") if staging.is_dir())
+
+
+@pytest.fixture(autouse=True)
+def every_context_is_valid(tmp_path: Path) -> Iterator[None]:
+    """After the test: every context it left below ``tmp_path`` matches the schemas, and no staging remains.
+
+    Test modules import this fixture so that no context a test produces escapes validation.
+    """
+    yield
+    from tests.helpers.schemas import validate_context_dir
+
+    for base in store_bases(tmp_path):
+        assert list((base / ".staging").iterdir()) == [], f"{base}: staging left behind"
+        for location in ("running", "completed"):
+            for directory in sorted((base / location).iterdir()):
+                if not directory.name.startswith("."):
+                    validate_context_dir(directory)

@@ -66,7 +66,7 @@ def enter_witness(path: str, me: str) -> str | None:
 
 
 def race(args: RaceArgs) -> dict[str, Any]:
-    rng = random.Random(args["seed"])
+    rng = random.Random(args["seed"])  # noqa: S311 - a reproducible schedule, not a secret
     me = f"{args['hostname']}:{os.getpid()}"
     store = ContextStore(
         args["base_dir"],
@@ -76,8 +76,15 @@ def race(args: RaceArgs) -> dict[str, Any]:
         fsync="never",
     )
     counts: dict[str, Any] = {
-        "acquisitions": 0, "creates": 0, "takeovers": 0, "appended": 0, "fenced": 0,
-        "releases": 0, "detaches": 0, "attempts": 0, "violations": [],
+        "acquisitions": 0,
+        "creates": 0,
+        "takeovers": 0,
+        "appended": 0,
+        "fenced": 0,
+        "releases": 0,
+        "detaches": 0,
+        "attempts": 0,
+        "violations": [],
     }
     Path(args["ready"]).touch()
     while not os.path.exists(args["go"]):

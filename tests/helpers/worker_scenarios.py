@@ -70,21 +70,6 @@ def request_tokens(body: dict[str, Any]) -> int:
     return tokens
 
 
-class ServerUsageModel(ReplayModel):
-    """The replay model, reporting prompt usage the way OpenAI and Ollama servers count it.
-
-    The shipped replay model counts message contents only; real servers also count the tool schemas and
-    the tool calls in the prompt, and the agent calibrates its estimates to what the server reports.
-    """
-
-    def record(self, method: str, path: str, body: Any) -> dict[str, Any]:
-        """Log the request with :func:`request_tokens` as its prompt tokens."""
-        entry = super().record(method, path, body)
-        if isinstance(body, dict) and isinstance(body.get("messages"), list):
-            self.note(entry, prompt_tokens=request_tokens(body))
-        return entry
-
-
 @contextmanager
 def running_stack(
     root: Path,
@@ -94,11 +79,9 @@ def running_stack(
     provider: str = "openai",
     context_length: int = 32768,
     env: dict[str, str] | None = None,
-    server_usage: bool = False,
 ) -> Iterator[tuple[Stack, ReplayServer]]:
     """A replay model answering ``entries`` and a stack whose workers use it; everything stops on exit."""
-    model_class = ServerUsageModel if server_usage else ReplayModel
-    server = serve(model_class(turns_from_entries(entries)))
+    server = serve(ReplayModel(turns_from_entries(entries)))
     stack = Stack(root, redis_url, server.url, {**provider_env(provider, server.url, context_length), **(env or {})})
     try:
         yield stack, server

@@ -1,0 +1,40 @@
+# Tasuki's one image: worker (default), beat, webhook intake and Flower (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN groupadd --gid 10001 tasuki \
+    && useradd --uid 10001 --gid tasuki --create-home --shell /usr/sbin/nologin tasuki
+
+WORKDIR /app
+# Dependencies change less often than code: copy the project description first for the layer cache.
+COPY pyproject.toml README.md ./
+COPY contexts ./contexts
+COPY worker ./worker
+COPY scheduler ./scheduler
+COPY webhooks ./webhooks
+RUN pip install ".[flower]" && rm -rf build ./*.egg-info
+COPY config.yaml ./
+
+# Contexts, checkouts, the beat schedule and Flower's state live under /data, where docker-compose.yml
+# mounts named volumes (no VOLUME here: it would leave anonymous volumes behind). A fresh named volume
+# copies these directories, with their owner and mode, from the image.
+RUN mkdir -p /data/contexts /data/workspaces /data/beat /data/flower \
+    && chown -R tasuki:tasuki /data \
+    && chmod -R 0700 /data
+
+ENV TASUKI_CONFIG=/app/config.yaml \
+    TASUKI__CONTEXTS__BASE_DIR=/data/contexts \
+    TASUKI__CONTEXTS__WORKSPACES_DIR=/data/workspaces
+
+USER tasuki
+ENTRYPOINT ["tasuki"]
+CMD ["worker"]

@@ -1,0 +1,98 @@
+"""What the beat runs and the ``tasuki reap / retention`` commands call: one function each, plus its printout.
+
+The Celery tasks (:mod:`scheduler.tasks`) and the command line share these, so ``tasuki reap`` takes exactly
+the actions the beat would (SPEC §10).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import structlog
+
+from contexts.clock import iso, utc_now
+from contexts.retention import RetentionAction, apply_retention
+from scheduler.monitor import Monitor, Outcome
+from scheduler.plan import Policy
+from worker.names import RUN_TASK, TASKS_QUEUE
+from worker.runtime import context_store, redis_client, settings
+from worker.settings_models import Settings
+
+log = structlog.get_logger(__name__)
+
+MIN_DEDUPE_S = 300
+
+
+def monitor_for(s: Settings) -> Monitor:
+    """A monitor on the configured store and Redis; it re-enqueues through the Celery app."""
+    from worker.celery import app
+    from worker.tasks import forget
+
+    def send(uuid: str, request: dict[str, Any]) -> None:
+        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
+
+    # No heartbeat hook: a monitor that takes a lock to fail a task must not put it back in the index.
+    store = context_store(s, index=False)
+    policy = Policy(
+        stale_after_s=s.contexts.stale_after_s,
+        max_attempts=s.monitor.max_attempts,
+        resume=s.monitor.resume,
+        hostname=store.hostname,
+    )
+    dedupe_s = max(MIN_DEDUPE_S, 10 * s.monitor.interval_s)
+    return Monitor(store, redis_client(), policy, send=send, forget=forget, dedupe_s=dedupe_s)
+
+
+def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:
+    """``tasuki reap``: resume or fail lost tasks and repair interrupted completions.
+
+    ``deep`` (the command's default) also reads every completed context; the beat's frequent run does not.
+    """
+    return monitor_for(settings()).run(utc_now(), dry_run=dry_run, deep=deep)
+
+
+def summarize_outcomes(outcomes: list[Outcome]) -> dict[str, int]:
+    """Counts of what was done, by action (``resume``, ``fail``, each repair), for a task's result."""
+    done = Counter(o.action.repair or o.action.kind for o in outcomes if o.done)
+    return dict(sorted(done.items()))
+
+
+def format_reap(outcomes: list[Outcome], *, dry_run: bool = False) -> list[str]:
+    """One line per action: ``UUID  ACTION  [not done: why]  reason``."""
+    if not outcomes:
+        return ["nothing to do"]
+    lines = []
+    for o in outcomes:
+        name = o.action.repair or o.action.kind
+        if dry_run:
+            status = "would " + name if o.done else name
+        else:
+            status = name if o.done else f"{name} not done ({o.detail})"
+        detail = f" -> {o.detail}" if o.done and not dry_run else ""
+        lines.append(f"{o.action.uuid}  {status}: {o.action.reason}{detail}")
+    return lines
+
+
+def retention(dry_run: bool = False) -> list[RetentionAction]:
+    """``tasuki retention``: gzip and delete old completed contexts (a full repair pass goes first)."""
+    s = settings()
+    now = utc_now()
+    if not dry_run:
+        # The daily deep pass repairs interrupted completions that the heartbeat index no longer lists.
+        monitor_for(s).run(now, deep=True)
+    policy = s.contexts.retention
+    actions = apply_retention(
+        context_store(s, index=False), now, policy.gzip_after_days, policy.delete_after_days, dry_run=dry_run
+    )
+    for action in actions:
+        log.info("retention " + action.action, uuid=action.uuid, completed_at=iso(action.completed_at), dry_run=dry_run)
+    return actions
+
+
+def format_retention(actions: list[RetentionAction], *, dry_run: bool = False) -> list[str]:
+    """One line per context: ``UUID  gzip|delete  completed AT``."""
+    if not actions:
+        return ["nothing to do"]
+    verb = "would " if dry_run else ""
+    return [f"{a.uuid}  {verb}{a.action}  (completed {iso(a.completed_at)})" for a in actions]

@@ -1,0 +1,194 @@
+"""The monitor (SPEC §7): find contexts whose worker died, resume or fail them, repair interrupted completions.
+
+``observe`` finds candidates through the Redis heartbeat index (entries older than ``stale_after_s``) and a
+listing of ``running/`` (contexts the index lacks: a Redis restart, a heartbeat that never registered) —
+it reads only those, never every context.  :func:`scheduler.plan.plan` decides; ``carry_out`` does it,
+re-checking under the context's lock so that two monitors at once take one action per context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+
+from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, LockHeldError, TasukiError
+from contexts.atomic import read_json
+from contexts.clock import parse_iso
+from contexts.errors import ContextError
+from contexts.lock import process_alive, read_lock
+from contexts.names import LOCK_FILE, METADATA_FILE
+from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
+from contexts.state import read_state
+from scheduler.plan import Action, Copy, Policy, Seen, plan
+from worker.names import HEARTBEATS_KEY, REAPED_PREFIX
+
+log = structlog.get_logger(__name__)
+
+Send = Callable[[str, dict[str, Any]], None]
+"""Enqueue ``tasuki.run_task(uuid, request)`` under ``task_id=uuid``."""
+Forget = Callable[[str, dict[str, str]], None]
+"""A finished task leaves the heartbeat index and frees its task key."""
+
+REPAIRS = {
+    "finish_move": finish_move,
+    "finish_status": finish_status,
+    "remove_completed_lock": remove_completed_lock,
+    "drop_running_copy": drop_running_copy,
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one action: ``done`` (or, in a dry run, what would be done) and what happened."""
+
+    action: Action
+    done: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """Everything one monitor run touches."""
+
+    store: ContextStore
+    client: redis.Redis
+    policy: Policy
+    send: Send
+    forget: Forget
+    dedupe_s: int = 300
+
+    # -- observe ------------------------------------------------------------------------------------
+
+    def observe(self, now: datetime, *, deep: bool = False) -> list[Seen]:
+        """Contexts that may need the monitor; ``deep`` also reads every completed context (slow, thorough)."""
+        entries: list[tuple[bytes | str, float]] = self.client.zrange(HEARTBEATS_KEY, 0, -1, withscores=True)  # type: ignore[assignment]
+        indexed = {_text(member) for member, _score in entries}
+        cutoff = now.timestamp() - self.policy.stale_after_s
+        stale = {_text(member) for member, score in entries if score < cutoff}
+        candidates = stale | (set(self.store.running_uuids()) - indexed)
+        if deep:
+            candidates |= set(self.store.completed_uuids())
+        return [self.inspect(uuid, indexed=uuid in indexed) for uuid in sorted(candidates)]
+
+    def inspect(self, uuid: str, *, indexed: bool = False) -> Seen:
+        """Read both possible copies of one context."""
+        try:
+            running = self._copy(self.store.running_path(uuid))
+            completed = self._copy(self.store.completed_path(uuid))
+        except (ContextError, OSError, ValueError, KeyError) as exc:
+            return Seen(uuid, indexed=indexed, unreadable=str(exc)[:200])
+        return Seen(uuid, running=running, completed=completed, indexed=indexed)
+
+    def _copy(self, directory: Path) -> Copy | None:
+        try:
+            state = read_state(directory)
+        except FileNotFoundError:
+            return None  # not there, or moved away between the listing and the read
+        lock = read_lock(directory / LOCK_FILE)
+        alive = lock is not None and lock.hostname == self.policy.hostname and process_alive(lock.process_id)
+        return Copy(
+            status=str(state.get("status")),
+            updated_at=parse_iso(state["updated_at"]),
+            attempt=int(state.get("attempt", 1)),
+            cancel_requested=bool(state.get("cancel_requested")),
+            error=state.get("error"),
+            final_status=state.get("final_status"),
+            lock=lock,
+            holder_alive=alive,
+        )
+
+    # -- carry out ----------------------------------------------------------------------------------
+
+    def run(self, now: datetime, *, dry_run: bool = False, deep: bool = False) -> list[Outcome]:
+        """Observe, plan and (unless ``dry_run``) carry out; every outcome is logged."""
+        actions = plan(self.observe(now, deep=deep), now, self.policy)
+        outcomes = [Outcome(a, a.kind != "skip", "dry run") if dry_run else self.carry_out(a, now) for a in actions]
+        for outcome in outcomes:
+            a = outcome.action
+            event = "monitor " + (a.repair or a.kind) + ("" if outcome.done else " not done")
+            emit = log.debug if a.kind == "skip" else log.info  # live holders are the normal case
+            emit(event, uuid=a.uuid, reason=a.reason, detail=outcome.detail, dry_run=dry_run)
+        return outcomes
+
+    def carry_out(self, action: Action, now: datetime) -> Outcome:
+        """Do one action; a context that changed since it was observed is left alone."""
+        try:
+            if action.kind == "resume":
+                return self._resume(action)
+            if action.kind == "fail":
+                return self._fail(action)
+            if action.kind == "repair" and action.repair is not None:
+                return self._repair(action, now)
+        except RepairSkipped as exc:
+            return Outcome(action, False, str(exc))
+        except (TasukiError, OSError, redis.RedisError) as exc:
+            log.warning("monitor action failed", uuid=action.uuid, action=action.kind, error=str(exc))
+            return Outcome(action, False, f"error: {exc}")
+        return Outcome(action, False, action.reason)
+
+    def _repair(self, action: Action, now: datetime) -> Outcome:
+        if action.repair == "unindex":
+            self.client.zrem(HEARTBEATS_KEY, action.uuid)
+            return Outcome(action, True, "removed from the heartbeat index")
+        assert action.repair is not None  # noqa: S101 - carry_out checked it
+        detail = REPAIRS[action.repair](self.store, action.uuid, now)
+        if action.repair in ("finish_move", "finish_status"):
+            self._forget(action.uuid, self.store.completed_path(action.uuid))
+        return Outcome(action, True, detail)
+
+    def _resume(self, action: Action) -> Outcome:
+        holder = self.store.read_lock(action.uuid)
+        if (holder.owner if holder is not None else None) != action.owner:
+            return Outcome(action, False, "taken over meanwhile")
+        request = _request(self.store.running_path(action.uuid))
+        if request is None:
+            return self._fail(action, "no task request recorded in metadata.json")
+        # One re-enqueue per lost attempt, however many monitors saw it (the lock drops any duplicate anyway).
+        key = f"{REAPED_PREFIX}{action.uuid}:{action.attempt}"
+        if not self.client.set(key, "1", nx=True, ex=self.dedupe_s):
+            return Outcome(action, False, "already re-enqueued")
+        self.send(action.uuid, request)
+        return Outcome(action, True, f"re-enqueued for attempt {action.attempt + 1}")
+
+    def _fail(self, action: Action, why: str | None = None) -> Outcome:
+        error = action.error or f"worker lost: {action.reason}"
+        if why:  # a resume that cannot be carried out
+            error = f"{error}; {why}"
+        try:
+            ctx = self.store.open(action.uuid, resume=False, heartbeat=False)
+        except LockHeldError as exc:
+            return Outcome(action, False, f"taken over meanwhile: {exc}")
+        except (ContextCompletedError, ContextNotFoundError) as exc:
+            return Outcome(action, False, f"finished meanwhile: {exc}")
+        ctx.update_state(last_activity="monitor:failed")
+        target = ctx.finish("failed", error=error)
+        self._forget(action.uuid, target)
+        return Outcome(action, True, f"failed: {error}")
+
+    def _forget(self, uuid: str, directory: Path) -> None:
+        try:
+            task_key = read_json(directory / METADATA_FILE)["task_key"]
+        except (OSError, ValueError, KeyError):
+            task_key = None
+        if task_key is not None:
+            self.forget(uuid, task_key)
+        else:
+            self.client.zrem(HEARTBEATS_KEY, uuid)
+
+
+def _request(directory: Path) -> dict[str, Any] | None:
+    try:
+        request = read_json(directory / METADATA_FILE).get("request")
+    except (OSError, ValueError):
+        return None
+    return request if isinstance(request, dict) else None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

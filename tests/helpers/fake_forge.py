@@ -1,0 +1,442 @@
+"""A fake GitHub and GitLab in one real HTTP server, over local bare git repositories.
+
+- ``/api/v3/...`` speaks the GitHub REST subset Tasuki uses, ``/api/v4/...`` the GitLab REST v4 subset;
+  both refuse a request without ``Authorization: Bearer {token}``.
+- ``/git/{owner}/{repo}.git`` is git's smart HTTP protocol, served by ``git http-backend`` from bare
+  repositories under ``root``; it refuses a request without the Basic credentials of the dialect
+  (``x-access-token:{token}`` for GitHub, ``oauth2:{token}`` for GitLab), so a clone or push only works
+  when the worker passed them out of band.
+
+with FakeForge(tmp_path / "forge", token="t0ken").serve() as forge:
+    forge.add_repo("octo", "hello", source_checkout)
+    forge.add_item("octo", "hello", 1, "Fix add()", labels=["bug"])
+    ... forge.github_api_url, forge.gitlab_api_url, forge.item("octo", "hello", 1).comments
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from webhooks.signatures import github_signature, signing_key, standard_signature
+
+GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2"}
+
+
+@dataclass
+class FakeComment:
+    id: int
+    author: str
+    body: str
+    history: list[str] = field(default_factory=list)  # earlier bodies, oldest first (edits in place)
+
+
+@dataclass
+class FakeItem:
+    """An issue, pull request or merge request."""
+
+    owner: str
+    repo: str
+    number: int
+    title: str
+    body: str = ""
+    kind: str = "issue"
+    labels: list[str] = field(default_factory=list)
+    comments: list[FakeComment] = field(default_factory=list)
+
+
+@dataclass
+class FakeChange:
+    """A pull/merge request opened through the API."""
+
+    owner: str
+    repo: str
+    number: int
+    head: str
+    base: str
+    title: str
+    body: str
+    url: str
+
+
+class ForgeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class FakeForge:
+    """The forge's state; :meth:`serve` puts it behind HTTP."""
+
+    def __init__(self, root: Path, token: str, bot_login: str = "tasuki-bot") -> None:
+        self.root = root
+        self.git_root = root / "git"
+        self.git_root.mkdir(parents=True, exist_ok=True)
+        self.token = token
+        self.bot_login = bot_login
+        self.items: dict[tuple[str, str, int], FakeItem] = {}
+        self.changes: list[FakeChange] = []
+        self.members: dict[int, int] = {}  # GitLab user id -> access level
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self._ids = 1000
+        self.url = ""
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def add_repo(self, owner: str, repo: str, source: Path) -> Path:
+        """A bare clone of the checkout ``source`` as ``owner/repo``."""
+        bare = self.git_root / owner / f"{repo}.git"
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "clone", "-q", "--bare", str(source), str(bare)], check=True, capture_output=True)
+        return bare
+
+    def add_item(self, owner: str, repo: str, number: int, title: str, body: str = "", *, kind: str = "issue",
+                 labels: list[str] | None = None, comments: tuple[tuple[str, str], ...] = ()) -> FakeItem:
+        item = FakeItem(owner, repo, number, title, body, kind, list(labels or []))
+        for author, text in comments:
+            item.comments.append(FakeComment(self._next_id(), author, text))
+        self.items[(owner, repo, number)] = item
+        return item
+
+    def item(self, owner: str, repo: str, number: int) -> FakeItem:
+        return self.items[(owner, repo, number)]
+
+    def branch_file(self, owner: str, repo: str, branch: str, path: str) -> str:
+        """A file's text on a branch of the bare repository."""
+        bare = self.git_root / owner / f"{repo}.git"
+        return subprocess.run(["git", "show", f"{branch}:{path}"], cwd=bare, check=True, capture_output=True,
+                              text=True).stdout
+
+    def _next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    @property
+    def github_api_url(self) -> str:
+        return f"{self.url}/api/v3"
+
+    @property
+    def gitlab_api_url(self) -> str:
+        return f"{self.url}/api/v4"
+
+    def git_url(self, owner: str, repo: str) -> str:
+        return f"{self.url}/git/{owner}/{repo}.git"
+
+    @contextmanager
+    def serve(self) -> Iterator[FakeForge]:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        thread = threading.Thread(target=server.serve_forever, name="fake-forge", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=10)
+
+    # -- shared behaviour --------------------------------------------------------------------------
+
+    def _find(self, owner: str, repo: str, number: int) -> FakeItem:
+        found = self.items.get((owner, repo, number))
+        if found is None:
+            raise ForgeError(404, "Not Found")
+        return found
+
+    def _comment(self, item: FakeItem, comment_id: int) -> FakeComment:
+        for comment in item.comments:
+            if comment.id == comment_id:
+                return comment
+        raise ForgeError(404, "Not Found")
+
+    def _branch_exists(self, owner: str, repo: str, branch: str) -> bool:
+        bare = self.git_root / owner / f"{repo}.git"
+        found = subprocess.run(["git", "rev-parse", "--verify", "-q", f"refs/heads/{branch}"], cwd=bare,
+                               capture_output=True, check=False)
+        return found.returncode == 0
+
+    def _default_branch(self, owner: str, repo: str) -> str:
+        bare = self.git_root / owner / f"{repo}.git"
+        if not bare.is_dir():
+            raise ForgeError(404, "Not Found")
+        head = subprocess.run(["git", "symbolic-ref", "--short", "HEAD"], cwd=bare, capture_output=True,
+                              text=True, check=True)
+        return head.stdout.strip()
+
+    def _open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, web: str) -> FakeChange:
+        if not self._branch_exists(owner, repo, head):
+            raise ForgeError(422, f"head branch {head} does not exist")
+        number = len(self.changes) + 100
+        change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}")
+        self.changes.append(change)
+        return change
+
+    # -- GitHub ------------------------------------------------------------------------------------
+
+    def github(self, method: str, parts: list[str], query: dict[str, str], data: Any) -> tuple[int, Any]:
+        if len(parts) < 3 or parts[0] != "repos":
+            raise ForgeError(404, "Not Found")
+        owner, repo, rest = parts[1], parts[2], parts[3:]
+        if not rest and method == "GET":
+            return 200, {"full_name": f"{owner}/{repo}", "clone_url": self.git_url(owner, repo),
+                         "default_branch": self._default_branch(owner, repo)}
+        if rest[:2] == ["issues", "comments"] and len(rest) == 3 and method == "PATCH":
+            for item in self.items.values():
+                for comment in item.comments:
+                    if comment.id == int(rest[2]) and (item.owner, item.repo) == (owner, repo):
+                        comment.history.append(comment.body)
+                        comment.body = data["body"]
+                        return 200, self._github_comment(comment)
+            raise ForgeError(404, "Not Found")
+        if rest[:1] == ["issues"] and len(rest) >= 2:
+            return self._github_issue(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
+        if rest == ["pulls"] and method == "GET":
+            head = query.get("head", "").split(":", 1)[-1]
+            return 200, [{"number": c.number, "html_url": c.url} for c in self.changes
+                         if (c.owner, c.repo, c.head) == (owner, repo, head)]
+        if rest == ["pulls"] and method == "POST":
+            change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
+                                       "pull")
+            return 201, {"number": change.number, "html_url": change.url}
+        raise ForgeError(404, "Not Found")
+
+    def _github_issue(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
+        if not rest and method == "GET":
+            issue = {"number": item.number, "title": item.title, "body": item.body,
+                     "html_url": f"{self.url}/{item.owner}/{item.repo}/issues/{item.number}",
+                     "labels": [{"name": name} for name in item.labels]}
+            if item.kind == "pull_request":
+                issue["pull_request"] = {"url": "..."}
+            return 200, issue
+        if rest == ["comments"] and method == "GET":
+            return 200, [self._github_comment(c) for c in item.comments]
+        if rest == ["comments"] and method == "POST":
+            comment = FakeComment(self._next_id(), self.bot_login, data["body"])
+            item.comments.append(comment)
+            return 201, self._github_comment(comment)
+        if rest == ["labels"] and method == "POST":
+            item.labels += [name for name in data["labels"] if name not in item.labels]
+            return 200, [{"name": name} for name in item.labels]
+        if len(rest) == 2 and rest[0] == "labels" and method == "DELETE":
+            if rest[1] not in item.labels:
+                raise ForgeError(404, "Label does not exist")
+            item.labels.remove(rest[1])
+            return 200, [{"name": name} for name in item.labels]
+        raise ForgeError(404, "Not Found")
+
+    @staticmethod
+    def _github_comment(comment: FakeComment) -> dict[str, Any]:
+        return {"id": comment.id, "body": comment.body, "user": {"login": comment.author}}
+
+    # -- GitLab ------------------------------------------------------------------------------------
+
+    def gitlab(self, method: str, parts: list[str], query: dict[str, str], data: Any) -> tuple[int, Any]:
+        if len(parts) < 2 or parts[0] != "projects" or "/" not in parts[1]:
+            raise ForgeError(404, "404 Project Not Found")
+        owner, repo = parts[1].rsplit("/", 1)
+        rest = parts[2:]
+        if not rest and method == "GET":
+            return 200, {"id": 7, "path_with_namespace": parts[1], "http_url_to_repo": self.git_url(owner, repo),
+                         "default_branch": self._default_branch(owner, repo)}
+        if rest[:2] == ["members", "all"] and len(rest) == 3:
+            level = self.members.get(int(rest[2]))
+            if level is None:
+                raise ForgeError(404, "404 Not found")
+            return 200, {"id": int(rest[2]), "access_level": level}
+        if rest == ["merge_requests"] and method == "GET":
+            return 200, [{"iid": c.number, "web_url": c.url} for c in self.changes
+                         if (c.owner, c.repo, c.head) == (owner, repo, query.get("source_branch"))]
+        if rest == ["merge_requests"] and method == "POST":
+            change = self._open_change(owner, repo, data["source_branch"], data["target_branch"], data["title"],
+                                       data.get("description", ""), "-/merge_requests")
+            return 201, {"iid": change.number, "web_url": change.url}
+        if rest[:1] in (["issues"], ["merge_requests"]) and len(rest) >= 2:
+            return self._gitlab_item(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
+        raise ForgeError(404, "404 Not Found")
+
+    def _gitlab_item(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
+        if not rest and method in ("GET", "PUT"):
+            if method == "PUT":
+                for name in filter(None, data.get("remove_labels", "").split(",")):
+                    if name in item.labels:
+                        item.labels.remove(name)
+                item.labels += [n for n in filter(None, data.get("add_labels", "").split(",")) if n not in item.labels]
+            return 200, {"iid": item.number, "title": item.title, "description": item.body, "labels": item.labels,
+                         "web_url": f"{self.url}/{item.owner}/{item.repo}/-/issues/{item.number}"}
+        if rest == ["notes"] and method == "GET":
+            return 200, [self._gitlab_note(c) for c in item.comments]
+        if rest == ["notes"] and method == "POST":
+            comment = FakeComment(self._next_id(), self.bot_login, data["body"])
+            item.comments.append(comment)
+            return 201, self._gitlab_note(comment)
+        if len(rest) == 2 and rest[0] == "notes" and method == "PUT":
+            comment = self._comment(item, int(rest[1]))
+            comment.history.append(comment.body)
+            comment.body = data["body"]
+            return 200, self._gitlab_note(comment)
+        raise ForgeError(404, "404 Not Found")
+
+    @staticmethod
+    def _gitlab_note(comment: FakeComment) -> dict[str, Any]:
+        return {"id": comment.id, "body": comment.body, "author": {"username": comment.author}, "system": False}
+
+    # -- git smart HTTP ------------------------------------------------------------------------------
+
+    def git_authorized(self, authorization: str) -> bool:
+        scheme, _, encoded = authorization.partition(" ")
+        if scheme != "Basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(encoded).decode().partition(":")
+        except ValueError:
+            return False
+        return user in GIT_USERS.values() and password == self.token
+
+    def git_backend(self, method: str, path: str, query: str, headers: Any, body: bytes) -> tuple[int, dict[str, str],
+                                                                                                 bytes]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": str(self.git_root),
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "REQUEST_METHOD": method,
+            "CONTENT_TYPE": headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "REMOTE_USER": "tasuki",  # an authenticated user may push (http.receivepack defaults to it)
+            "REMOTE_ADDR": "127.0.0.1",
+        }
+        for header in ("Git-Protocol", "Content-Encoding"):
+            if headers.get(header):
+                env["HTTP_" + header.upper().replace("-", "_")] = headers[header]
+        done = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, check=False)
+        head, _, payload = done.stdout.partition(b"\r\n\r\n")
+        status, out_headers = 200, {}
+        for line in head.decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.lower() == "status":
+                status = int(value.strip().split()[0])
+            elif name:
+                out_headers[name] = value.strip()
+        return status, out_headers, payload
+
+
+def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: the request log is ``forge.requests``."""
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                chunks = []
+                while True:
+                    size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return b"".join(chunks)
+                    chunks.append(self.rfile.read(size))
+                    self.rfile.readline()
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _handle(self) -> None:
+            split = urlsplit(self.path)
+            body = self._body()
+            record = {"method": self.command, "path": split.path, "authorization": self.headers.get("Authorization"),
+                      "query": split.query}
+            with forge.lock:
+                forge.requests.append(record)
+            if split.path.startswith("/git/"):
+                if not forge.git_authorized(self.headers.get("Authorization", "")):
+                    self._send(401, b"auth required", {"WWW-Authenticate": 'Basic realm="fake forge"'})
+                    return
+                status, headers, payload = forge.git_backend(self.command, split.path[len("/git"):], split.query,
+                                                             self.headers, body)
+                self._send(status, payload, headers)
+                return
+            if self.headers.get("Authorization") != f"Bearer {forge.token}":
+                self._send(401, b'{"message": "Bad credentials"}', {"Content-Type": "application/json"})
+                return
+            parts = [unquote(p) for p in split.path.split("/") if p]
+            query = {k: v[0] for k, v in parse_qs(split.query).items()}
+            try:
+                data = json.loads(body) if body else None
+                with forge.lock:
+                    if parts[:2] == ["api", "v3"]:
+                        status, answer = forge.github(self.command, parts[2:], query, data)
+                    elif parts[:2] == ["api", "v4"]:
+                        status, answer = forge.gitlab(self.command, parts[2:], query, data)
+                    else:
+                        raise ForgeError(404, "Not Found")
+            except ForgeError as exc:
+                status, answer = exc.status, {"message": str(exc)}
+            self._send(status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
+
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+    return Handler
+
+
+# -- webhook deliveries, as GitHub and GitLab send them ------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "webhooks"
+
+
+def load_payload(name: str) -> dict[str, Any]:
+    """A checked-in example payload, e.g. ``github/issues.labeled.json`` (see fixtures/webhooks/README.md)."""
+    payload: dict[str, Any] = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+    return payload
+
+
+def github_delivery(event: str, payload: dict[str, Any] | bytes, secret: str | None,
+                    delivery: str | None = None, hook_id: str = "109948940") -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a GitHub delivery (signed with ``secret`` when one is given)."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json", "X-GitHub-Event": event, "X-GitHub-Hook-ID": hook_id,
+               "X-GitHub-Delivery": delivery or str(uuid.uuid4()), "User-Agent": "GitHub-Hookshot/fake"}
+    if secret is not None:
+        headers["X-Hub-Signature-256"] = github_signature(secret, body)
+    return body, headers
+
+
+def gitlab_delivery(event: str, payload: dict[str, Any] | bytes, *, token: str | None = None,
+                    signing_token: str | None = None, idempotency_key: str | None = None,
+                    timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a GitLab delivery: ``X-Gitlab-Token`` and/or a Standard-Webhooks signature."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    key = idempotency_key or str(uuid.uuid4())
+    headers = {"Content-Type": "application/json", "X-Gitlab-Event": event, "Idempotency-Key": key,
+               "X-Gitlab-Event-UUID": str(uuid.uuid4()), "X-Gitlab-Webhook-UUID": str(uuid.uuid4()),
+               "User-Agent": "GitLab/fake"}
+    if token is not None:
+        headers["X-Gitlab-Token"] = token
+    if signing_token is not None:
+        stamp = str(timestamp if timestamp is not None else int(time.time()))
+        signing = signing_key(signing_token)
+        assert signing is not None
+        headers.update({"webhook-id": key, "webhook-timestamp": stamp,
+                        "webhook-signature": standard_signature(signing, key, stamp, body)})
+    return body, headers

@@ -1,0 +1,197 @@
+"""The agent loop in-process: a real context store and git checkout in tmp_path, the replay model over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contexts import ContextStore
+from contexts.clock import utc_now
+from contexts.compression import CompressionPolicy
+from contexts.names import MESSAGES_FILE, TOOLS_FILE
+from tests.helpers.model_server import model_server
+from tests.helpers.stack import make_buggy_repo
+from tests.helpers.worker_scenarios import agent_requests, context_records, finish_turn, replayed_turn, tool
+from worker import agent as agent_module
+from worker.agent import Agent, AgentLimits, Cancelled, Finished, StepLimit
+from worker.checkout import Checkout
+from worker.llm import make_provider
+from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
+from worker.replay import ReplayServer
+
+TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
+CONTEXT_LENGTH = 32768
+STALE_AFTER_S = 60
+
+
+class Bench:
+    """One task's pieces: store, held context, checkout, model; ``agent()`` builds a loop over them."""
+
+    def __init__(self, root: Path, server: ReplayServer) -> None:
+        self.root = root
+        self.server = server
+        self.store = ContextStore(root / "contexts", stale_after_s=STALE_AFTER_S)
+        self.ctx = self.store.create(TASK_KEY, {"model": "scripted"}, heartbeat=False)
+        self.ctx.append_message("system", SYSTEM_PROMPT)
+        self.ctx.append_message("user", task_message("Do the thing."))
+        self.ctx.step_done()
+        repo = make_buggy_repo(root / "repo")
+        self.checkout = Checkout(root / "workspace", str(repo), "tasuki/1-unit")
+        self.checkout.prepare()
+
+    def agent(self, *, max_steps: int = 20, tool_output_max_chars: int = 20000) -> Agent:
+        provider = make_provider("openai", "scripted", CONTEXT_LENGTH, self.server.openai_base_url, None, max_retries=0)
+        limits = AgentLimits(max_steps, CONTEXT_LENGTH, tool_output_max_chars, bash_timeout_s=30)
+        return Agent(self.ctx, provider, self.checkout, limits, CompressionPolicy())
+
+    def resume_elsewhere(self) -> None:
+        """Leave the context as a crashed worker would; another host takes it over once it is stale."""
+        self.ctx.detach()
+        later = utc_now() + timedelta(seconds=STALE_AFTER_S + 1)
+        store = ContextStore(
+            self.store.base_dir, stale_after_s=STALE_AFTER_S, hostname="other-host", clock=lambda: later
+        )
+        self.ctx = store.open(self.ctx.uuid, heartbeat=False)
+
+    def messages(self) -> list[dict[str, Any]]:
+        return context_records(self.ctx.path, MESSAGES_FILE)
+
+    def tools(self) -> list[dict[str, Any]]:
+        return context_records(self.ctx.path, TOOLS_FILE)
+
+    def asked(self) -> list[int]:
+        return [r["turn"] for r in agent_requests(self.server.requests)]
+
+
+@pytest.fixture
+def bench(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bench]:
+    with model_server(request.param) as server:
+        b = Bench(tmp_path, server)
+        yield b
+        if not b.ctx.closed:
+            b.ctx.detach()
+
+
+def turns(*entries: dict[str, Any]) -> Any:
+    """Parametrize the ``bench`` fixture with a trajectory."""
+    return pytest.mark.parametrize("bench", [list(entries)], indirect=True)
+
+
+def _crash(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("the worker died while the tool ran")
+
+
+@turns(
+    {"content": "Write it.", "tool_calls": [tool("write_file", path="a.txt", content="A\n")]},
+    finish_turn("Wrote a.txt."),
+)
+def test_the_reply_is_on_disk_before_its_tool_calls_run(bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_module, "run_tool", _crash)
+
+    with pytest.raises(RuntimeError, match="worker died"):
+        bench.agent().step()
+
+    last = bench.messages()[-1]
+    assert last["role"] == "assistant"
+    assert replayed_turn(last) == 0
+    assert [c["function"]["name"] for c in last["tool_calls"]] == ["write_file"]
+    assert bench.tools() == []
+    assert bench.ctx.read_state()["llm_call_count"] == 1
+
+
+@turns(
+    {"content": "Write it.", "tool_calls": [tool("write_file", path="a.txt", content="A\n")]},
+    finish_turn("Wrote a.txt."),
+)
+def test_a_resumed_agent_runs_the_pending_calls_without_asking_the_model_again(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(agent_module, "run_tool", _crash)
+        with pytest.raises(RuntimeError):
+            bench.agent().step()
+    call_id = bench.messages()[-1]["tool_calls"][0]["id"]
+    bench.resume_elsewhere()
+    agent = bench.agent()
+
+    assert [c.name for c in agent.unanswered() or []] == ["write_file"]
+    agent.step()
+    assert bench.asked() == [0]  # the pending call ran without a model call
+    answer = bench.messages()[-1]
+    assert (answer["role"], answer["tool_call_id"]) == ("tool", call_id)
+    assert (bench.checkout.path / "a.txt").read_text() == "A\n"
+
+    assert agent.run() == "Wrote a.txt."
+    assert bench.asked() == [0, 1]
+
+
+@turns(finish_turn("All done."))
+def test_a_finish_already_answered_ends_the_task_without_an_llm_call(bench: Bench) -> None:
+    assert bench.agent().run() == "All done."
+    bench.resume_elsewhere()
+    agent = bench.agent()
+
+    with pytest.raises(Finished):
+        agent.unanswered()
+    assert agent.run() == "All done."
+    assert bench.asked() == [0]
+
+
+@turns(*[{"content": None, "tool_calls": [tool("bash", command=f"echo {n}")]} for n in range(5)])
+def test_a_task_that_never_finishes_stops_at_the_step_limit(bench: Bench) -> None:
+    with pytest.raises(StepLimit, match="step limit of 3"):
+        bench.agent(max_steps=3).run()
+
+    assert bench.asked() == [0, 1, 2]
+    assert bench.ctx.read_state()["llm_call_count"] == 3
+    assert len(bench.tools()) == 3
+
+
+@turns({"content": None, "tool_calls": [tool("bash", command="seq 1 2000")]}, finish_turn())
+def test_a_long_tool_output_is_cut_for_the_prompt_and_points_to_the_full_record(bench: Bench) -> None:
+    bench.agent(tool_output_max_chars=300).run()
+
+    full = bench.tools()[0]
+    assert full["result"].startswith("1\n2\n3\n")
+    assert full["result"].endswith("\n2000\nexit code: 0")
+    cut = next(m for m in bench.messages() if m["role"] == "tool")
+    assert cut["truncated_from"] == len(full["result"])
+    assert cut["content"].startswith("1\n2\n3\n")
+    assert cut["content"].endswith(f"exit code: 0\n[full output: tools.jsonl seq {full['seq']}]")
+    assert "characters omitted" in cut["content"]
+    assert len(cut["content"]) < 500
+    sent = agent_requests(bench.server.requests)[1]["body"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == [cut["content"]]  # the model saw the cut copy
+
+
+@turns({"content": "Let me think about it."}, finish_turn("Thought."))
+def test_a_reply_without_tool_calls_is_answered_with_a_nudge(bench: Bench) -> None:
+    assert bench.agent().run() == "Thought."
+
+    roles = [(m["role"], m["content"] if m["role"] == "user" else None) for m in bench.messages()[2:]]
+    assert roles == [("assistant", None), ("user", NUDGE), ("assistant", None), ("tool", None)]
+
+
+@turns({"content": "Let me think about it."}, finish_turn("Thought."))
+def test_a_nudge_lost_in_a_crash_is_written_on_resume_without_an_llm_call(bench: Bench) -> None:
+    bench.ctx.append_message("assistant", "[tasuki-replay turn=0] Let me think about it.")  # then the crash
+    agent = bench.agent()
+
+    assert agent.unanswered() == []
+    assert bench.messages()[-1]["content"] == NUDGE
+    assert bench.asked() == []
+    assert agent.run() == "Thought."
+    assert bench.asked() == [1]
+
+
+@turns(finish_turn())
+def test_a_cancel_request_stops_the_loop_before_the_next_model_call(bench: Bench) -> None:
+    bench.ctx.update_state(cancel_requested=True)
+
+    with pytest.raises(Cancelled):
+        bench.agent().run()
+    assert bench.asked() == []

@@ -1,0 +1,111 @@
+"""A worker killed mid-task (SIGKILL of its whole process group) and the task resumed by a new worker.
+
+The new delivery is sent the way the monitor sends it: ``tasuki.run_task`` again with the same UUID, once
+the dead holder's heartbeat is older than ``stale_after_s``.  Same contract for both LLM providers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from contexts import ContextStore
+from contexts.names import MESSAGES_FILE, TOOLS_FILE
+from tests.helpers.model_server import wait_for_request
+from tests.helpers.schemas import validate_context_dir
+from tests.helpers.stack import Stack, git, local_request, make_buggy_repo
+from tests.helpers.worker_scenarios import (
+    PROVIDERS,
+    agent_requests,
+    bash_turn,
+    context_records,
+    finish_turn,
+    replayed_turn,
+    running_stack,
+    tool,
+    worker_logs,
+)
+
+pytestmark = pytest.mark.integration
+
+CONTEXT_LENGTH = 8192
+SLOW_TURN = 4
+NOTE = "written before the crash\n"
+
+
+def crash_trajectory() -> list[dict[str, Any]]:
+    """Seven turns; the answer to turn 4 is held long enough for the test to kill the worker waiting on it."""
+    return [
+        {"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+        bash_turn(1),
+        bash_turn(2),
+        {"content": None, "tool_calls": [tool("bash", command="cat notes.txt")]},
+        {"delay_s": 300},
+        bash_turn(SLOW_TURN),
+        {"content": "Is the note still there?", "tool_calls": [tool("bash", command="cat notes.txt")]},
+        finish_turn("Left a note."),
+    ]
+
+
+def stale(stack: Stack, uuid: str) -> bool:
+    """True once the dead holder's lock may be taken over (heartbeat older than stale_after_s)."""
+    store = ContextStore(stack.contexts_dir, stale_after_s=float(stack.env()["TASUKI__CONTEXTS__STALE_AFTER_S"]))
+    return not store.is_held(uuid)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, provider: str
+) -> None:
+    turns = crash_trajectory()
+    with running_stack(tmp_path, redis_url, turns, provider=provider, context_length=CONTEXT_LENGTH) as (
+        stack,
+        server,
+    ):
+        repo = make_buggy_repo(tmp_path / "repo")
+        first = stack.start_worker("w1")
+        request = local_request(repo, prompt="Leave a note.")
+        uuid = stack.send(request)
+        wait_for_request(lambda: server.requests, lambda r: r["turn"] == SLOW_TURN and r["status"] is None, 60)
+
+        first.kill()  # the machine died while the model was thinking about turn 4
+        running = stack.contexts_dir / "running" / uuid
+        before = context_records(running, MESSAGES_FILE)
+        assert [replayed_turn(m) for m in before if m["role"] == "assistant"] == list(range(SLOW_TURN))
+        stack.wait_until(lambda: stale(stack, uuid), 30, "the dead holder's lock to go stale")
+
+        stack.start_worker("w2")
+        stack.send(request, uuid=uuid)  # what the monitor does with a stale task
+        state = stack.wait_finished(uuid)
+
+        assert state["status"] == "completed", state
+        assert state["attempt"] == 2
+        directory = stack.contexts_dir / "completed" / uuid
+        validate_context_dir(directory)  # seq is 1, 2, 3... across the crash in every JSONL file
+        messages = context_records(directory, MESSAGES_FILE)
+        tools = context_records(directory, TOOLS_FILE)
+        assert messages[: len(before)] == before  # history before the crash is untouched
+
+        # Each turn answered once on disk; only the call in flight at the kill was asked twice.
+        assistant_turns = [replayed_turn(m) for m in messages if m["role"] == "assistant"]
+        assert assistant_turns == list(range(7))
+        asked = Counter(r["turn"] for r in agent_requests(server.requests))
+        assert asked == {turn: 2 if turn == SLOW_TURN else 1 for turn in range(7)}
+
+        assert [t["tool_name"] for t in tools] == ["write_file", "bash", "bash", "bash", "bash", "bash", "finish"]
+        assert all(t["status"] == "success" for t in tools)
+        assert NOTE in tools[5]["result"]  # the new worker's checkout has the file the dead one wrote
+        assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE
+        # Exactly one completion (the log line follows the final state by a moment).
+        finished = '"event": "task finished"'
+        stack.wait_until(lambda: finished in worker_logs(stack), 30, "the completion to be logged")
+        assert worker_logs(stack).count(finished) == 1
+
+        if provider == "ollama":
+            chats = [r for r in server.requests if r["method"] == "POST"]
+            assert {r["path"] for r in chats} == {"/api/chat"}
+            assert all(r["body"]["options"]["num_ctx"] == CONTEXT_LENGTH for r in chats)

@@ -1,0 +1,141 @@
+"""The small task API (SPEC §8): submit, look up and cancel tasks with the bearer token ``TASUKI_API_TOKEN``."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import uuid as uuid_module
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from contexts import ContextCompletedError, ContextNotFoundError, InvalidUUIDError, validate_uuid
+from contexts.atomic import read_json
+from contexts.names import METADATA_FILE, STATE_FILE
+from webhooks.body import BodyTooLarge, read_body
+from webhooks.intake import Intake
+from worker.settings_models import Settings
+
+_REPO = r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
+MAX_PROMPT_CHARS = 100_000
+
+
+class Submission(BaseModel):
+    """``POST /api/tasks``: a forge repository (with an issue or a prompt) or a local repository path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo: Annotated[str, Field(pattern=_REPO, max_length=300)] | None = None
+    repo_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    source: Literal["github", "gitlab"] = "github"
+    issue: Annotated[int, Field(gt=0)] | None = None
+    prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
+    user: Annotated[str, Field(max_length=200)] | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Submission:
+        if (self.repo is None) == (self.repo_path is None):
+            raise ValueError("give exactly one of repo (OWNER/NAME) and repo_path")
+        if self.repo_path is not None and not PurePosixPath(self.repo_path).is_absolute():
+            raise ValueError("repo_path must be an absolute path")
+        if self.issue is None and not self.prompt.strip():
+            raise ValueError("give an issue or a prompt")
+        if self.repo_path is not None and self.issue is not None:
+            raise ValueError("an issue needs repo, not repo_path")
+        return self
+
+    def request(self, uuid: str) -> dict[str, Any]:
+        """The ``tasuki.run_task`` request; a prompt-only task gets a task key of its own."""
+        if self.repo_path is not None:
+            name = PurePosixPath(self.repo_path).name or "repo"
+            key = {"task_source": "local", "owner": "local", "repo": name, "task_type": "prompt", "task_id": uuid[:8]}
+            return {"task_key": key, "repo_path": self.repo_path, "prompt": self.prompt, "user": self.user,
+                    "trigger": {"kind": "api"}}
+        owner, name = str(self.repo).rsplit("/", 1)
+        task_type, task_id = ("issue", str(self.issue)) if self.issue else ("prompt", uuid[:8])
+        key = {"task_source": self.source, "owner": owner, "repo": name, "task_type": task_type, "task_id": task_id}
+        issue = {"number": self.issue} if self.issue else None
+        return {"task_key": key, "issue": issue, "prompt": self.prompt, "user": self.user, "trigger": {"kind": "api"}}
+
+
+def _error(status_code: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
+
+
+def task_api(settings: Settings, intake: Intake) -> APIRouter:
+    """The ``/api`` routes, guarded by a constant-time bearer-token check."""
+    router = APIRouter(prefix="/api")
+    secret = settings.secrets.tasuki_api_token
+    token = secret.get_secret_value().encode() if secret else None
+
+    def refused(request: Request) -> JSONResponse | None:
+        if token is None:
+            return _error(403, "the task API is disabled: TASUKI_API_TOKEN is not set")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1", "replace"), token):
+            return _error(401, "bad or missing bearer token", {"WWW-Authenticate": "Bearer"})
+        return None
+
+    @router.post("/tasks")
+    async def submit(request: Request) -> Response:
+        if (denied := refused(request)) is not None:
+            return denied
+        try:
+            submission = Submission.model_validate_json(await read_body(request, settings.webhook.max_body_bytes))
+        except BodyTooLarge:
+            return _error(413, f"body over {settings.webhook.max_body_bytes} bytes")
+        except ValidationError as exc:
+            problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors(include_url=False)]
+            return _error(422, problems)
+        uuid = str(uuid_module.uuid4())
+        enqueued = await run_in_threadpool(intake.submit, submission.request(uuid), uuid)
+        if enqueued.already_active:
+            return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
+        return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
+
+    @router.get("/tasks/{uuid}")
+    async def show(uuid: str, request: Request) -> Response:
+        if (denied := refused(request)) is not None:
+            return denied
+        try:
+            uuid = validate_uuid(uuid)
+        except InvalidUUIDError as exc:
+            return _error(400, str(exc))
+        return await run_in_threadpool(_describe, intake, uuid)
+
+    @router.post("/tasks/{uuid}/cancel")
+    async def cancel(uuid: str, request: Request) -> Response:
+        if (denied := refused(request)) is not None:
+            return denied
+        try:
+            uuid = validate_uuid(uuid)
+        except InvalidUUIDError as exc:
+            return _error(400, str(exc))
+        try:
+            detail = await run_in_threadpool(intake.cancel, uuid)
+        except ContextCompletedError:
+            return _error(409, f"task {uuid} is already finished")
+        return JSONResponse({"task_id": uuid, "status": "cancel requested", "detail": detail}, status_code=202)
+
+    return router
+
+
+def _describe(intake: Intake, uuid: str) -> Response:
+    """Metadata and state of the task's context; ``queued`` while only Redis knows it."""
+    for _ in range(3):  # a context moves from running/ to completed/ between locate and read at most once
+        try:
+            directory = intake.store.locate(uuid)
+            metadata, state = read_json(directory / METADATA_FILE), read_json(directory / STATE_FILE)
+        except ContextNotFoundError:
+            task_key = intake.queued_task_key(uuid)
+            if task_key is None:
+                return _error(404, f"no task {uuid}")
+            return JSONResponse({"task_id": uuid, "status": "queued", "task_key": task_key})
+        except (OSError, json.JSONDecodeError):
+            continue
+        return JSONResponse({"task_id": uuid, "status": state.get("status"), "metadata": metadata, "state": state})
+    return _error(409, f"task {uuid} is changing place; ask again")

@@ -1,0 +1,124 @@
+"""``GET /metrics``: the fleet as Prometheus sees it, read from Redis and ``running/`` at scrape time.
+
+Tasks by status, queue depth, stale heartbeats, compressions, webhook outcomes, and the alert gauges the
+scheduler's ``tasuki.alerts`` publishes in Redis (``ALERTS_KEY``: one field per gauge).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from contexts.errors import ContextError
+from contexts.names import ACTIVE_STATUSES, RUNNING_DIR
+from contexts.state import read_state
+from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, STATS_KEY
+from worker.settings_models import Settings
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class FleetCollector(Collector):
+    """Collects at scrape time; a Redis outage drops the Redis-backed families and sets ``tasuki_redis_up`` 0."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family, fresh."""
+        running, compressions = self._running()
+        family = GaugeMetricFamily("tasuki_tasks_running", "Contexts under running/ by status", labels=["status"])
+        for status in ACTIVE_STATUSES:
+            family.add_metric([status], running.get(status, 0))
+        yield family
+        up = GaugeMetricFamily("tasuki_redis_up", "1 when Redis answered this scrape")
+        try:
+            yield from self._from_redis(compressions)
+            up.add_metric([], 1)
+        except redis.RedisError:
+            up.add_metric([], 0)
+        yield up
+
+    def _running(self) -> tuple[dict[str, int], int]:
+        """Counts per status and compressions so far, from the state of every running context."""
+        counts: dict[str, int] = {}
+        compressions = 0
+        root = Path(self.settings.contexts.base_dir) / RUNNING_DIR
+        try:
+            directories = list(root.iterdir())
+        except OSError:
+            return counts, 0
+        for directory in directories:
+            try:
+                state = read_state(directory)
+            except (OSError, ValueError, ContextError):
+                continue  # finished (moved) between the listing and the read, or being written
+            status = str(state.get("status"))
+            counts[status] = counts.get(status, 0) + 1
+            compressions += int(state.get("compression_count", 0))
+        return counts, compressions
+
+    def _from_redis(self, running_compressions: int) -> Iterator[Metric]:
+        pipe = self.client.pipeline(transaction=False)
+        for queue in QUEUES:
+            pipe.llen(queue)
+        stale_before = time.time() - self.settings.contexts.stale_after_s
+        pipe.zcount(HEARTBEATS_KEY, "-inf", stale_before)
+        pipe.hgetall(STATS_KEY)
+        pipe.hgetall(ALERTS_KEY)
+        *depths, stale, stats, alerts = pipe.execute()
+        depth_family = GaugeMetricFamily("tasuki_queue_depth", "Messages waiting per Celery queue", labels=["queue"])
+        for queue, depth in zip(QUEUES, depths, strict=True):
+            depth_family.add_metric([queue], int(depth))
+        yield depth_family
+        yield GaugeMetricFamily(
+            "tasuki_stale_heartbeats", "Tasks whose heartbeat is older than contexts.stale_after_s", value=int(stale)
+        )
+        stats = {_text(k): int(v) for k, v in stats.items()}
+        finished = CounterMetricFamily("tasuki_tasks_finished", "Tasks finished, by final status", labels=["status"])
+        for field, count in sorted(stats.items()):
+            if field.startswith("finished:"):
+                finished.add_metric([field.removeprefix("finished:")], count)
+        yield finished
+        yield CounterMetricFamily(
+            "tasuki_compressions", "Context compressions (finished and running tasks)",
+            value=stats.get("compressions", 0) + running_compressions,
+        )
+        alert = GaugeMetricFamily("tasuki_alert", "Latest value of each scheduler alert gauge", labels=["name"])
+        for name, value in sorted((_text(k), v) for k, v in alerts.items()):
+            try:
+                alert.add_metric([name], float(value))
+            except ValueError:
+                continue
+        yield alert
+
+
+class Metrics:
+    """The app's registry: the fleet collector and the webhook outcome counter."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(FleetCollector(settings, client))
+        self.deliveries = Counter(
+            "tasuki_webhook_deliveries", "Webhook deliveries by source and outcome", ["source", "outcome"],
+            registry=self.registry,
+        )
+
+    def count(self, source: str, outcome: str) -> None:
+        """Count one delivery's outcome."""
+        self.deliveries.labels(source=source, outcome=outcome).inc()
+
+    def render(self) -> bytes:
+        """The exposition text: this app's registry plus the process-wide default one."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

@@ -1,0 +1,215 @@
+"""The forge seam (SPEC §5, §8): one contract for GitHub and GitLab, and the HTTP they share.
+
+Tokens travel only in request headers and in git's environment (``http.<origin>.extraHeader``), never in a
+URL that is cloned, persisted or logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+import structlog
+
+from contexts.errors import TasukiError
+from contexts.masking import mask
+
+log = structlog.get_logger(__name__)
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+MAX_PAGES = 20
+
+
+class ForgeError(TasukiError):
+    """A forge API call failed; the message names the call and the answer, never a credential."""
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """An issue, pull request or merge request: ``kind`` is the task key's ``task_type``."""
+
+    owner: str
+    repo: str
+    kind: str
+    number: int
+
+    @classmethod
+    def from_task_key(cls, task_key: Mapping[str, str]) -> ItemRef | None:
+        """The item a task key names; None for a prompt-only task."""
+        if task_key.get("task_type") not in ("issue", "pull_request", "merge_request"):
+            return None
+        return cls(task_key["owner"], task_key["repo"], task_key["task_type"], int(task_key["task_id"]))
+
+
+@dataclass(frozen=True)
+class Comment:
+    """One comment (GitHub) or note (GitLab)."""
+
+    id: int
+    author: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Item:
+    """What the task reads of its issue or pull/merge request."""
+
+    ref: ItemRef
+    title: str
+    body: str
+    url: str
+    labels: tuple[str, ...]
+    comments: tuple[Comment, ...]
+
+
+@dataclass(frozen=True)
+class Repository:
+    """Where to clone from and which branch a pull/merge request targets."""
+
+    clone_url: str
+    default_branch: str
+
+
+class Forge(Protocol):
+    """GitHub or GitLab, as far as a task needs it."""
+
+    source: str
+
+    def repository(self, owner: str, repo: str) -> Repository:
+        """The repository's clone URL and default branch."""
+        ...
+
+    def read_item(self, ref: ItemRef) -> Item:
+        """The issue or pull/merge request with its labels and comments."""
+        ...
+
+    def move_labels(self, ref: ItemRef, add: Sequence[str], remove: Sequence[str]) -> None:
+        """Add and remove labels (removing an absent label is not an error)."""
+        ...
+
+    def comment(self, ref: ItemRef, body: str, comment_id: int | None = None) -> int:
+        """Post a comment, or replace the text of ``comment_id``; return the comment's id."""
+        ...
+
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
+        """Open a pull/merge request from ``head`` into ``base`` (or find the one already open); its URL."""
+        ...
+
+    def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
+        """Whether the user who triggered the task may start one on this repository."""
+        ...
+
+    def git_env(self, clone_url: str) -> dict[str, str]:
+        """Environment that gives git the token for ``clone_url``'s host only."""
+        ...
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        ...
+
+
+def find_comment(comments: Sequence[Comment], marker: str) -> int | None:
+    """The id of the newest comment that carries ``marker``."""
+    found = [c.id for c in comments if marker in c.body]
+    return found[-1] if found else None
+
+
+def basic_auth_env(clone_url: str, username: str, token: str | None) -> dict[str, str]:
+    """``GIT_CONFIG_*`` variables adding ``Authorization: Basic`` for the clone URL's origin, nothing else."""
+    parts = urlsplit(clone_url)
+    if not token or parts.scheme not in ("http", "https") or not parts.hostname:
+        return {}
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    credentials = base64.b64encode(f"{username}:{token}".encode()).decode()
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": f"http.{parts.scheme}://{host}/.extraHeader",
+        "GIT_CONFIG_VALUE_0": f"Authorization: Basic {credentials}",
+    }
+
+
+class ForgeHTTP:
+    """A JSON client on one API root; retries rate limits, 5xx and connection errors with backoff."""
+
+    def __init__(
+        self,
+        api_url: str,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self.client = httpx.Client(base_url=api_url.rstrip("/") + "/", headers=dict(headers), timeout=timeout_s)
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def request(
+        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
+        missing_ok: bool = False,
+    ) -> httpx.Response:
+        """One call; raises :class:`ForgeError` on a final failure (a 404 too, unless ``missing_ok``)."""
+        # A POST that reached the server may have taken effect: retry it only when it surely did not.
+        retry_on = RETRY_STATUSES if method != "POST" else frozenset({429})
+        retry_errors = httpx.TransportError if method != "POST" else httpx.ConnectError
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self.client.request(method, path.lstrip("/"), params=params, json=json)
+            except retry_errors as exc:
+                if last:
+                    raise ForgeError(f"{method} {path}: {type(exc).__name__}: {mask(str(exc))[:200]}") from None
+                time.sleep(self._delay(attempt, None))
+                continue
+            except httpx.TransportError as exc:
+                raise ForgeError(f"{method} {path}: {type(exc).__name__}: {mask(str(exc))[:200]}") from None
+            if response.status_code in retry_on and not last:
+                time.sleep(self._delay(attempt, response))
+                continue
+            break
+        if response.status_code == 404 and missing_ok:
+            return response
+        if response.status_code >= 400:
+            raise ForgeError(f"{method} {path}: HTTP {response.status_code}: {mask(response.text)[:300]}")
+        return response
+
+    def _delay(self, attempt: int, response: httpx.Response | None) -> float:
+        retry_after = response.headers.get("retry-after", "") if response is not None else ""
+        if retry_after.isdigit():
+            return min(float(retry_after), 30.0)
+        return float(self.backoff_s * 2**attempt)
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The decoded JSON answer of a call."""
+        response = self.request(method, path, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise ForgeError(f"{method} {path}: answer is not JSON") from None
+
+    def pages(self, path: str, params: Mapping[str, Any]) -> Iterator[Any]:
+        """Every element of a paged list (GitHub's ``Link: rel="next"``, GitLab's ``X-Next-Page``)."""
+        url, query = path, {**params, "per_page": 100}
+        for _ in range(MAX_PAGES):
+            response = self.request("GET", url, params=query)
+            items = response.json()
+            if not isinstance(items, list):
+                raise ForgeError(f"GET {path}: expected a list")
+            yield from items
+            following = response.links.get("next", {}).get("url", "")
+            next_page = response.headers.get("x-next-page", "")
+            if following.startswith(str(self.client.base_url)):  # never send the token to another host
+                url, query = following, {}
+            elif next_page.isdigit():
+                query = {**query, "page": int(next_page)}
+            else:
+                return
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.client.close()

@@ -1,0 +1,95 @@
+"""GitLab's REST API v4 (gitlab.com or self-managed at ``gitlab.api_url``) as a :class:`~worker.forges.base.Forge`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from worker.forges.base import Comment, ForgeHTTP, Item, ItemRef, Repository, basic_auth_env
+
+DEVELOPER_ACCESS = 30  # GitLab's access level that may push branches; lower roles may not start a task by a note
+_COLLECTIONS = {"issue": "issues", "merge_request": "merge_requests"}
+
+
+class GitLabForge:
+    """Issues, merge requests, labels and notes through ``/projects/{namespace%2Fproject}/...``."""
+
+    source = "gitlab"
+
+    def __init__(self, api_url: str, token: str | None, *, timeout_s: float = 30.0) -> None:
+        headers = {"User-Agent": "tasuki"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s)
+        self._token = token
+
+    @staticmethod
+    def _project(owner: str, repo: str) -> str:
+        return f"projects/{quote(f'{owner}/{repo}', safe='')}"
+
+    def _item(self, ref: ItemRef) -> str:
+        collection = _COLLECTIONS.get(ref.kind, "issues")
+        return f"{self._project(ref.owner, ref.repo)}/{collection}/{ref.number}"
+
+    def repository(self, owner: str, repo: str) -> Repository:
+        """``GET /projects/:id``."""
+        data = self.http.json("GET", self._project(owner, repo))
+        return Repository(str(data["http_url_to_repo"]), str(data.get("default_branch") or "main"))
+
+    def read_item(self, ref: ItemRef) -> Item:
+        """The issue or merge request and its notes, oldest first, without system notes."""
+        data = self.http.json("GET", self._item(ref))
+        notes = tuple(
+            Comment(int(n["id"]), str((n.get("author") or {}).get("username", "")), str(n.get("body") or ""))
+            for n in self.http.pages(f"{self._item(ref)}/notes", {"sort": "asc", "order_by": "created_at"})
+            if not n.get("system")
+        )
+        labels = tuple(str(label) for label in data.get("labels", []) if isinstance(label, str))
+        return Item(ref, str(data.get("title") or ""), str(data.get("description") or ""),
+                    str(data.get("web_url") or ""), labels, notes)
+
+    def move_labels(self, ref: ItemRef, add: Sequence[str], remove: Sequence[str]) -> None:
+        """One ``PUT`` with ``add_labels`` and ``remove_labels``."""
+        changes = {key: ",".join(names) for key, names in (("add_labels", add), ("remove_labels", remove)) if names}
+        if changes:
+            self.http.request("PUT", self._item(ref), json=changes)
+
+    def comment(self, ref: ItemRef, body: str, comment_id: int | None = None) -> int:
+        """``PUT .../notes/{id}``, or ``POST .../notes`` (also when the old note was deleted)."""
+        if comment_id is not None:
+            response = self.http.request("PUT", f"{self._item(ref)}/notes/{comment_id}", json={"body": body},
+                                         missing_ok=True)
+            if response.status_code != 404:
+                return comment_id
+        return int(self.http.json("POST", f"{self._item(ref)}/notes", json={"body": body})["id"])
+
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
+        """The merge request of ``head`` (found, or opened now)."""
+        requests = f"{self._project(owner, repo)}/merge_requests"
+        existing = self.http.json("GET", requests, params={"source_branch": head})
+        if isinstance(existing, list) and existing:
+            return str(existing[0]["web_url"])
+        created = self.http.json(
+            "POST", requests, json={"source_branch": head, "target_branch": base, "title": title, "description": body}
+        )
+        return str(created["web_url"])
+
+    def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
+        """A note's author needs Developer access (anyone may comment on a public project); labels need Planner."""
+        if trigger.get("kind") != "comment":
+            return True
+        user_id = trigger.get("user_id")
+        if not isinstance(user_id, int):
+            return False
+        path = f"{self._project(ref.owner, ref.repo)}/members/all/{user_id}"
+        response = self.http.request("GET", path, missing_ok=True)
+        return response.status_code == 200 and int(response.json().get("access_level", 0)) >= DEVELOPER_ACCESS
+
+    def git_env(self, clone_url: str) -> dict[str, str]:
+        """``Authorization: Basic oauth2:TOKEN`` for the clone URL's origin."""
+        return basic_auth_env(clone_url, "oauth2", self._token)
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.http.close()

@@ -1,0 +1,187 @@
+"""A task's life on its issue (SPEC §8): labels trigger → processing → done/failed, one progress comment
+updated in place, the pull/merge request, and a final summary comment.
+
+The progress comment is found again by a marker holding the task's UUID, so a worker that resumes the
+task on another machine edits the same comment.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from contexts.errors import TasukiError
+from contexts.masking import mask
+from worker.forges import make_forge
+from worker.forges.base import Forge, Item, ItemRef, find_comment
+from worker.run import TaskRequest, Workplace
+from worker.settings_models import LabelSettings, Settings
+
+log = structlog.get_logger(__name__)
+
+MARKER = "<!-- tasuki:{uuid} -->"
+PROGRESS_INTERVAL_S = 10.0  # at most one progress edit per interval between start and finish (API rate limits)
+_TITLE_MAX = 120
+
+
+class TriggerRefused(TasukiError):
+    """The user who triggered the task may not start tasks on this repository."""
+
+
+def progress_body(uuid: str, state: dict[str, Any], labels: LabelSettings, change_url: str | None = None) -> str:
+    """The progress comment: status, steps, tokens, attempt and UUID (and the PR/MR once there is one)."""
+    status = str(state.get("status", "queued"))
+    calls, tools = int(state.get("llm_call_count", 0)), int(state.get("tool_call_count", 0))
+    lines = [
+        MARKER.format(uuid=uuid),
+        f"**Tasuki** · `{status}`",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| Steps | {calls} model calls, {tools} tool runs |",
+        f"| Tokens | {int(state.get('total_tokens_used', 0)):,} |",
+        f"| Attempt | {int(state.get('attempt', 1))} |",
+        f"| Task | `{uuid}` |",
+    ]
+    if state.get("error"):
+        lines.append(f"| Error | {mask(str(state['error'])).replace('|', '/')[:300]} |")
+    if change_url:
+        lines += ["", f"Result: {change_url}"]
+    elif status not in ("completed", "failed", "timeout", "cancelled"):
+        lines += ["", f"To stop it, comment `/tasuki cancel` or remove the label `{labels.processing}`."]
+    return "\n".join(lines)
+
+
+def summary_body(uuid: str, status: str, result: dict[str, Any] | None, error: str | None) -> str:
+    """The final comment: the summary and the PR/MR link, or why the task stopped."""
+    result = result or {}
+    if status == "completed":
+        text = f"**Tasuki finished.** {result.get('pull_request_url', '')}\n\n{result.get('summary', '')}".rstrip()
+    else:
+        text = f"**Tasuki stopped: {status}.**" + (f"\n\n{error}" if error else "")
+    return mask(f"{text}\n\n<sub>task `{uuid}`</sub>")
+
+
+class ForgeReporter:
+    """The :class:`~worker.run.Reporter` of a GitHub or GitLab task."""
+
+    def __init__(
+        self,
+        forge: Forge,
+        request: TaskRequest,
+        uuid: str,
+        labels: LabelSettings,
+        bot_login: str,
+        *,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.forge = forge
+        self.request = request
+        self.uuid = uuid
+        self.labels = labels
+        self.bot_login = bot_login
+        self.ref = ItemRef.from_task_key(request.task_key)
+        self.progress_interval_s = progress_interval_s
+        self.clock = clock
+        self.item: Item | None = None
+        self.base_branch: str | None = None
+        self.comment_id: int | None = None
+        self.change_url: str | None = None
+        self._last_progress = float("-inf")
+
+    def begin(self, state: dict[str, Any]) -> Workplace:
+        """Check the trigger, read the issue, mark it processing, show progress; where to clone."""
+        owner, repo = self.request.task_key["owner"], self.request.task_key["repo"]
+        if self.ref is not None and not self.forge.allows(self.ref, self.request.trigger):
+            raise TriggerRefused(f"{self.request.user or 'the user'} may not start tasks on {owner}/{repo}")
+        repository = self.forge.repository(owner, repo)
+        self.base_branch = repository.default_branch
+        issue = self.request.issue
+        if self.ref is not None:
+            self.item = self.forge.read_item(self.ref)
+            stale = [name for name in (self.labels.trigger, self.labels.done, self.labels.failed)
+                     if name in self.item.labels]
+            self.forge.move_labels(self.ref, add=[self.labels.processing], remove=stale)
+            self.comment_id = find_comment(self.item.comments, MARKER.format(uuid=self.uuid))
+            self._progress(state, force=True)
+            issue = self._issue_text(self.item)
+        return Workplace(repository.clone_url, self.forge.git_env(repository.clone_url), issue)
+
+    def _issue_text(self, item: Item) -> dict[str, Any]:
+        """The issue as the prompt quotes it: people's comments only, not the bot's own."""
+        comments = [
+            {"author": c.author, "body": c.body}
+            for c in item.comments
+            if c.author.lower() != self.bot_login.lower() and "<!-- tasuki:" not in c.body
+        ]
+        return {"number": item.ref.number, "title": item.title, "body": item.body, "url": item.url,
+                "comments": comments}
+
+    def on_step(self, state: dict[str, Any]) -> None:
+        """Refresh the progress comment (throttled)."""
+        self._progress(state)
+
+    def _progress(self, state: dict[str, Any], *, force: bool = False) -> None:
+        if self.ref is None or (not force and self.clock() - self._last_progress < self.progress_interval_s):
+            return
+        self._last_progress = self.clock()
+        body = progress_body(self.uuid, state, self.labels, self.change_url)
+        self.comment_id = self.forge.comment(self.ref, body, self.comment_id)
+
+    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
+        """Open (or find) the pull/merge request of the task branch."""
+        owner, repo = self.request.task_key["owner"], self.request.task_key["repo"]
+        first_line = summary.strip().splitlines()[0] if summary.strip() else "changes"
+        title = self.item.title if self.item is not None and self.item.title else first_line
+        if self.ref is not None:
+            title = f"{title} (#{self.ref.number})"
+        body = mask(summary.strip())
+        if self.ref is not None and self.ref.kind == "issue":
+            body += f"\n\nCloses #{self.ref.number}"
+        body += f"\n\n<sub>opened by Tasuki · task `{self.uuid}`</sub>"
+        self.change_url = self.forge.open_change(owner, repo, branch, self.base_branch or "main",
+                                                 mask(title)[:_TITLE_MAX], body)
+        return {"pull_request_url": self.change_url}
+
+    def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
+        """Final label, final progress, summary comment; each tried even when another fails."""
+        if self.ref is None:
+            return
+        ref = self.ref
+        final = self.labels.done if status == "completed" else self.labels.failed
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("labels", lambda: self.forge.move_labels(ref, [final], [self.labels.processing, self.labels.trigger])),
+            ("progress", lambda: self._final_progress(state)),
+            ("summary", lambda: self.forge.comment(ref, summary_body(self.uuid, status, result, error))),
+        ]
+        failures = []
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                failures.append(f"{what}: {mask(str(exc))[:200]}")
+        if failures:
+            raise TasukiError("; ".join(failures))
+
+    def _final_progress(self, state: dict[str, Any]) -> None:
+        if self.comment_id is None and self.ref is not None:  # finished without begin (gave up, cancelled)
+            self.comment_id = find_comment(self.forge.read_item(self.ref).comments, MARKER.format(uuid=self.uuid))
+        self._progress(state, force=True)
+
+    def close(self) -> None:
+        """Release the forge client's connections."""
+        self.forge.close()
+
+
+def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeReporter | None:
+    """The reporter of a GitHub or GitLab task; None for a local one."""
+    source = request.task_key.get("task_source")
+    if source not in ("github", "gitlab"):
+        return None
+    forge = make_forge(source, settings)
+    section = settings.github if source == "github" else settings.gitlab
+    return ForgeReporter(forge, request, uuid, section.labels, section.bot_login)
