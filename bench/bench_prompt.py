@@ -8,6 +8,7 @@ import statistics
 import tempfile
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +136,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
         times: dict[int, list[float]] = {count: [] for count in contexts}
         for _ in range(repeat):  # alternate, so that load from other processes hits both sizes
             for count, ctx in contexts.items():
-                times[count].append(timed(lambda ctx=ctx: ctx.build_prompt(CONTEXT_LENGTH)))
+                times[count].append(timed(partial(ctx.build_prompt, CONTEXT_LENGTH)))
     finally:
         for ctx in contexts.values():
             ctx.release()

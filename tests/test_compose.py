@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def seconds(duration: str) -> float:
     """A Compose duration such as ``120s``, ``2m`` or ``1m30s`` in seconds."""
     units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration)
-    assert parts and "".join(n + u for n, u in parts) == duration, f"not a duration: {duration}"
+    assert "".join(n + u for n, u in parts) == duration, f"not a duration: {duration}"
     return sum(float(n) * units[u] for n, u in parts)
 
 
@@ -79,7 +80,8 @@ def test_the_stack_has_redis_workers_one_beat_webhook_flower_and_optional_ollama
     assert TASUKI_SERVICES == ["beat", "flower", "webhook", "worker"]
     assert SERVICES["ollama"]["profiles"] == ["ollama"]
     assert any(v.endswith(":/root/.ollama") for v in SERVICES["ollama"]["volumes"])
-    assert "deploy" not in SERVICES["beat"] and "scale" not in SERVICES["beat"]  # exactly one beat
+    assert "deploy" not in SERVICES["beat"]  # exactly one beat: no replicas
+    assert "scale" not in SERVICES["beat"]
 
 
 def test_worker_scales_with_no_fixed_name_hostname_or_published_port() -> None:
@@ -88,13 +90,14 @@ def test_worker_scales_with_no_fixed_name_hostname_or_published_port() -> None:
     assert "container_name" not in worker
     assert "hostname" not in worker  # each replica's node name is tasuki@<its container id>
     assert "ports" not in worker
-    assert "-n" in service_argv("worker") and "tasuki@%h" in service_argv("worker")
+    argv = service_argv("worker")
+    assert argv[argv.index("-n") + 1] == "tasuki@%h"
 
 
 def test_every_service_has_a_healthcheck() -> None:
     for name, definition in SERVICES.items():
-        test = definition.get("healthcheck", {}).get("test")
-        assert test and test[0] in ("CMD", "CMD-SHELL"), name
+        test = definition.get("healthcheck", {}).get("test") or ["NONE"]
+        assert test[0] in ("CMD", "CMD-SHELL"), name
 
 
 def test_services_wait_for_a_healthy_redis_with_append_only_persistence() -> None:
@@ -275,41 +278,50 @@ def test_docker_compose_refuses_to_start_flower_without_basic_auth(compose_cli: 
 # -- real runs of the commands no other test starts ----------------------------------------------------
 
 
+@dataclass
+class ServiceRunner:
+    """Starts services from docker-compose.yml with a test's settings; stops them all afterwards."""
+
+    root: Path
+    env: dict[str, str]
+    started: list[Service] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str]) -> Service:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - the child writes to it until it stops
+        try:
+            self.started.append(Service(name, argv, self.env, log).start())
+        finally:
+            log.close()
+        return self.started[-1]
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")[-3000:]
+
+
 @pytest.fixture
-def service_stack(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator[tuple[dict[str, str], list[Service]]]:
-    """Settings for a service started from docker-compose.yml, and the services to stop afterwards."""
+def runner(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> Iterator[ServiceRunner]:
     stack = Stack(tmp_path, redis_url, "http://127.0.0.1:9")  # no model: these services never call one
     Localization(tmp_path).make_image_dirs()
-    started: list[Service] = []
-    yield service_env(stack.env()), started
-    for started_service in started:
-        started_service.stop()
-
-
-def _start(name: str, argv: list[str], env: dict[str, str], log_dir: Path, started: list[Service]) -> Service:
-    log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child writes to it until it stops
-    try:
-        started.append(Service(name, argv, env, log).start())
-    finally:
-        log.close()
-    return started[-1]
+    services = ServiceRunner(tmp_path, service_env(stack.env()))
+    yield services
+    for started in services.started:
+        started.stop()
 
 
 @pytest.mark.integration
 def test_beat_command_takes_the_schedule_lock_and_releases_it_on_stop(
-    tmp_path: Path, service_stack: tuple[dict[str, str], list[Service]], redis_client: redis.Redis
+    tmp_path: Path, runner: ServiceRunner, redis_client: redis.Redis
 ) -> None:
-    env, started = service_stack
     local = Localization(tmp_path)
 
-    beat = _start("beat", local.argv(service_argv("beat")), env, tmp_path, started)
-    wait_healthy(local.argv(healthcheck_argv("beat")), env)
+    beat = runner.start("beat", local.argv(service_argv("beat")))
+    wait_healthy(local.argv(healthcheck_argv("beat")), runner.env)
     held = _wait_for(lambda: redis_client.exists(BEAT_LOCK_KEY), beat)
     beat.stop()
 
-    assert held, "the only beat did not take the schedule lock"
+    assert held, f"the only beat did not take the schedule lock:\n{runner.log('beat')}"
     assert beat.process is not None
-    assert beat.process.returncode == 0, (tmp_path / "beat.log").read_text()[-3000:]
+    assert beat.process.returncode == 0, runner.log("beat")
     assert not redis_client.exists(BEAT_LOCK_KEY)  # a clean stop hands the schedule over at once
 
 
@@ -323,16 +335,15 @@ def _wait_for(probe: Callable[[], object], process: Service, timeout_s: float = 
 
 
 @pytest.mark.integration
-def test_webhook_command_serves_healthz(tmp_path: Path, service_stack: tuple[dict[str, str], list[Service]]) -> None:
+def test_webhook_command_serves_healthz(tmp_path: Path, runner: ServiceRunner) -> None:
     if not any(command.path == ("webhook",) for command in COMMANDS):
         if in_ci():
             pytest.fail("docker-compose.yml runs `tasuki webhook`, which the tasuki command does not have")
         pytest.skip("`tasuki webhook` is not a command yet")
-    env, started = service_stack
     port = free_port()
     local = Localization(tmp_path, {int(service("webhook")["ports"][0].split(":")[-1]): port})
 
-    _start("webhook", local.argv(service_argv("webhook")), env, tmp_path, started)
-    wait_healthy(local.argv(healthcheck_argv("webhook")), env)
+    runner.start("webhook", local.argv(service_argv("webhook")))
+    wait_healthy(local.argv(healthcheck_argv("webhook")), runner.env)
 
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200

@@ -191,7 +191,8 @@ def test_flower_keeps_finished_tasks_across_a_restart(deployment: Deployment) ->
     db = Path(deployment.local.text("/data/flower/flower.db"))
 
     flower = deployment.flower
-    assert flower is not None and flower.process is not None
+    assert flower is not None
+    assert flower.process is not None
     flower.stop()
     assert flower.process.returncode == 0
     assert list(db.parent.glob(f"{db.name}*")), "flower wrote no state file"

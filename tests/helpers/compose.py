@@ -71,7 +71,8 @@ def service_argv(name: str) -> list[str]:
     command = definition.get("command")
     if command is None:
         command = _exec_form(dockerfile_instruction("CMD")[-1])
-    assert isinstance(entrypoint, list) and isinstance(command, list), f"{name}: use the exec (list) form"
+    assert isinstance(entrypoint, list), f"{name}: write the entrypoint in exec (list) form"
+    assert isinstance(command, list), f"{name}: write the command in exec (list) form"
     return [_unescape(str(part)) for part in [*entrypoint, *command]]
 
 

@@ -90,6 +90,7 @@ class FakeForge:
         self.changes: list[FakeChange] = []
         self.members: dict[int, int] = {}  # GitLab user id -> access level
         self.requests: list[dict[str, Any]] = []
+        self.faults: list[int] = []  # statuses the next API requests get instead of an answer
         self.lock = threading.Lock()
         self._ids = 1000
         self.url = ""
@@ -140,7 +141,8 @@ class FakeForge:
         server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         server.daemon_threads = True
         self.url = f"http://127.0.0.1:{server.server_address[1]}"
-        thread = threading.Thread(target=server.serve_forever, name="fake-forge", daemon=True)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-forge",
+                                  daemon=True)
         thread.start()
         try:
             yield self
@@ -379,6 +381,11 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
                 return
             if self.headers.get("Authorization") != f"Bearer {forge.token}":
                 self._send(401, b'{"message": "Bad credentials"}', {"Content-Type": "application/json"})
+                return
+            with forge.lock:
+                fault = forge.faults.pop(0) if forge.faults else None
+            if fault is not None:
+                self._send(fault, b'{"message": "scripted fault"}', {"Content-Type": "application/json"})
                 return
             parts = [unquote(p) for p in split.path.split("/") if p]
             query = {k: v[0] for k, v in parse_qs(split.query).items()}

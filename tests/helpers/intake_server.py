@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -70,8 +71,6 @@ def intake_server(settings: Settings, redis_client: redis.Redis | None = None) -
         with serve_app(app) as url:
             yield IntakeServer(url, app, celery, client)
     finally:
-        try:
+        with contextlib.suppress(redis.RedisError):
             client.delete(TASKS_QUEUE)  # nothing consumes these messages: never hand them to a later worker
-        except redis.RedisError:
-            pass
         celery.close()

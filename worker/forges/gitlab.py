@@ -17,11 +17,11 @@ class GitLabForge:
 
     source = "gitlab"
 
-    def __init__(self, api_url: str, token: str | None, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, api_url: str, token: str | None, *, timeout_s: float = 30.0, backoff_s: float = 0.5) -> None:
         headers = {"User-Agent": "tasuki"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s)
+        self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s, backoff_s=backoff_s)
         self._token = token
 
     @staticmethod

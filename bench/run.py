@@ -1,0 +1,43 @@
+"""Run every benchmark and print a summary table: ``python -m bench.run [--quick] [--only NAME ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import bench_appends, bench_memory, bench_prompt
+from bench.common import Result, print_table
+
+BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
+    "appends": bench_appends.run,
+    "prompt": bench_prompt.run,
+    "memory": bench_memory.run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen benchmarks in a scratch directory that is removed afterwards."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: checks the benchmarks run, measures nothing")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these benchmarks")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to put scratch contexts (default: the system temp dir)"
+    )
+    args = parser.parse_args(argv)
+    mode = "quick (smoke run: sizes too small to mean anything)" if args.quick else "full"
+    print(f"tasuki benchmarks, {mode}; Python {platform.python_version()} on {platform.machine()}", flush=True)
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="tasuki-bench-", dir=args.dir) as scratch:
+        for name in args.only or BENCHMARKS:
+            print(f"\n== {name}", flush=True)
+            results += BENCHMARKS[name](Path(scratch) / name, quick=args.quick)
+    print_table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

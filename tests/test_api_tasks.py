@@ -1,0 +1,141 @@
+"""The task API under a real uvicorn server: bearer token, submit, look up, cancel (SPEC §8)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from contexts import ContextStore
+from tests.helpers.intake_server import IntakeServer, intake_server
+from worker.names import CANCEL_PREFIX
+from worker.settings_models import Settings
+
+pytestmark = pytest.mark.integration
+
+API_TOKEN = "api-token-for-tests"
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+
+
+@pytest.fixture
+def api(make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis) -> Iterator[IntakeServer]:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN})
+    with intake_server(settings) as server:
+        yield server
+
+
+def test_api_is_disabled_without_a_configured_token(make_settings: Callable[..., Settings], redis_url: str,
+                                                     redis_client: redis.Redis) -> None:
+    with intake_server(make_settings({"TASUKI__BROKER__URL": redis_url})) as server, server.client() as client:
+        response = client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=AUTH)
+    assert response.status_code == 403
+    assert server.queued() == []
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {API_TOKEN}", f"Bearer {API_TOKEN}x",
+                                           "Bearer"])
+def test_wrong_or_missing_bearer_token_is_401(api: IntakeServer, authorization: str | None) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    with api.client() as client:
+        assert client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=headers).status_code == 401
+        assert client.get("/api/tasks/2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11", headers=headers).status_code == 401
+    assert api.queued() == []
+
+
+def test_submitted_local_task_is_queued_and_visible_before_it_starts(api: IntakeServer, tmp_path: Path) -> None:
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": str(tmp_path / "repo"), "prompt": "Fix it."})
+        task_id = response.json()["task_id"]
+        shown = client.get(f"/api/tasks/{task_id}").json()
+
+    assert response.status_code == 202
+    assert shown["status"] == "queued"
+    assert shown["task_key"] == {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt",
+                                 "task_id": task_id[:8]}
+    message = json.loads(api.queued()[0])
+    assert message["headers"]["id"] == task_id
+
+
+def test_second_submission_for_the_same_issue_reports_the_active_task(api: IntakeServer) -> None:
+    body = {"repo": "octo/calc", "issue": 7}
+    with api.client(headers=AUTH) as client:
+        first = client.post("/api/tasks", json=body)
+        second = client.post("/api/tasks", json={**body, "source": "github"})
+    assert first.status_code == 202
+    assert (second.status_code, second.json()) == (200, {"status": "active", "task_id": first.json()["task_id"]})
+    assert len(api.queued()) == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"repo": "octo/calc", "repo_path": "/srv/calc", "prompt": "p"},
+        {"repo_path": "relative/path", "prompt": "p"},
+        {"repo": "octo/calc"},  # neither issue nor prompt
+        {"repo": "not a repo", "issue": 1},
+        {"repo": "octo/calc", "issue": 0},
+        {"repo": "octo/calc", "issue": 1, "source": "bitbucket"},
+        {"repo": "octo/calc", "issue": 1, "config": {"model": "x"}},  # no unknown keys
+        [1, 2],
+    ],
+)
+def test_invalid_submissions_are_422_and_enqueue_nothing(api: IntakeServer, body: object) -> None:
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json=body)
+    assert response.status_code == 422
+    assert api.queued() == []
+
+
+def test_unparsable_submission_is_422(api: IntakeServer) -> None:
+    with api.client(headers=AUTH) as client:
+        assert client.post("/api/tasks", content=b"{nope").status_code == 422
+
+
+def test_lookup_of_unknown_or_malformed_ids(api: IntakeServer) -> None:
+    with api.client(headers=AUTH) as client:
+        assert client.get("/api/tasks/2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11").status_code == 404
+        assert client.get("/api/tasks/..%2F..%2Fetc").status_code in (400, 404)
+        assert client.get("/api/tasks/not-a-uuid").status_code == 400
+        assert client.post("/api/tasks/not-a-uuid/cancel").status_code == 400
+
+
+def test_lookup_returns_metadata_and_state_of_a_context(api: IntakeServer, make_settings: Callable[..., Settings],
+                                                        redis_url: str) -> None:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url})
+    store = ContextStore(settings.contexts.base_dir)
+    key = {"task_source": "local", "owner": "local", "repo": "r", "task_type": "prompt", "task_id": "1"}
+    ctx = store.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
+                             "compression_threshold": 0.7}, user="alice", heartbeat=False)
+    try:
+        with api.client(headers=AUTH) as client:
+            shown = client.get(f"/api/tasks/{ctx.uuid}").json()
+        assert shown["status"] == "initializing"
+        assert shown["metadata"]["user"] == "alice"
+        assert shown["state"]["attempt"] == 1
+    finally:
+        ctx.release()
+
+
+def test_cancel_of_a_queued_task_flags_it_and_frees_its_key(api: IntakeServer, redis_client: redis.Redis) -> None:
+    with api.client(headers=AUTH) as client:
+        task_id = client.post("/api/tasks", json={"repo": "octo/calc", "issue": 9}).json()["task_id"]
+        cancelled = client.post(f"/api/tasks/{task_id}/cancel")
+        again = client.post("/api/tasks", json={"repo": "octo/calc", "issue": 9})
+    assert cancelled.status_code == 202
+    assert redis_client.exists(CANCEL_PREFIX + task_id)
+    assert again.status_code == 202  # the revoked task no longer holds the issue
+
+
+def test_cancel_of_a_finished_task_is_409(api: IntakeServer, make_settings: Callable[..., Settings],
+                                          redis_url: str) -> None:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url})
+    store = ContextStore(settings.contexts.base_dir)
+    key = {"task_source": "local", "owner": "local", "repo": "r", "task_type": "prompt", "task_id": "2"}
+    ctx = store.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
+                             "compression_threshold": 0.7}, heartbeat=False)
+    ctx.finish("completed")
+    with api.client(headers=AUTH) as client:
+        assert client.post(f"/api/tasks/{ctx.uuid}/cancel").status_code == 409

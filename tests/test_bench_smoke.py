@@ -1,0 +1,51 @@
+"""The benchmarks run and print their ratios (what they measure is read by people, never asserted here)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.bench_prompt import History
+from bench.common import new_store, start_context
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIO_LINES = (
+    r"^appends fsync=never .* ratio \d+\.\d\d  target >= 0\.5  (PASS|MISS)",
+    r"^appends fsync=step .* ratio \d+\.\d\d  target -  info",
+    r"^appends fsync=always .* ratio \d+\.\d\d  target -  info",
+    r"^prompt: build_prompt [\d,]+ vs 1,000 messages  ratio \d+\.\d\d  target <= 2  (PASS|MISS)",
+    r"^memory: .* reduction -?\d+\.\d%  target >= 90%  (PASS|MISS)",
+    r"^memory growth reduction +-?\d+\.\d% +>= 90% +(PASS|MISS)$",
+)
+
+
+@pytest.mark.timeout(60)
+def test_quick_run_prints_every_ratio_and_the_summary_table(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    for pattern in RATIO_LINES:
+        assert re.search(pattern, run.stdout, re.MULTILINE), f"{pattern!r} not in:\n{run.stdout}"
+    assert list(tmp_path.iterdir()) == []  # the scratch contexts are removed
+
+
+def test_bulk_written_history_is_what_append_message_writes(tmp_path: Path) -> None:
+    ctx = start_context(new_store(tmp_path, "never"))
+    history = History()
+    call, result = history.record(3), history.record(4)
+    ctx.append_message("assistant", call["content"], tool_calls=call["tool_calls"])
+    ctx.append_message("tool", result["content"], tool_call_id=result["tool_call_id"], tool_name="bash")
+    written = ctx.messages()[2:]
+    ctx.release()
+    for stored, generated in zip(written, (call, result), strict=True):
+        assert list(stored) == list(generated)  # same fields in the same order: the same line format
+        assert {**stored, "timestamp": None} == {**generated, "timestamp": None}

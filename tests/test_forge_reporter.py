@@ -1,0 +1,157 @@
+"""A task's life on its issue, for both forges: labels, one progress comment edited in place, PR/MR, summary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.fake_forge import FakeForge
+from tests.helpers.stack import make_buggy_repo
+from worker.checkout import Checkout
+from worker.forges import GitHubForge, GitLabForge
+from worker.forges.reporter import MARKER, ForgeReporter, TriggerRefused, progress_body
+from worker.run import TaskRequest
+from worker.settings_models import LabelSettings
+
+TOKEN = "glpat-abcdefghijklmnopqrst"
+OWNER, REPO = "team", "calc"
+UUID = "2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11"
+LABELS = LabelSettings()
+STATE = {"status": "processing", "llm_call_count": 3, "tool_call_count": 4, "total_tokens_used": 12345, "attempt": 1}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def forge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeForge]:
+    root = tmp_path_factory.mktemp("forge")
+    with FakeForge(root / "server", TOKEN).serve() as fake:
+        fake.add_repo(OWNER, REPO, make_buggy_repo(root / "source"))
+        yield fake
+
+
+_numbers = iter(range(1, 10_000))
+
+
+@pytest.fixture(params=["github", "gitlab"])
+def setup(request: pytest.FixtureRequest, forge: FakeForge) -> Iterator[tuple[ForgeReporter, FakeForge, int, Clock]]:
+    source = str(request.param)
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "add() subtracts", "Fix it.", labels=[LABELS.trigger, LABELS.failed],
+                   comments=(("alice", "@tasuki please"), ("tasuki-bot", "<!-- tasuki:old --> earlier run")))
+    client = (GitHubForge(forge.github_api_url, TOKEN) if source == "github"
+              else GitLabForge(forge.gitlab_api_url, TOKEN))
+    key = {"task_source": source, "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    request_ = TaskRequest(task_key=key, user="alice", trigger={"kind": "label", "user": "alice"})
+    clock = Clock()
+    reporter = ForgeReporter(client, request_, UUID, LABELS, "tasuki-bot", progress_interval_s=10, clock=clock)
+    yield reporter, forge, number, clock
+    reporter.close()
+
+
+def test_begin_marks_processing_posts_progress_and_quotes_people_not_the_bot(
+    setup: tuple[ForgeReporter, FakeForge, int, Clock],
+) -> None:
+    reporter, forge, number, _ = setup
+    workplace = reporter.begin(STATE)
+
+    item = forge.item(OWNER, REPO, number)
+    assert item.labels == [LABELS.processing]  # trigger and the old "failed" are gone
+    progress = item.comments[-1]
+    assert progress.body.startswith(MARKER.format(uuid=UUID))
+    assert "12,345" in progress.body and "3 model calls" in progress.body and UUID in progress.body
+    assert workplace.remote == forge.git_url(OWNER, REPO)
+    assert workplace.git_env and workplace.git_env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    assert workplace.issue is not None
+    assert workplace.issue["title"] == "add() subtracts"
+    assert workplace.issue["comments"] == [{"author": "alice", "body": "@tasuki please"}]
+
+
+def test_progress_is_throttled_and_edits_the_same_comment(setup: tuple[ForgeReporter, FakeForge, int, Clock]) -> None:
+    reporter, forge, number, clock = setup
+    reporter.begin(STATE)
+    comments_after_begin = len(forge.item(OWNER, REPO, number).comments)
+
+    reporter.on_step({**STATE, "llm_call_count": 4})  # within the interval: no API call
+    clock.now += 11
+    reporter.on_step({**STATE, "llm_call_count": 5})
+
+    comments = forge.item(OWNER, REPO, number).comments
+    assert len(comments) == comments_after_begin
+    assert "5 model calls" in comments[-1].body
+    assert len(comments[-1].history) == 1
+
+
+def test_completed_task_gets_pr_done_label_final_progress_and_summary(
+    setup: tuple[ForgeReporter, FakeForge, int, Clock], tmp_path: Path
+) -> None:
+    reporter, forge, number, _ = setup
+    workplace = reporter.begin(STATE)
+    branch = f"tasuki/{number}-{UUID[:8]}-{reporter.forge.source}"
+    checkout = Checkout(tmp_path / "w", workplace.remote, branch, git_env=workplace.git_env)
+    checkout.prepare()
+    (checkout.path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    checkout.commit("fix")
+    checkout.push()
+
+    extra = reporter.deliver(branch, "Fix add(): it subtracted.\n\nTests pass.")
+    final = {**STATE, "status": "completed"}
+    reporter.finish("completed", final, {"summary": "Fix add(): it subtracted.", **extra}, None)
+
+    change = next(c for c in forge.changes if c.head == branch)
+    assert extra == {"pull_request_url": change.url}
+    assert change.title == f"add() subtracts (#{number})"
+    assert f"Closes #{number}" in change.body and UUID in change.body
+    item = forge.item(OWNER, REPO, number)
+    assert item.labels == [LABELS.done]
+    progress = next(c for c in item.comments if MARKER.format(uuid=UUID) in c.body)
+    assert "`completed`" in progress.body and change.url in progress.body
+    assert item.comments[-1].body.startswith("**Tasuki finished.** " + change.url)
+
+
+def test_failed_task_without_begin_finds_its_progress_comment_and_gets_the_failed_label(
+    setup: tuple[ForgeReporter, FakeForge, int, Clock],
+) -> None:
+    reporter, forge, number, _ = setup
+    reporter.begin(STATE)
+    progress_id = forge.item(OWNER, REPO, number).comments[-1].id
+    # Another worker gives up on the task: a fresh reporter, no begin.
+    fresh = ForgeReporter(reporter.forge, reporter.request, UUID, LABELS, "tasuki-bot")
+    fresh.finish("failed", {**STATE, "status": "failed", "error": "gave up after 3 attempts"}, None,
+                 "gave up after 3 attempts")
+
+    item = forge.item(OWNER, REPO, number)
+    assert item.labels == [LABELS.failed]
+    progress = [c for c in item.comments if MARKER.format(uuid=UUID) in c.body]
+    assert [c.id for c in progress] == [progress_id]
+    assert "gave up after 3 attempts" in progress[0].body
+    assert item.comments[-1].body.startswith("**Tasuki stopped: failed.**")
+
+
+def test_gitlab_note_from_a_non_member_is_refused_before_anything_changes(forge: FakeForge) -> None:
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "t", labels=[])
+    client = GitLabForge(forge.gitlab_api_url, TOKEN)
+    key = {"task_source": "gitlab", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    request = TaskRequest(task_key=key, user="mallory", trigger={"kind": "comment", "user": "mallory", "user_id": 66})
+    reporter = ForgeReporter(client, request, UUID, LABELS, "tasuki-bot")
+    try:
+        with pytest.raises(TriggerRefused):
+            reporter.begin(STATE)
+        assert forge.item(OWNER, REPO, number).labels == []
+    finally:
+        reporter.close()
+
+
+def test_progress_body_masks_errors_and_names_the_way_to_cancel() -> None:
+    body = progress_body(UUID, {**STATE, "error": "push to https://u:ghp_abcdefghijklmnopqrstuv@h failed"}, LABELS)
+    assert "ghp_" not in body
+    assert "/tasuki cancel" in body and LABELS.processing in body

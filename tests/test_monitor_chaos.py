@@ -1,0 +1,244 @@
+"""Failures with real processes: workers killed, redelivered, OOM-killed and stopped mid-task, the monitor and
+beat running beside them, real Redis and the scripted model at test timings (heartbeat 1 s, stale 3 s,
+monitor 1 s).  Every task ends exactly once, with its history intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu import Connection
+
+from tests.helpers.beat_process import BeatProcess, children_of
+from tests.helpers.celery_worker import WorkerProcess
+from tests.helpers.stack import Stack, local_request, make_buggy_repo
+from tests.helpers.worker_scenarios import (
+    agent_requests,
+    context_records,
+    finish_turn,
+    replayed_turn,
+    running_stack,
+    tool,
+    worker_logs,
+)
+from worker.replay import ReplayServer
+from worker.replay_rules import conversation_key
+
+pytestmark = pytest.mark.integration
+
+MONITOR_ENV = {"TASUKI__MONITOR__INTERVAL_S": "1", "TASUKI__MONITOR__BEAT_LOCK_TTL_S": "2"}
+FINISH_TIMEOUT_S = 120.0
+
+
+def sleepy_turns(steps: int, sleep_s: float = 0.4) -> list[dict[str, Any]]:
+    """A slow task: ``steps`` bash steps that each take ``sleep_s``, then ``finish``."""
+    return [
+        {"content": f"Step {n}.", "tool_calls": [tool("bash", command=f"sleep {sleep_s}; echo step {n}")]}
+        for n in range(steps)
+    ] + [finish_turn()]
+
+
+@contextmanager
+def chaos_stack(tmp_path: Path, redis_url: str, entries: list[dict[str, Any]], *, beat: bool = True,
+                **env: str) -> Iterator[tuple[Stack, ReplayServer]]:
+    """A stack with the monitor's test timings, a maintenance worker and (unless ``beat=False``) a beat."""
+    with running_stack(tmp_path, redis_url, entries, env={**MONITOR_ENV, **env}) as (stack, server):
+        beats = []
+        if beat:
+            stack.start_worker("maint", queues="maintenance,compression", pool="solo")
+            beats.append(BeatProcess("beat", stack.env(), tmp_path).start())
+        try:
+            yield stack, server
+        finally:
+            for process in beats:
+                process.stop()
+
+
+def send_tasks(stack: Stack, root: Path, count: int) -> list[str]:
+    """``count`` tasks, each on its own repository and with its own prompt (so its own conversation)."""
+    return [
+        stack.send(local_request(make_buggy_repo(root / f"repo{n}"), prompt=f"Task {n}: fix calc.", task_id=str(n)))
+        for n in range(count)
+    ]
+
+
+def running_state(stack: Stack, uuid: str) -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads((stack.contexts_dir / "running" / uuid / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def holder_pid(state: dict[str, Any] | None) -> int:
+    return int(str((state or {}).get("worker") or ":0").rsplit(":", 1)[1])
+
+
+def mid_task_on(stack: Stack, uuids: list[str], worker: WorkerProcess, min_steps: int = 1) -> list[str]:
+    """The tasks a pool child of ``worker`` holds that have made ``min_steps`` LLM calls and are not done."""
+    kids = children_of(worker.pid) | {worker.pid}
+    found = []
+    for uuid in uuids:
+        state = running_state(stack, uuid)
+        busy = state and state["status"] == "processing" and state["llm_call_count"] >= min_steps
+        if busy and holder_pid(state) in kids:
+            found.append(uuid)
+    return found
+
+
+def assert_one_history(stack: Stack, server: ReplayServer, uuid: str, turns: int) -> dict[str, Any]:
+    """Finished exactly once, nothing lost or doubled: seq continuous, every turn's reply written once, at most
+    one LLM call repeated (the one a crash cut off before its reply was on disk); returns the final state."""
+    directory = stack.contexts_dir / "completed" / uuid
+    assert not (stack.contexts_dir / "running" / uuid).exists()
+    state: dict[str, Any] = json.loads((directory / "state.json").read_text())
+    messages = context_records(directory, "messages.jsonl")
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    assert [replayed_turn(m) for m in messages if m["role"] == "assistant"] == list(range(turns))
+    answered = Counter(m["tool_call_id"] for m in messages if m["role"] == "tool")
+    assert set(answered.values()) == {1}, answered
+    tools = context_records(directory, "tools.jsonl")
+    assert [t["seq"] for t in tools] == list(range(1, len(tools) + 1))
+    key = conversation_key(messages[:2])
+    requests = agent_requests(server.requests)
+    asked = Counter(r["turn"] for r in requests if conversation_key(r["body"]["messages"]) == key)
+    repeats = sum(n - 1 for n in asked.values())
+    assert repeats <= state["attempt"] - 1, asked
+    return state
+
+
+# -- the worker dies -----------------------------------------------------------------------------------
+
+
+def test_killed_worker_tasks_resume_elsewhere_and_every_task_completes_once(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = sleepy_turns(6)
+    with chaos_stack(tmp_path, redis_url, entries) as (stack, server):
+        w1 = stack.start_worker("w1", queues="tasks", concurrency=2)
+        stack.start_worker("w2", queues="tasks", concurrency=2)
+        uuids = send_tasks(stack, tmp_path, 5)
+        # Both of w1's slots busy mid-task: nothing it fetched is left unstarted when it dies.
+        victims = stack.wait_until(lambda: (v := mid_task_on(stack, uuids, w1)) and len(v) == 2 and v, what="w1 busy")
+        w1.kill()
+        states = {uuid: assert_one_history(stack, server, uuid, len(entries))
+                  for uuid in uuids if stack.wait_finished(uuid, FINISH_TIMEOUT_S)}
+    assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
+    assert {uuid: s["attempt"] for uuid, s in states.items()} == {u: 2 if u in victims else 1 for u in uuids}
+    assert "lock taken over" not in worker_logs(stack)  # never two holders: nobody was ever fenced
+
+
+def test_task_whose_worker_is_killed_max_attempts_times_fails_with_the_error_in_completed(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    with chaos_stack(tmp_path, redis_url, sleepy_turns(40, sleep_s=0.2)) as (stack, _server):
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        steps = 0
+        for attempt in (1, 2, 3):
+            worker = stack.start_worker(f"w{attempt}", queues="tasks")
+
+            def progressed(worker: WorkerProcess = worker, attempt: int = attempt, steps: int = steps) -> bool:
+                state = running_state(stack, uuid)
+                return bool(state and state["attempt"] == attempt and state["llm_call_count"] > steps
+                            and mid_task_on(stack, [uuid], worker))
+
+            stack.wait_until(progressed, what=f"attempt {attempt} running")
+            steps = int((running_state(stack, uuid) or {})["llm_call_count"])
+            worker.kill()
+        state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+    assert state["status"] == "failed"
+    assert state["error"].startswith("worker lost: heartbeat stale since ")
+    assert state["attempt"] == 3
+    assert not (stack.contexts_dir / "running" / uuid).exists()
+
+
+# -- Celery redelivers ---------------------------------------------------------------------------------
+
+
+def redeliver(redis_url: str, uuid: str) -> int:
+    """What Redis does once a message's visibility timeout passes: put the unacknowledged message of task
+    ``uuid`` back on its queue while the worker still runs it (only that message: the database is shared)."""
+    restored = 0
+    with Connection(redis_url) as connection:
+        channel: Any = connection.default_channel
+        for tag, raw in channel.client.hgetall(channel.qos.unacked_key).items():
+            if json.loads(raw)[0]["headers"].get("id") == uuid:
+                channel.qos.restore_by_tag(tag, channel.client)
+                restored += 1
+    return restored
+
+
+def test_redelivery_while_the_task_runs_is_dropped_and_the_task_runs_once(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = sleepy_turns(8)
+    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):
+        worker = stack.start_worker("w1", queues="tasks", concurrency=2)  # a free slot takes the redelivery
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        stack.wait_until(lambda: mid_task_on(stack, [uuid], worker), what="the task running")
+        assert redeliver(redis_url, uuid) == 1
+        stack.wait_until(lambda: "delivery dropped: context held by a live worker" in worker.log_text(),
+                         what="the redelivery dropped")
+        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
+    assert (state["status"], state["attempt"]) == ("completed", 1)
+    asked = Counter(r["turn"] for r in agent_requests(server.requests))
+    assert set(asked.values()) == {1}  # every LLM call exactly once
+
+
+# -- a pool child is killed (the OOM case) ---------------------------------------------------------------
+
+
+def test_killed_pool_child_is_requeued_and_the_requeue_resumes_the_task(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = sleepy_turns(8)
+    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):  # no monitor: Celery alone
+        worker = stack.start_worker("w1", queues="tasks")
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        stack.wait_until(lambda: mid_task_on(stack, [uuid], worker, min_steps=2), what="the task running")
+        child = holder_pid(running_state(stack, uuid))
+        assert child in children_of(worker.pid)
+        os.kill(child, signal.SIGKILL)
+        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
+        assert worker.process is not None
+        assert worker.process.poll() is None  # the worker itself lived on
+    assert (state["status"], state["attempt"]) == ("completed", 2)
+
+
+def test_task_that_kills_its_pool_child_every_time_stops_at_max_attempts(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = [{"content": "Use all the memory.", "tool_calls": [tool("bash", command="kill -9 $PPID")]}, finish_turn()]
+    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, _server):
+        stack.start_worker("w1", queues="tasks")
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+    assert state["status"] == "failed"
+    assert state["error"] == "gave up after 3 attempts"
+    assert state["tool_call_count"] == 0  # the tool never returned: each run died in it
+
+
+# -- a worker is stopped (rolling restart) -------------------------------------------------------------
+
+
+def test_sigterm_hands_the_task_back_at_the_next_step_and_another_worker_resumes_it(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = sleepy_turns(10)
+    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):
+        first = stack.start_worker("w1", queues="tasks")
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        stack.wait_until(lambda: mid_task_on(stack, [uuid], first, min_steps=2), what="the task running on w1")
+        second = stack.start_worker("w2", queues="tasks")
+        assert first.terminate(timeout_s=30) == 0  # warm shutdown, well within the grace period
+        assert "task handed back on shutdown" in first.log_text()
+        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
+        assert holder_pid(state) in children_of(second.pid)  # resumed by w2's pool
+    assert (state["status"], state["attempt"]) == ("completed", 2)
