@@ -15,13 +15,16 @@ RUN groupadd --gid 10001 tasuki \
     && useradd --uid 10001 --gid tasuki --create-home --shell /usr/sbin/nologin tasuki
 
 WORKDIR /app
-# Dependencies change less often than code: copy the project description first for the layer cache.
+# Dependencies first, from pyproject.toml and empty packages, so that a code change does not reinstall them.
 COPY pyproject.toml README.md ./
+RUN for package in contexts worker scheduler webhooks; do mkdir "$package" && touch "$package/__init__.py"; done \
+    && pip install ".[flower]" \
+    && rm -rf contexts worker scheduler webhooks build ./*.egg-info
 COPY contexts ./contexts
 COPY worker ./worker
 COPY scheduler ./scheduler
 COPY webhooks ./webhooks
-RUN pip install ".[flower]" && rm -rf build ./*.egg-info
+RUN pip install --no-deps --force-reinstall . && rm -rf build ./*.egg-info
 COPY config.yaml ./
 
 # Contexts, checkouts, the beat schedule and Flower's state live under /data, where docker-compose.yml

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +16,9 @@ from typing import Any
 from celery import Celery
 
 from worker.embedded import EmbeddedRedis
+from worker.names import RUN_TASK, TASKS_QUEUE
 from worker.replay import ReplayModel, ReplayServer, serve
 from worker.replay_trajectory import turns_from_entries
-from worker.names import RUN_TASK, TASKS_QUEUE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 60.0
@@ -82,14 +82,10 @@ class CeleryWorker:
             return
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait()
 
 

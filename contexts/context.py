@@ -118,15 +118,16 @@ class Context:
 
     def append_message(self, role: str, content: str | None, **extra: Any) -> int:
         """Mask and append one message; returns its ``seq``."""
-        record: dict[str, Any] = mask_value({"role": role, "content": content, **extra})  # type: ignore[assignment]
+        record: dict[str, Any] = {"role": role, "content": mask(content) if content else content}
+        if extra:
+            record.update(mask_value(extra))  # type: ignore[call-overload]
         record["timestamp"] = iso(self.store.clock())
         record.setdefault("token_count", estimate_message_tokens(record["content"], record.get("tool_calls")))
         with self._write_guard:
             self._check()
             seq = self._messages.append(record)
-        stored = {"seq": seq, **record}
         if not self._pinned_complete:
-            self._pin(stored)
+            self._pin({"seq": seq, **record})
         else:
             self.unsummarized_tokens += int(record["token_count"])
             self.unsummarized_count += 1

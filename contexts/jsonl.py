@@ -23,6 +23,7 @@ from contexts.names import FILE_MODE, GZIP_SUFFIX
 FsyncPolicy = Literal["always", "step", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "step", "never")
 _BLOCK = 64 * 1024
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # one line, UTF-8 kept readable
 
 
 class JsonlWriter:
@@ -51,7 +52,9 @@ class JsonlWriter:
     def append(self, record: dict[str, Any]) -> int:
         """Number ``record``, write it as one line and flush it; return its id."""
         next_id = self.last_id + 1
-        line = json.dumps({self.id_field: next_id, **record}, ensure_ascii=False, separators=(",", ":"))
+        # The id goes first; splicing it into the encoded record saves copying the record into a new dict.
+        body = _ENCODER.encode(record)
+        line = f'{{"{self.id_field}":{next_id}' + ("," + body[1:] if len(body) > 2 else "}")
         self.write_line(line.encode() + b"\n")
         self.last_id = next_id
         return next_id

@@ -110,7 +110,7 @@ class ContextLock:
     """One holder's handle on a context's ``.lock``: acquire, refresh, check (fencing), release."""
 
     def __init__(self, path: Path, mutex_path: Path, hostname: str, pid: int | None = None) -> None:
-        self.path = path
+        self.path = path  # a property: the fencing check stats a ready-made string on every write
         self.mutex_path = mutex_path
         self.hostname = hostname
         self.pid = os.getpid() if pid is None else pid
@@ -156,12 +156,22 @@ class ContextLock:
             self._verify_owner()
             self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner))
 
+    @property
+    def path(self) -> Path:
+        """The ``.lock`` file (it moves from the staging directory into ``running/`` on create)."""
+        return self._path
+
+    @path.setter
+    def path(self, value: Path) -> None:
+        self._path = value
+        self._path_str = os.fspath(value)
+
     def check(self) -> None:
         """Fencing before a write: cheap ``stat``; reads the file only when it changed under us."""
         if self.fenced or self.info is None:
             raise FencedError(f"{self.path}: lock lost; this holder must not write")
         try:
-            stat = os.stat(self.path)
+            stat = os.stat(self._path_str)
         except FileNotFoundError:
             self._fence("lock file removed")
         if (stat.st_ino, stat.st_mtime_ns) == self._seen:

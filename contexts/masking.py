@@ -5,24 +5,27 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (
-        re.compile(
-            r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL
-        ),
-        "[PRIVATE_KEY]",
-    ),
-    # Credentials inside URLs go first so that the e-mail rule does not eat `user:secret@host`.
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@"), r"\1[CREDENTIALS]@"),
-    # A bare token as the URL's user name (https://TOKEN@host) is masked by the token rules below.
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{16,}"), "[GITHUB_TOKEN]"),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"), "[GITHUB_TOKEN]"),
-    (re.compile(r"\bglpat-[A-Za-z0-9_-]{16,}"), "[GITLAB_TOKEN]"),
-    (re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{16,}"), "[OPENAI_KEY]"),
-    (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[EMAIL]"),
-)
-# Cheap substring checks let the common case (nothing to mask) skip every regular expression.
-_TRIGGERS = ("-----BEGIN", "://", "github_pat_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "glpat-", "sk-", "@")
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
+# Credentials inside URLs go before e-mail addresses, so that `user:secret@host` is not read as an address.
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@")
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# A bare token as a URL's user name (https://TOKEN@host) is masked by the token rules.  The token patterns
+# start with a literal, which the regex engine searches for quickly; the word boundary before a token is
+# checked in `_token` instead of with a look-behind, which would make the engine try every position.
+_GITHUB = re.compile(r"g(?:ithub_pat_[A-Za-z0-9_]{16,}|h[pousr]_[A-Za-z0-9]{16,})")
+_GITLAB = re.compile(r"glpat-[A-Za-z0-9_-]{16,}")
+_OPENAI = re.compile(r"sk-[A-Za-z0-9_-]{16,}")
+
+
+def _token(pattern: re.Pattern[str], label: str, text: str, joiners: str = "_") -> str:
+    def replace(match: re.Match[str]) -> str:
+        start = match.start()
+        if start and (text[start - 1].isalnum() or text[start - 1] in joiners):
+            return match.group(0)  # inside a longer word, e.g. `task-...`: not a token
+        return label
+
+    return pattern.sub(replace, text)
+
 
 _literal_secrets: set[str] = set()
 
@@ -35,14 +38,23 @@ def register_secrets(values: Iterable[str | None]) -> None:
 
 
 def mask(text: str) -> str:
-    """Return ``text`` with tokens, keys, URL credentials, PEM keys and e-mail addresses replaced."""
+    """Return ``text`` with tokens, keys, URL credentials, PEM keys and e-mail addresses replaced.
+
+    Every string written goes through here, so the common case (nothing to mask) costs a few
+    single-character scans: each rule runs only when a character its pattern needs is present.
+    """
     for secret in _literal_secrets:
         if secret in text:
             text = text.replace(secret, "[SECRET]")
-    if not any(trigger in text for trigger in _TRIGGERS):
-        return text
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
+    if "-" in text:
+        if "-----BEGIN" in text:
+            text = _PEM.sub("[PRIVATE_KEY]", text)
+        text = _token(_GITLAB, "[GITLAB_TOKEN]", text)
+        text = _token(_OPENAI, "[OPENAI_KEY]", text, joiners="_-")
+    if "_" in text:
+        text = _token(_GITHUB, "[GITHUB_TOKEN]", text)
+    if "@" in text:
+        text = _EMAIL.sub("[EMAIL]", _URL_CREDENTIALS.sub(r"\1[CREDENTIALS]@", text))
     return text
 
 

@@ -76,7 +76,7 @@ def bench(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bench]:
             b.ctx.detach()
 
 
-def turns(*entries: dict[str, Any]) -> Any:
+def turns(*entries: dict[str, Any]) -> pytest.MarkDecorator:
     """Parametrize the ``bench`` fixture with a trajectory."""
     return pytest.mark.parametrize("bench", [list(entries)], indirect=True)
 

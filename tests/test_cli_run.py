@@ -102,3 +102,39 @@ def test_cancel_of_unknown_and_malformed_uuids_is_one_line_and_nonzero(stack: St
     assert bad.stderr.count("\n") == 1
     assert "not a context UUID" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_tasuki_worker_passes_celery_options_through_and_serves_the_queues(stack: Stack, tmp_path: Path) -> None:
+    from tests.helpers.celery_worker import wait_for_ping
+
+    log = tmp_path / "tasuki-worker.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "worker.cli",
+                "worker",
+                "-n",
+                "cliworker@%h",
+                "--loglevel",
+                "INFO",
+                "-c",
+                "1",
+                "--without-gossip",
+                "--without-mingle",
+            ],
+            cwd=tmp_path,
+            env=stack.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for_ping(stack.redis_url, "cliworker@", process, log)  # the -n option reached celery
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    text = log.read_text()
+    for queue in ("tasks", "compression", "maintenance"):  # celery's start-up banner lists its queues
+        assert f".> {queue} " in text

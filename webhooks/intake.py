@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 import structlog
+from celery.result import AsyncResult
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
 from webhooks.events import Action, Cancel, Ignore, Trigger
@@ -123,8 +124,10 @@ class Intake:
         detail = request_cancel(self.celery_app, self.client, self.store, uuid)
         try:
             self.store.locate(uuid)
-        except ContextNotFoundError:  # revoked while queued: no worker will ever finish it and free the key
+        except ContextNotFoundError:
+            # Revoked while queued, no worker will ever finish it and free the key. PENDING also guards a
+            # task that started on a host whose contexts this process cannot see.
             task_key = self.queued_task_key(uuid)
-            if task_key is not None:
+            if task_key is not None and AsyncResult(uuid, app=self.celery_app).state == "PENDING":
                 release_active(self.client, task_key, uuid)
         return detail

@@ -245,6 +245,12 @@ COMMANDS: list[Command] = [
         commands.cmd_up,
         commands.up_arguments,
     ),
+    Command(
+        ("webhook",),
+        "the HTTP intake: webhooks, task API, /healthz, /metrics",
+        commands.cmd_webhook,
+        commands.webhook_arguments,
+    ),
     Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo),
     Command(
         ("replay-model",),
@@ -332,7 +338,11 @@ def _report(exc: Exception, *, debug: bool) -> int:
 
 
 def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    parsed = parser.parse_args(argv)
+    parsed, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if not getattr(parsed, "passthrough", False):
+            parsed.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parsed.celery_args = [*parsed.celery_args, *unknown]
     if parsed.run is None:  # `tasuki` or `tasuki context` alone
         parsed.parser.print_help(sys.stderr)
         return EXIT_USAGE

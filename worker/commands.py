@@ -27,7 +27,8 @@ def _say(text: str) -> None:
 
 
 def worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("celery_args", nargs=argparse.REMAINDER, help="options passed to `celery worker`")
+    # Every other option is passed to `celery worker` as it is (collected by the CLI's parse_known_args).
+    parser.set_defaults(celery_args=[], passthrough=True)
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -108,6 +109,22 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from worker.submit import request_cancel
 
     _say(request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid))
+    return 0
+
+
+# -- webhook ---------------------------------------------------------------------------------------
+
+
+def webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="address to listen on (default: webhook.host)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: webhook.port)")
+
+
+def cmd_webhook(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the HTTP intake (webhooks, task API, /healthz, /metrics) with uvicorn."""
+    from webhooks.server import serve
+
+    serve(args.host, args.port)
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 import structlog
 from celery import Task
+from celery.exceptions import Ignore
 from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
@@ -30,6 +31,10 @@ log = structlog.get_logger(__name__)
 
 class CompressionError(TasukiError):
     """Summarizing a span failed (the task goes on; the prompt builder's emergency rule applies)."""
+
+
+NOT_FINAL = ("dropped", "deferred", "handed_back", "fenced")
+"""Outcomes of a delivery that leave the task's fate to another delivery: acknowledged, no result stored."""
 
 
 @app.task(name=RUN_TASK, bind=True)
@@ -59,6 +64,10 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 reporter.close()
         if result["status"] in ("handed_back", "deferred"):
             requeue(uuid, request, float(result.get("retry_in_s", 0)))
+        if result["status"] in NOT_FINAL:
+            # Every delivery shares the task id (the UUID): a SUCCESS stored for one that did not finish the task
+            # would make Celery treat the holder's later worker loss as success (no requeue) and mislead waiters.
+            raise Ignore(f"delivery {result['status']}")
         return result
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
