@@ -74,6 +74,9 @@ def serve(kind: str, port: int, redis_url: str, scratch: Path) -> None:
     """Child process: run one of the two apps until terminated."""
     import uvicorn
 
+    from worker.logging import configure_logging
+
+    configure_logging("INFO", json=True)  # as `tasuki webhook` logs: a JSON line per enqueued task
     app = bare_app() if kind == "bare" else tasuki_app(redis_url, scratch)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)  # type: ignore[arg-type]
 
@@ -87,11 +90,12 @@ def free_port() -> int:
 def start_server(kind: str, redis_url: str, scratch: Path) -> tuple[subprocess.Popen[bytes], int]:
     """Start a server process and wait until its port accepts connections."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_webhook", "--serve", kind, "--port", str(port), "--redis", redis_url,
-         "--scratch", str(scratch)],
-        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
+    with open(scratch / f"{kind}.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.bench_webhook", "--serve", kind, "--port", str(port), "--redis",
+             redis_url, "--scratch", str(scratch)],
+            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

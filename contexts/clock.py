@@ -12,7 +12,7 @@ def utc_now() -> datetime:
 
 def iso(moment: datetime) -> str:
     """Format ``moment`` the way every context file does."""
-    m = moment.astimezone(UTC)
+    m = moment if moment.tzinfo is UTC else moment.astimezone(UTC)
     # An f-string, not strftime: this runs for every record written, and strftime is twice as slow.
     return (
         f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}.{m.microsecond:06d}Z"

@@ -286,6 +286,7 @@ class Context:
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.close()
+            self._lock.close()
             self.closed = True
 
     def __enter__(self) -> Context:

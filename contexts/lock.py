@@ -117,7 +117,9 @@ class ContextLock:
         self.owner = secrets.token_hex(16)
         self.info: LockInfo | None = None
         self.fenced = False
-        self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of our own last write
+        # Our own last .lock, held open: replacing or removing the file (a takeover, a release) drops its
+        # link count to 0, which the fencing check reads with one fstat, without looking up the path.
+        self._fd = -1
         self._guard = threading.Lock()
 
     def mutex(self) -> filelock.BaseFileLock:
@@ -167,20 +169,29 @@ class ContextLock:
         self._path_str = os.fspath(value)
 
     def check(self) -> None:
-        """Fencing before a write: cheap ``stat``; reads the file only when it changed under us."""
+        """Fencing before a write: one ``fstat``; the file is read only when it was replaced under us."""
         if self.fenced or self.info is None:
             raise FencedError(f"{self.path}: lock lost; this holder must not write")
-        try:
-            stat = os.stat(self._path_str)
-        except FileNotFoundError:
-            self._fence("lock file removed")
-        if (stat.st_ino, stat.st_mtime_ns) == self._seen:
+        if self._fd >= 0 and os.fstat(self._fd).st_nlink:
             return
         with self._guard:  # our own heartbeat may have just replaced the file
             current = read_lock(self.path)
             if current is None or current.owner != self.owner:
-                self._fence("lock taken over")
-            self._seen = (stat.st_ino, stat.st_mtime_ns) if current else None
+                self._fence("lock taken over" if current else "lock file removed")
+            self._hold_open()
+
+    def close(self) -> None:
+        """Let go of the open ``.lock`` (the lock itself stays as it is)."""
+        with self._guard:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def _hold_open(self) -> None:
+        fd = os.open(self._path_str, os.O_RDONLY)
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
 
     def release(self) -> None:
         """Remove the lock if it is still ours (finish, or handing the task back on shutdown)."""
@@ -205,13 +216,15 @@ class ContextLock:
 
     def _fence(self, why: str) -> NoReturn:
         self.fenced = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         raise FencedError(f"{self.path.parent.name}: {why}; this holder stops writing")
 
     def _write(self, info: LockInfo) -> None:
         with self._guard:
             write_bytes_atomic(self.path, json.dumps(info.to_json()).encode() + b"\n")
-            stat = os.stat(self.path)
-            self._seen = (stat.st_ino, stat.st_mtime_ns)
+            self._hold_open()
             self.info = info
 
 

@@ -57,6 +57,16 @@ def stale(stack: Stack, uuid: str) -> bool:
     return not store.is_held(uuid)
 
 
+def resume_on_another_machine(stack: Stack, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
+    """Once the dead holder's lock is stale, send the task again as the monitor does, to a new worker that
+    shares the contexts root but not the dead one's checkout (SPEC §12); return the final state."""
+    stack.wait_until(lambda: stale(stack, uuid), 30, "the dead holder's lock to go stale")
+    stack.env_overrides["TASUKI__CONTEXTS__WORKSPACES_DIR"] = str(stack.root / "workspaces-of-w2")
+    stack.start_worker("w2")
+    stack.send(request, uuid=uuid)
+    return stack.wait_finished(uuid)
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, provider: str
@@ -76,11 +86,7 @@ def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
         running = stack.contexts_dir / "running" / uuid
         before = context_records(running, MESSAGES_FILE)
         assert [replayed_turn(m) for m in before if m["role"] == "assistant"] == list(range(SLOW_TURN))
-        stack.wait_until(lambda: stale(stack, uuid), 30, "the dead holder's lock to go stale")
-
-        stack.start_worker("w2")
-        stack.send(request, uuid=uuid)  # what the monitor does with a stale task
-        state = stack.wait_finished(uuid)
+        state = resume_on_another_machine(stack, uuid, request)
 
         assert state["status"] == "completed", state
         assert state["attempt"] == 2
@@ -99,6 +105,7 @@ def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
         assert [t["tool_name"] for t in tools] == ["write_file", "bash", "bash", "bash", "bash", "bash", "finish"]
         assert all(t["status"] == "success" for t in tools)
         assert NOTE in tools[5]["result"]  # the new worker's checkout has the file the dead one wrote
+        assert (stack.root / "workspaces" / uuid / "notes.txt").exists()  # the dead worker's checkout, unused
         assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE
         # Exactly one completion (the log line follows the final state by a moment).
         finished = '"event": "task finished"'
@@ -109,3 +116,43 @@ def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
             chats = [r for r in server.requests if r["method"] == "POST"]
             assert {r["path"] for r in chats} == {"/api/chat"}
             assert all(r["body"]["options"]["num_ctx"] == CONTEXT_LENGTH for r in chats)
+
+
+KILL_AFTER_CHECKPOINTS_DROPPED = """#!/bin/sh
+# The remote's hook: the first time a task's checkpoints are deleted (the last git step of a completed task,
+# right after its branch was pushed), the machine dies: SIGKILL to the pushing worker's whole process group.
+while read old new ref; do
+  case "$ref" in
+    refs/heads/tasuki-checkpoints/*)
+      if [ "$new" = 0000000000000000000000000000000000000000 ] && [ ! -e "{marker}" ]; then
+        touch "{marker}"
+        kill -9 0
+      fi;;
+  esac
+done
+"""
+
+
+def test_a_worker_killed_right_after_pushing_the_branch_leaves_the_work_on_the_branch(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [crash_trajectory()[0], finish_turn("Left a note.")]
+    with running_stack(tmp_path, redis_url, turns) as (stack, server):
+        repo = make_buggy_repo(tmp_path / "repo")
+        hook = repo / ".git" / "hooks" / "post-receive"
+        hook.write_text(KILL_AFTER_CHECKPOINTS_DROPPED.format(marker=tmp_path / "killed"))
+        hook.chmod(0o755)
+        first = stack.start_worker("w1")
+        request = local_request(repo, prompt="Leave a note.")
+        uuid = stack.send(request)
+        assert first.process is not None
+        first.process.wait(timeout=60)  # the hook killed it after the branch was pushed
+
+        assert (stack.contexts_dir / "running" / uuid).is_dir()  # it died before completing the context
+        assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE
+        state = resume_on_another_machine(stack, uuid, request)
+
+        assert state["status"] == "completed", state
+        assert state["attempt"] == 2
+        assert [r["turn"] for r in agent_requests(server.requests)] == [0, 1]  # the finish is not asked again
+        assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE  # the resumed push kept the work
