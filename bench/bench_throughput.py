@@ -96,7 +96,9 @@ def send_git_roundtrip(app: Celery, repo: Path, model_url: str) -> Any:
 def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     """Measure, print one line per baseline, return the results."""
     tasks, noops, rounds = (6, 30, 1) if quick else (40, 400, 3)
-    tasuki_rate, noop_rate, git_rate = measure(scratch, tasks, noops, rounds)
+    own = scratch / "throughput"
+    own.mkdir(parents=True)
+    tasuki_rate, noop_rate, git_rate = measure(own, tasks, noops, rounds)
     ratio = tasuki_rate / noop_rate
     result = Result("task throughput vs celery no-op", f"{ratio:.3f}", f">= {TARGET}", ratio >= TARGET)
     same_work = Result("task throughput vs bare git+http", f"{tasuki_rate / git_rate:.3f}", "-", None)

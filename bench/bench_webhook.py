@@ -31,7 +31,7 @@ from bench.worker_stack import private_redis
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "tests" / "fixtures" / "webhooks" / "github" / "issues.labeled.json"
-SECRET = "bench-webhook-secret"
+SECRET = "bench-webhook-secret"  # noqa: S105 - a throwaway secret of the benchmark's own servers
 SENDERS = 50
 READY_TIMEOUT_S = 30.0
 
@@ -143,10 +143,10 @@ async def _send_all(port: int, requests: list[bytes], latencies: list[float], st
         writer.close()
 
 
-async def _round(port: int, requests: list[bytes]) -> tuple[list[float], float, list[int]]:
+async def _round(port: int, requests: list[bytes], senders: int) -> tuple[list[float], float, list[int]]:
     latencies: list[float] = []
     statuses: list[int] = []
-    share = [requests[i::SENDERS] for i in range(SENDERS)]
+    share = [requests[i::senders] for i in range(senders)]
     start = time.perf_counter()
     await asyncio.gather(*(_send_all(port, part, latencies, statuses) for part in share))
     return latencies, time.perf_counter() - start, statuses
@@ -157,10 +157,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def measure(kind: str, port: int, requests: list[bytes], client: redis.Redis) -> tuple[float, float, float]:
+def measure(
+    kind: str, port: int, requests: list[bytes], client: redis.Redis, senders: int = SENDERS
+) -> tuple[float, float, float]:
     """p50 and p99 latency (s) and deliveries/s of one round; Redis is emptied before it."""
     client.flushdb()  # the benchmark's own private Redis
-    latencies, elapsed, statuses = asyncio.run(_round(port, requests))
+    latencies, elapsed, statuses = asyncio.run(_round(port, requests, senders))
     expected = 202 if kind == "tasuki" else 200
     wrong = [s for s in statuses if s != expected]
     if wrong:
@@ -181,6 +183,9 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
             warm = requests[: SENDERS * 4]
             for kind, (_, port) in servers.items():
                 measure(kind, port, warm, client)
+            # One sender: the answer time of a single delivery, nothing queued before it.
+            alone = {kind: measure(kind, port, requests[:200], client, senders=1)[0] for kind, (_, port)
+                     in servers.items()}
             samples: dict[str, list[tuple[float, float, float]]] = {"bare": [], "tasuki": []}
             for _ in range(rounds):
                 for kind, (_, port) in servers.items():
@@ -195,7 +200,9 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     print(f"webhook  {SENDERS} senders, {per_round:,} deliveries a round, median of {rounds} rounds", flush=True)
     print(f"  bare route   p50 {bare_p50 * 1e3:7.2f} ms  p99 {bare_p99 * 1e3:7.2f} ms  {bare_rate:9,.0f}/s")
     print(f"  tasuki       p50 {p50 * 1e3:7.2f} ms  p99 {p99 * 1e3:7.2f} ms  {rate:9,.0f}/s")
+    print(f"  one sender   p50 bare {alone['bare'] * 1e3:.2f} ms, tasuki {alone['tasuki'] * 1e3:.2f} ms")
     results = [
+        Result("webhook p50 alone vs bare", f"{alone['tasuki'] / alone['bare']:.2f}x", "-", None),
         Result("webhook p50 latency vs bare", f"{p50 / bare_p50:.2f}x", "-", None),
         Result("webhook p99 latency vs bare", f"{p99 / bare_p99:.2f}x", "-", None),
         Result("webhook deliveries/s vs bare", f"{rate / bare_rate:.2f}", "-", None),

@@ -44,12 +44,32 @@ class CompressionPolicy:
         return tokens > self.threshold * context_length and count >= self.min_messages
 
 
-def select_span(unsummarized: list[dict[str, Any]], keep_recent: int) -> list[dict[str, Any]]:
+def select_span(
+    unsummarized: list[dict[str, Any]], keep_recent: int, max_tokens: int | None = None
+) -> list[dict[str, Any]]:
     """The oldest unsummarized messages, leaving the newest ``keep_recent`` and never splitting a tool call
-    from its results (the cut moves back to the assistant message that made the call)."""
-    cut = max(len(unsummarized) - keep_recent, 0)
+    from its results (the cut moves back to the assistant message that made the call).
+
+    ``max_tokens`` caps the span so that the summarizer's own request fits the model's window even after
+    summaries failed for a while; the rest is summarized next time.  The first message group is always
+    taken, so that compression can make progress.
+    """
+    limit = max(len(unsummarized) - keep_recent, 0)
+    cut, capped = limit, False
+    if max_tokens is not None:
+        total = 0
+        for index, record in enumerate(unsummarized[:limit]):
+            total += int(record.get("token_count", 0))
+            if total > max_tokens:
+                cut, capped = index, True
+                break
     while 0 < cut < len(unsummarized) and unsummarized[cut].get("role") == "tool":
         cut -= 1
+    if cut == 0 and capped:  # one oversized first group: take it whole rather than never compress again
+        end = 1
+        while end < len(unsummarized) and unsummarized[end].get("role") == "tool":
+            end += 1
+        cut = end if end <= limit else 0
     return unsummarized[:cut]
 
 

@@ -219,10 +219,14 @@ class Context:
         )
 
     def compress(
-        self, summarizer: compression.Summarizer, policy: compression.CompressionPolicy
+        self,
+        summarizer: compression.Summarizer,
+        policy: compression.CompressionPolicy,
+        max_span_tokens: int | None = None,
     ) -> dict[str, Any] | None:
-        """Summarize the oldest unsummarized span into ``summaries.jsonl``; ``None`` if nothing to do."""
-        span = compression.select_span(self.unsummarized(), policy.keep_recent)
+        """Summarize the oldest unsummarized span (at most ``max_span_tokens``) into ``summaries.jsonl``;
+        ``None`` if there is nothing to summarize."""
+        span = compression.select_span(self.unsummarized(), policy.keep_recent, max_span_tokens)
         if not span:
             return None
         previous = self.latest_summary

@@ -172,10 +172,12 @@ class ContextLock:
         """Fencing before a write: one ``fstat``; the file is read only when it was replaced under us."""
         if self.fenced or self.info is None:
             raise FencedError(f"{self.path}: lock lost; this holder must not write")
-        if self._fd >= 0 and os.fstat(self._fd).st_nlink:
-            return
-        with self._guard:  # our own heartbeat may have just replaced the file
-            current = read_lock(self.path)
+        # Under the guard: the heartbeat thread closes and replaces the descriptor when it rewrites the lock
+        # (unguarded, fstat could hit a closed descriptor, or one already reused for another file).
+        with self._guard:
+            if self._fd >= 0 and os.fstat(self._fd).st_nlink:
+                return
+            current = read_lock(self.path)  # our own heartbeat may have just replaced the file
             if current is None or current.owner != self.owner:
                 self._fence("lock taken over" if current else "lock file removed")
             self._hold_open()

@@ -32,8 +32,8 @@ log = structlog.get_logger(__name__)
 
 Send = Callable[[str, dict[str, Any]], None]
 """Enqueue ``tasuki.run_task(uuid, request)`` under ``task_id=uuid``."""
-Forget = Callable[[str, dict[str, str]], None]
-"""A finished task leaves the heartbeat index and frees its task key."""
+Forget = Callable[[str, dict[str, str], str], None]
+"""A finished task (uuid, task key, final status) leaves the heartbeat index, frees its task key, is counted."""
 
 REPAIRS = {
     "finish_move": finish_move,
@@ -139,7 +139,7 @@ class Monitor:
         assert action.repair is not None  # noqa: S101 - carry_out checked it
         detail = REPAIRS[action.repair](self.store, action.uuid, now)
         if action.repair in ("finish_move", "finish_status"):
-            self._forget(action.uuid, self.store.completed_path(action.uuid))
+            self._forget(action.uuid, self.store.completed_path(action.uuid))  # the finisher never got to it
         return Outcome(action, True, detail)
 
     def _resume(self, action: Action) -> Outcome:
@@ -174,12 +174,11 @@ class Monitor:
     def _forget(self, uuid: str, directory: Path) -> None:
         try:
             task_key = read_json(directory / METADATA_FILE)["task_key"]
-        except (OSError, ValueError, KeyError):
-            task_key = None
-        if task_key is not None:
-            self.forget(uuid, task_key)
-        else:
+            status = str(read_state(directory)["status"])
+        except (OSError, ValueError, KeyError, ContextError):
             self.client.zrem(HEARTBEATS_KEY, uuid)
+            return
+        self.forget(uuid, task_key, status)
 
 
 def _request(directory: Path) -> dict[str, Any] | None:

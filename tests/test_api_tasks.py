@@ -40,7 +40,8 @@ def test_api_is_disabled_without_a_configured_token(make_settings: Callable[...,
 def test_wrong_or_missing_bearer_token_is_401(api: IntakeServer, authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization else {}
     with api.client() as client:
-        assert client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=headers).status_code == 401
+        response = client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=headers)
+        assert response.status_code == 401
         assert client.get("/api/tasks/2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11", headers=headers).status_code == 401
     assert api.queued() == []
 

@@ -3,50 +3,18 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 import redis
 
+from tests.helpers.user_config_server import UserConfigServer
 from worker.names import USER_CONFIG_PREFIX
 from worker.settings_models import Settings
 from worker.user_config import resolve_llm_config
 
 DEFAULTS = {"llm_provider": "openai", "model": "gpt-4o", "context_length": 128000, "compression_threshold": 0.7,
             "endpoint": None}
-
-
-class UserConfigServer:
-    """``GET /config/{user}`` answering from a dict: a JSON body, or an int for a bare HTTP status."""
-
-    def __init__(self, answers: dict[str, Any]) -> None:
-        self.answers = answers
-        self.hits: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's signature
-                """Quiet."""
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                outer.hits.append(self.path)
-                answer = outer.answers.get(self.path.removeprefix("/config/"), 404)
-                status, body = (answer, b"") if isinstance(answer, int) else (200, json.dumps(answer).encode())
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -240,3 +240,23 @@ def test_a_rejected_summary_writes_nothing(tmp_path: Path, answer: str) -> None:
     assert ctx.latest_summary is None
     assert ctx.read_state()["compression_count"] == 0
     assert ctx.unsummarized_count == 8
+
+
+@settings(max_examples=300)
+@given(spec=turns, keep_recent=st.integers(0, 12), max_tokens=st.integers(1, 80))
+def test_select_span_with_a_token_cap_stays_under_it_and_keeps_tool_groups_whole(
+    spec: list[str | int], keep_recent: int, max_tokens: int
+) -> None:
+    history = flatten(spec)
+    span = select_span(history, keep_recent, max_tokens)
+    uncapped = select_span(history, keep_recent)
+
+    assert history[: len(span)] == span
+    assert len(span) <= len(uncapped)
+    kept = history[len(span) :]
+    assert not kept or kept[0]["role"] != "tool"
+    called = {c["id"] for m in span for c in m.get("tool_calls", [])}
+    assert {m["tool_call_id"] for m in span if m["role"] == "tool"} == called
+    first_group = 1 + next((i for i, m in enumerate(history[1:]) if m["role"] != "tool"), len(history) - 1)
+    # Over the cap only when the cap is smaller than the first group, which is then taken whole.
+    assert sum(m["token_count"] for m in span) <= max_tokens or len(span) == first_group

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from contexts import ContextStore
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
 from worker.forges import GitHubForge, GitLabForge
-from worker.forges.reporter import MARKER, ForgeReporter, TriggerRefused, progress_body
+from worker.forges.reporter import MARKER, ForgeReporter, TriggerRefused, progress_body, report_outcome
 from worker.run import TaskRequest
-from worker.settings_models import LabelSettings
+from worker.settings_models import LabelSettings, Settings
 
 TOKEN = "glpat-abcdefghijklmnopqrst"
 OWNER, REPO = "team", "calc"
@@ -67,9 +68,12 @@ def test_begin_marks_processing_posts_progress_and_quotes_people_not_the_bot(
     assert item.labels == [LABELS.processing]  # trigger and the old "failed" are gone
     progress = item.comments[-1]
     assert progress.body.startswith(MARKER.format(uuid=UUID))
-    assert "12,345" in progress.body and "3 model calls" in progress.body and UUID in progress.body
+    assert "12,345" in progress.body
+    assert "3 model calls" in progress.body
+    assert UUID in progress.body
     assert workplace.remote == forge.git_url(OWNER, REPO)
-    assert workplace.git_env and workplace.git_env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    assert workplace.git_env
+    assert workplace.git_env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
     assert workplace.issue is not None
     assert workplace.issue["title"] == "add() subtracts"
     assert workplace.issue["comments"] == [{"author": "alice", "body": "@tasuki please"}]
@@ -109,11 +113,13 @@ def test_completed_task_gets_pr_done_label_final_progress_and_summary(
     change = next(c for c in forge.changes if c.head == branch)
     assert extra == {"pull_request_url": change.url}
     assert change.title == f"add() subtracts (#{number})"
-    assert f"Closes #{number}" in change.body and UUID in change.body
+    assert f"Closes #{number}" in change.body
+    assert UUID in change.body
     item = forge.item(OWNER, REPO, number)
     assert item.labels == [LABELS.done]
     progress = next(c for c in item.comments if MARKER.format(uuid=UUID) in c.body)
-    assert "`completed`" in progress.body and change.url in progress.body
+    assert "`completed`" in progress.body
+    assert change.url in progress.body
     assert item.comments[-1].body.startswith("**Tasuki finished.** " + change.url)
 
 
@@ -154,4 +160,24 @@ def test_gitlab_note_from_a_non_member_is_refused_before_anything_changes(forge:
 def test_progress_body_masks_errors_and_names_the_way_to_cancel() -> None:
     body = progress_body(UUID, {**STATE, "error": "push to https://u:ghp_abcdefghijklmnopqrstuv@h failed"}, LABELS)
     assert "ghp_" not in body
-    assert "/tasuki cancel" in body and LABELS.processing in body
+    assert "/tasuki cancel" in body
+    assert LABELS.processing in body
+
+
+def test_outcome_of_a_task_failed_by_the_monitor_reaches_the_issue(
+    forge: FakeForge, make_settings: Callable[..., Settings]
+) -> None:
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "lost task", labels=[LABELS.processing])
+    settings = make_settings({"TASUKI__GITLAB__API_URL": forge.gitlab_api_url, "GITLAB_TOKEN": TOKEN})
+    key = {"task_source": "gitlab", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    store = ContextStore(settings.contexts.base_dir)
+    ctx = store.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
+                             "compression_threshold": 0.7}, heartbeat=False)
+    directory = ctx.finish("failed", error="worker lost: heartbeat stale since 2026-01-01T00:00:00Z")
+
+    report_outcome(settings, ctx.uuid, directory)
+
+    item = forge.item(OWNER, REPO, number)
+    assert item.labels == [LABELS.failed]
+    assert "worker lost" in item.comments[-1].body

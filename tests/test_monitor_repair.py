@@ -72,7 +72,7 @@ class Fleet:
             client,
             policy,
             send=lambda uuid, request: client.rpush(SENT_KEY, json.dumps([uuid, request])) and None,
-            forget=lambda uuid, task_key: client.rpush(FORGOTTEN_KEY, uuid) and None,
+            forget=lambda uuid, task_key, status: client.rpush(FORGOTTEN_KEY, f"{uuid} {status}") and None,
         )
 
     def reap(self, **kwargs: Any) -> list[Outcome]:
@@ -124,7 +124,7 @@ def test_task_lost_at_max_attempts_is_failed_with_the_error_and_moved_to_complet
     assert state["error"].startswith("worker lost: heartbeat stale since ")
     assert not (fleet.base / "running" / uuid).exists()
     assert not (fleet.base / "completed" / uuid / ".lock").exists()
-    assert fleet.client.lrange(FORGOTTEN_KEY, 0, -1) == [uuid]  # task key released, index entry dropped
+    assert fleet.client.lrange(FORGOTTEN_KEY, 0, -1) == [f"{uuid} failed"]  # task key freed, unindexed, counted
     assert fleet.sent_uuids() == []
 
 
@@ -192,7 +192,9 @@ def _reap_in_process(base: str, redis_url: str, barrier: Any, results: Any) -> N
 def test_two_monitors_at_once_take_one_action_per_stale_context(fleet: Fleet) -> None:
     to_resume = [fleet.lost(attempt=1) for _ in range(4)]
     to_fail = [fleet.lost(attempt=3) for _ in range(4)]
-    context = multiprocessing.get_context("fork")
+    # Spawned, not forked: a fork of this process would inherit (and, closing them, hang on) the Redis
+    # connections that earlier tests' Celery clients left open.
+    context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(3), context.Queue()
     workers = [
         context.Process(target=_reap_in_process, args=(str(fleet.base), fleet.redis_url, barrier, results))
@@ -227,7 +229,7 @@ def test_completed_context_still_completing_gets_the_status_its_holder_chose(fle
     fleet.client.zadd(HEARTBEATS_KEY, {uuid: 0})  # the crash came before the worker unindexed it
     assert done(fleet.reap()) == [(uuid, "finish_status")]
     assert fleet.state("completed", uuid)["status"] == "timeout"
-    assert fleet.client.lrange(FORGOTTEN_KEY, 0, -1) == [uuid]
+    assert fleet.client.lrange(FORGOTTEN_KEY, 0, -1) == [f"{uuid} timeout"]
 
 
 def test_completed_context_left_completing_without_index_entry_is_found_by_a_deep_pass(fleet: Fleet) -> None:

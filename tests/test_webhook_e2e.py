@@ -7,18 +7,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from tests.helpers.fake_forge import FakeForge, github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.fake_forge import FakeForge
 from tests.helpers.intake_server import IntakeServer, intake_server
 from tests.helpers.model_server import model_server, wait_for_request
 from tests.helpers.stack import FIXED_CALC, Stack, fix_calc_trajectory, make_buggy_repo
-from tests.test_api_user_config import UserConfigServer
+from tests.helpers.user_config_server import UserConfigServer
 from worker.forges.reporter import MARKER
 from worker.names import ACTIVE_PREFIX
 from worker.replay import ReplayServer
@@ -30,7 +30,7 @@ FORGE_TOKEN = "e2e-forge-token-5d1c9a"
 GITHUB_SECRET = "e2e-github-webhook-secret"
 GITLAB_SECRET = "e2e-gitlab-webhook-token"
 DONE, FAILED = "coding agent done", "coding agent failed"
-PAUSE_S = 2.0
+PAUSE_S = 2.5
 
 
 @dataclass
@@ -39,10 +39,12 @@ class Fleet:
     forge: FakeForge
     intake: IntakeServer
     model: ReplayServer
+    elsewhere: IntakeServer  # an intake on another host: it cannot see the workers' contexts directory
 
-    def post(self, route: str, delivery: tuple[bytes, dict[str, str]]) -> tuple[int, dict[str, Any]]:
+    def post(self, route: str, delivery: tuple[bytes, dict[str, str]], *, via: IntakeServer | None = None
+             ) -> tuple[int, dict[str, Any]]:
         body, headers = delivery
-        response = httpx.post(self.intake.url + route, content=body, headers=headers, timeout=10)
+        response = httpx.post((via or self.intake).url + route, content=body, headers=headers, timeout=10)
         return response.status_code, response.json()
 
 
@@ -67,10 +69,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         })
         try:
             stack.start_worker("e2e")
-            settings = load_settings(env={**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET,
-                                          "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET})
-            with intake_server(settings) as intake:
-                yield Fleet(stack, forge, intake, model)
+            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET}
+            other_host = {**env, "TASUKI__CONTEXTS__BASE_DIR": str(root / "other-host-contexts")}
+            with intake_server(load_settings(env=env)) as intake, \
+                    intake_server(load_settings(env=other_host)) as elsewhere:
+                yield Fleet(stack, forge, intake, model, elsewhere)
         finally:
             stack.stop()
             users.stop()
@@ -94,12 +97,15 @@ def assert_life_on_the_issue(fleet: Fleet, owner: str, repo: str, number: int, t
     progress = [c for c in item.comments if MARKER.format(uuid=task_id) in c.body]
     assert len(progress) == 1  # one progress comment, edited in place
     assert progress[0].history, "the progress comment was never updated"
-    assert "`completed`" in progress[0].body and "5 model calls" in progress[0].body and change.url in progress[0].body
+    assert "`completed`" in progress[0].body
+    assert "5 model calls" in progress[0].body
+    assert change.url in progress[0].body
     assert item.comments[-1].body.startswith(f"**Tasuki finished.** {change.url}")
     assert "Fix add(): it subtracted." in item.comments[-1].body
 
     git_requests = [r for r in forge.requests if r["path"].startswith("/git/")]
-    assert git_requests and all((r["authorization"] or "").startswith("Basic ") for r in git_requests)
+    assert git_requests
+    assert all((r["authorization"] or "").startswith("Basic ") for r in git_requests)
     for path in (stack.contexts_dir / "completed" / task_id).iterdir():
         assert FORGE_TOKEN not in path.read_text(errors="replace")
     result = json.loads((stack.contexts_dir / "completed" / task_id / "state.json").read_text())
@@ -142,28 +148,33 @@ def test_gitlab_label_to_merge_request(fleet: Fleet, redis_client: redis.Redis) 
     assert "/-/merge_requests/" in url
 
 
-def test_github_cancel_comment_stops_a_running_task(fleet: Fleet, redis_client: redis.Redis) -> None:
-    fleet.forge.add_item("Codertocat", "Hello-World", 2, "Another typo", labels=["bug"])
+@pytest.mark.parametrize(("number", "remote"), [(2, False), (3, True)], ids=["same-host", "other-host"])
+def test_github_cancel_comment_stops_a_running_task(fleet: Fleet, redis_client: redis.Redis, number: int,
+                                                    remote: bool) -> None:
+    title = f"Another typo, number {number}"
+    fleet.forge.add_item("Codertocat", "Hello-World", number, title, labels=["bug"])
     trigger = load_payload("github/issues.labeled.json")
-    trigger["issue"]["number"] = 2
+    trigger["issue"]["number"] = number
     status, answer = fleet.post("/webhooks/github", github_delivery("issues", trigger, GITHUB_SECRET))
     assert status == 202
     task_id = answer["task_id"]
     # The task is running: its second model call is being answered (after the scripted pause).
     wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and "Another typo" in json.dumps(r["body"]))
+                     and title in json.dumps(r["body"]))
 
     comment = load_payload("github/issue_comment.created.json")
-    comment["issue"]["number"] = 2
+    comment["issue"]["number"] = number
     comment["comment"]["body"] = "Not needed after all.\n/tasuki cancel"
-    status, answer = fleet.post("/webhooks/github", github_delivery("issue_comment", comment, GITHUB_SECRET))
+    # From another host only the Redis cancel flag can be set; the worker reads it after the step.
+    delivery = github_delivery("issue_comment", comment, GITHUB_SECRET)
+    status, answer = fleet.post("/webhooks/github", delivery, via=fleet.elsewhere if remote else None)
     assert (status, answer["status"], answer["task_id"]) == (200, "cancelled", task_id)
 
     state = fleet.stack.wait_finished(task_id)
     assert state["status"] == "cancelled"
     assert state["llm_call_count"] == 2  # stopped at the step boundary after the pending call
-    item = fleet.forge.item("Codertocat", "Hello-World", 2)
+    item = fleet.forge.item("Codertocat", "Hello-World", number)
     fleet.stack.wait_until(lambda: item.comments[-1].body.startswith("**Tasuki"), what="the summary comment")
     assert item.labels == [FAILED]
     assert item.comments[-1].body.startswith("**Tasuki stopped: cancelled.**")
-    assert not [c for c in fleet.forge.changes if c.head.startswith(f"tasuki/2-{task_id[:8]}")]
+    assert not [c for c in fleet.forge.changes if c.head.startswith(f"tasuki/{number}-{task_id[:8]}")]

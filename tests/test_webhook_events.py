@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.fake_forge import load_payload
+from tests.helpers.deliveries import load_payload
 from webhooks.events import Cancel, Ignore, Trigger, github_action, gitlab_action, mentions
 from worker.settings_models import GitHubSettings, GitLabSettings, LabelSettings
 
@@ -186,3 +186,11 @@ def test_mention_is_case_insensitive_and_word_bounded() -> None:
     assert mentions("(@tasuki)", "@tasuki")
     assert not mentions("@tasuki_bot", "@tasuki")
     assert not mentions("x@tasuki", "@tasuki")
+
+
+@pytest.mark.parametrize("value", [["Issue"], {"a": 1}, 3, None])
+def test_gitlab_note_with_a_noteable_type_of_the_wrong_type_is_ignored(value: object) -> None:
+    """Found by tests/test_webhook_fuzz.py: a list here once raised TypeError (a 500)."""
+    payload = gitlab_note("@tasuki go")
+    payload["object_attributes"]["noteable_type"] = value
+    assert isinstance(gitlab_action(payload, GITLAB), Ignore)

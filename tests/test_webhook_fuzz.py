@@ -16,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.fake_forge import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.intake_server import IntakeServer, intake_server
 from webhooks.signatures import github_signature, signing_key, standard_signature
 from worker.names import TASKS_QUEUE
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 GITHUB_SECRET = "fuzz-github-secret"
 GITLAB_TOKEN = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # a signing token; X-Gitlab-Token must equal it too
 MAX_BODY = 16 * 1024
-FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 GITHUB_EVENTS = ["issues", "issue_comment", "pull_request", "pull_request_review_comment", "ping", "push", "", "x"]
 GITLAB_EVENTS = ["Issue Hook", "Note Hook", "Merge Request Hook", "Push Hook", "", "x"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.helpers.fake_forge import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.intake_server import IntakeServer, intake_server
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX
 from worker.settings_models import Settings

@@ -62,14 +62,14 @@ def run_long_task(stack: Stack, tmp_path: Path, concurrency: int) -> tuple[dict[
 
 
 def assert_compressed_within_budget(
-    directory: Path, state: dict[str, Any], requests: list[dict[str, Any]]
+    directory: Path, state: dict[str, Any], requests: list[dict[str, Any]], failed_summaries: int = 0
 ) -> list[dict[str, Any]]:
     """The checks every compression run must pass; returns the summaries."""
     validate_context_dir(directory)
     messages = context_records(directory, MESSAGES_FILE)
     summaries = context_records(directory, SUMMARIES_FILE)
 
-    assert len(summaries) >= 3, f"expected several compressions, got {len(summaries)}"
+    assert len(summaries) >= 2, f"expected several compressions, got {len(summaries)}"
     assert state["compression_count"] == len(summaries)
     pinned_end = 2  # the system prompt and the task
     assert [m["role"] for m in messages[:pinned_end]] == ["system", "user"]
@@ -100,7 +100,7 @@ def assert_compressed_within_budget(
         ]
 
     summary_requests = [r for r in requests if r["kind"] == "summary"]
-    assert len(summary_requests) == len(summaries)
+    assert len(summary_requests) == len(summaries) + failed_summaries
     stored = [m.get("content") or "" for m in messages]
     for request in summary_requests:
         system, user = request["body"]["messages"]
@@ -155,3 +155,28 @@ def test_a_single_busy_worker_summarizes_inline_when_no_one_takes_the_compressio
             what="the revoked compression jobs to be discarded",
         )
         assert not JOB_RAN.search(worker_logs(stack))
+
+
+UNBOUNDED_SPAN = (
+    "the span to summarize is every unsummarized message but the newest keep_recent, with no token cap: after "
+    "a few failed summaries the summarizer's request exceeds context_length (a real model then rejects it and "
+    "compression never recovers); contexts.compression.select_span needs a token budget"
+)
+
+
+@pytest.mark.parametrize("failures", [1, 3])
+def test_failed_summaries_never_lose_the_task_and_every_request_fits_the_window(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, failures: int
+) -> None:
+    turns = long_task()
+    turns.insert(6, {"fail": 500, "for": "summary", "times": failures})  # the first summary requests fail
+    env = {**COMPRESSION_ENV, "TASUKI__LLM__MAX_RETRIES": "0"}
+    with running_stack(tmp_path, redis_url, turns, context_length=CONTEXT_LENGTH, env=env) as (stack, server):
+        state, directory = run_long_task(stack, tmp_path, concurrency=2)
+        assert_compressed_within_budget(directory, state, server.requests, failed_summaries=failures)
+
+        statuses = [r["status"] for r in server.requests if r["kind"] == "summary"]
+        assert statuses[: failures + 1] == [500] * failures + [200]
+        # While no summary could be made, the oldest messages were left out of the prompt (not the files).
+        prompts = [m["content"] for r in agent_requests(server.requests) for m in r["body"]["messages"]]
+        assert any(re.fullmatch(r"\[\d+ earlier messages omitted\]", text or "") for text in prompts)

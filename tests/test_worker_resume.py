@@ -1,11 +1,14 @@
-"""A worker killed mid-task (SIGKILL of its whole process group) and the task resumed by a new worker.
+"""Workers killed mid-task (SIGKILL of the whole process group) and the task resumed by a new worker.
 
 The new delivery is sent the way the monitor sends it: ``tasuki.run_task`` again with the same UUID, once
-the dead holder's heartbeat is older than ``stale_after_s``.  Same contract for both LLM providers.
+the dead holder's heartbeat is older than ``stale_after_s`` (same contract for both LLM providers); or
+earlier, when the delivery defers itself until then.  Also the crash windows around git: right after the
+final push, and between the clone and the task branch.
 """
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,9 @@ from typing import Any
 import pytest
 import redis
 
-from contexts import ContextStore
+from contexts import ContextStore, is_stale
+from contexts.clock import utc_now
+from contexts.lock import process_alive
 from contexts.names import MESSAGES_FILE, TOOLS_FILE
 from tests.helpers.model_server import wait_for_request
 from tests.helpers.schemas import validate_context_dir
@@ -49,6 +54,11 @@ def crash_trajectory() -> list[dict[str, Any]]:
         {"content": "Is the note still there?", "tool_calls": [tool("bash", command="cat notes.txt")]},
         finish_turn("Left a note."),
     ]
+
+
+def note_and_finish() -> list[dict[str, Any]]:
+    """Two turns: write notes.txt, finish."""
+    return [crash_trajectory()[0], finish_turn("Left a note.")]
 
 
 def stale(stack: Stack, uuid: str) -> bool:
@@ -105,7 +115,7 @@ def test_killed_worker_task_resumes_on_a_new_worker_from_the_last_step_on_disk(
         assert [t["tool_name"] for t in tools] == ["write_file", "bash", "bash", "bash", "bash", "bash", "finish"]
         assert all(t["status"] == "success" for t in tools)
         assert NOTE in tools[5]["result"]  # the new worker's checkout has the file the dead one wrote
-        assert (stack.root / "workspaces" / uuid / "notes.txt").exists()  # the dead worker's checkout, unused
+        assert (stack.root / "workspaces" / uuid / "notes.txt").exists()  # w1 died with its checkout; w2 cloned
         assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE
         # Exactly one completion (the log line follows the final state by a moment).
         finished = '"event": "task finished"'
@@ -136,8 +146,7 @@ done
 def test_a_worker_killed_right_after_pushing_the_branch_leaves_the_work_on_the_branch(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    turns = [crash_trajectory()[0], finish_turn("Left a note.")]
-    with running_stack(tmp_path, redis_url, turns) as (stack, server):
+    with running_stack(tmp_path, redis_url, note_and_finish()) as (stack, server):
         repo = make_buggy_repo(tmp_path / "repo")
         hook = repo / ".git" / "hooks" / "post-receive"
         hook.write_text(KILL_AFTER_CHECKPOINTS_DROPPED.format(marker=tmp_path / "killed"))
@@ -156,3 +165,47 @@ def test_a_worker_killed_right_after_pushing_the_branch_leaves_the_work_on_the_b
         assert state["attempt"] == 2
         assert [r["turn"] for r in agent_requests(server.requests)] == [0, 1]  # the finish is not asked again
         assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE  # the resumed push kept the work
+
+
+def test_a_delivery_arriving_before_the_dead_holders_lock_is_stale_is_deferred_not_dropped(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    env = {"TASUKI__CONTEXTS__STALE_AFTER_S": "10"}  # room to deliver while the lock is still fresh
+    with running_stack(tmp_path, redis_url, crash_trajectory(), env=env) as (stack, server):
+        repo = make_buggy_repo(tmp_path / "repo")
+        first = stack.start_worker("w1")
+        request = local_request(repo, prompt="Leave a note.")
+        uuid = stack.send(request)
+        wait_for_request(lambda: server.requests, lambda r: r["turn"] == SLOW_TURN and r["status"] is None, 60)
+        holder = ContextStore(stack.contexts_dir).read_lock(uuid)
+        assert holder is not None
+        stack.start_worker("w2")  # ready before the crash, so the delivery below comes while the lock is fresh
+        first.kill()
+        # kill -0 counts a zombie as alive, and an orphaned pool process stays one until init reaps it.
+        stack.wait_until(lambda: not process_alive(holder.process_id), 30, "the killed holder to be reaped")
+
+        assert not is_stale(holder, utc_now(), 10, holder.hostname, False)
+        stack.send(request, uuid=uuid)  # the holder is gone, its lock still fresh
+        state = stack.wait_finished(uuid)
+
+        assert state["status"] == "completed", state
+        assert state["attempt"] == 2  # a deferred delivery never took the context
+        assert "delivery deferred" in worker_logs(stack)
+        assert [replayed_turn(m) for m in context_records(stack.contexts_dir / "completed" / uuid, MESSAGES_FILE)
+                if m["role"] == "assistant"] == list(range(7))  # fmt: skip
+
+
+def test_a_checkout_left_half_made_by_a_crash_is_made_again(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with running_stack(tmp_path, redis_url, note_and_finish()) as (stack, _):
+        repo = make_buggy_repo(tmp_path / "repo")
+        uuid = str(uuid_module.uuid4())
+        # A worker died between cloning and creating the task branch: the clone is there, the branch is not.
+        git(tmp_path, "clone", "-q", str(repo), str(tmp_path / "workspaces" / uuid))
+        stack.start_worker("w1")
+        stack.send(local_request(repo, prompt="Leave a note."), uuid=uuid)
+        state = stack.wait_finished(uuid)
+
+        assert state["status"] == "completed", state
+        assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE

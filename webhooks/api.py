@@ -11,13 +11,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from starlette.concurrency import run_in_threadpool
 
 from contexts import ContextCompletedError, ContextNotFoundError, InvalidUUIDError, validate_uuid
 from contexts.atomic import read_json
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.body import BodyTooLarge, read_body
-from webhooks.intake import Intake
+from webhooks.intake import Blocking, Intake
 from worker.settings_models import Settings
 
 _REPO = r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
@@ -66,8 +65,8 @@ def _error(status_code: int, detail: Any, headers: dict[str, str] | None = None)
     return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
 
 
-def task_api(settings: Settings, intake: Intake) -> APIRouter:
-    """The ``/api`` routes, guarded by a constant-time bearer-token check."""
+def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRouter:
+    """The ``/api`` routes, guarded by a constant-time bearer-token check; ``blocking`` runs Redis and disk work."""
     router = APIRouter(prefix="/api")
     secret = settings.secrets.tasuki_api_token
     token = secret.get_secret_value().encode() if secret else None
@@ -92,7 +91,7 @@ def task_api(settings: Settings, intake: Intake) -> APIRouter:
             problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors(include_url=False)]
             return _error(422, problems)
         uuid = str(uuid_module.uuid4())
-        enqueued = await run_in_threadpool(intake.submit, submission.request(uuid), uuid)
+        enqueued = await blocking(intake.submit, submission.request(uuid), uuid)
         if enqueued.already_active:
             return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
         return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
@@ -105,7 +104,7 @@ def task_api(settings: Settings, intake: Intake) -> APIRouter:
             uuid = validate_uuid(uuid)
         except InvalidUUIDError as exc:
             return _error(400, str(exc))
-        return await run_in_threadpool(_describe, intake, uuid)
+        return await blocking(_describe, intake, uuid)
 
     @router.post("/tasks/{uuid}/cancel")
     async def cancel(uuid: str, request: Request) -> Response:
@@ -116,7 +115,7 @@ def task_api(settings: Settings, intake: Intake) -> APIRouter:
         except InvalidUUIDError as exc:
             return _error(400, str(exc))
         try:
-            detail = await run_in_threadpool(intake.cancel, uuid)
+            detail = await blocking(intake.cancel, uuid)
         except ContextCompletedError:
             return _error(409, f"task {uuid} is already finished")
         return JSONResponse({"task_id": uuid, "status": "cancel requested", "detail": detail}, status_code=202)

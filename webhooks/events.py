@@ -210,7 +210,7 @@ def _gitlab_note(
     note = _get(payload, "object_attributes")
     if _get(note, "system") is True or _get(note, "action") not in (None, "create"):
         return Ignore("system or edited note")
-    noteable = _get(note, "noteable_type")
+    noteable = _text(_get(note, "noteable_type"))  # a string, or nothing: it is used as a dict key
     kinds = {"Issue": ("issue", "issue"), "MergeRequest": ("merge_request", "merge_request")}
     if noteable not in kinds:
         return Ignore(f"note on {noteable}")

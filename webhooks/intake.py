@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 import structlog
@@ -23,6 +24,16 @@ from worker.submit import Enqueued, enqueue, release_active, request_cancel, tas
 log = structlog.get_logger(__name__)
 
 DELIVERY_TTL_S = 8 * 24 * 3600  # GitHub redelivers for a few days; eight covers it with room to spare
+
+T = TypeVar("T")
+
+
+class Blocking(Protocol):
+    """Runs a blocking call (Redis, the broker, the disk) off the event loop."""
+
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread."""
+        ...
 
 
 @dataclass(frozen=True)

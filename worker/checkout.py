@@ -49,17 +49,26 @@ class Checkout:
     def prepare(self) -> bool:
         """Make the checkout exist on the task branch; return True when it was resumed (not fresh)."""
         if (self.path / ".git").is_dir():
-            self.git("checkout", "-q", self.branch)
-            return True
+            try:
+                self.git("checkout", "-q", self.branch)
+                return True
+            except GitError:  # a crash left it half made (no task branch yet, or a partial clone)
+                pass
         if self.path.exists():
             shutil.rmtree(self.path)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                 extra_env=self.git_env)
+        heads = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch, self.branch).split()
+        if f"refs/heads/{self.checkpoint_branch}" not in heads:
+            if f"refs/heads/{self.branch}" not in heads:
+                self.git("checkout", "-q", "-b", self.branch)
+                return False
+            # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
+            # context was completed: the branch holds the work, so continue from it.
+            self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
+            return True
         self.git("checkout", "-q", "-b", self.branch)
-        saved = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch).split()
-        if not saved:
-            return False
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
         self.git("fetch", "-q", "origin", self.checkpoint_branch)

@@ -29,6 +29,10 @@ from worker.user_config import resolve_llm_config
 log = structlog.get_logger(__name__)
 
 
+SUMMARIZER_OVERHEAD_TOKENS = 400  # the summarizer's instructions and the per-message role prefixes
+SPAN_SHARE = 0.6  # of what is left: the rest is room for the summary the model writes
+
+
 class CompressionError(TasukiError):
     """Summarizing a span failed (the task goes on; the prompt builder's emergency rule applies)."""
 
@@ -163,7 +167,16 @@ def compress_through_queue(ctx: Context) -> None:
             text = summarize(provider_for(ctx.metadata["config"]), previous, span)
         return text
 
-    ctx.compress(summarizer, policy)
+    ctx.compress(summarizer, policy, summary_span_budget(ctx))
+
+
+def summary_span_budget(ctx: Context) -> int:
+    """Tokens of messages one summarization request may carry: the window, less the instructions, the
+    previous summary and room for the answer, in stored (uncalibrated) estimates."""
+    context_length = int(ctx.metadata["config"]["context_length"])
+    previous = int(ctx.latest_summary.get("summary_tokens", 0)) if ctx.latest_summary else 0
+    room = context_length - SUMMARIZER_OVERHEAD_TOKENS - previous
+    return max(int(room * SPAN_SHARE / max(ctx.token_factor, 0.25)), 1)
 
 
 def wait_for_summary(result: AsyncResult, start_timeout_s: float, timeout_s: float) -> str | None:

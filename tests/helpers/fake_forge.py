@@ -15,14 +15,10 @@ with FakeForge(tmp_path / "forge", token="t0ken").serve() as forge:
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import socket
 import subprocess
 import threading
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,9 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from webhooks.signatures import github_signature, signing_key, standard_signature
-
-GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2"}
+from tests.helpers.git_http import git_authorized, git_backend
 
 
 @dataclass
@@ -297,46 +291,6 @@ class FakeForge:
     def _gitlab_note(comment: FakeComment) -> dict[str, Any]:
         return {"id": comment.id, "body": comment.body, "author": {"username": comment.author}, "system": False}
 
-    # -- git smart HTTP ------------------------------------------------------------------------------
-
-    def git_authorized(self, authorization: str) -> bool:
-        scheme, _, encoded = authorization.partition(" ")
-        if scheme != "Basic":
-            return False
-        try:
-            user, _, password = base64.b64decode(encoded).decode().partition(":")
-        except ValueError:
-            return False
-        return user in GIT_USERS.values() and password == self.token
-
-    def git_backend(self, method: str, path: str, query: str, headers: Any, body: bytes) -> tuple[int, dict[str, str],
-                                                                                                 bytes]:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "GIT_PROJECT_ROOT": str(self.git_root),
-            "GIT_HTTP_EXPORT_ALL": "1",
-            "PATH_INFO": path,
-            "QUERY_STRING": query,
-            "REQUEST_METHOD": method,
-            "CONTENT_TYPE": headers.get("Content-Type", ""),
-            "CONTENT_LENGTH": str(len(body)),
-            "REMOTE_USER": "tasuki",  # an authenticated user may push (http.receivepack defaults to it)
-            "REMOTE_ADDR": "127.0.0.1",
-        }
-        for header in ("Git-Protocol", "Content-Encoding"):
-            if headers.get(header):
-                env["HTTP_" + header.upper().replace("-", "_")] = headers[header]
-        done = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, check=False)
-        head, _, payload = done.stdout.partition(b"\r\n\r\n")
-        status, out_headers = 200, {}
-        for line in head.decode("latin-1").split("\r\n"):
-            name, _, value = line.partition(":")
-            if name.lower() == "status":
-                status = int(value.strip().split()[0])
-            elif name:
-                out_headers[name] = value.strip()
-        return status, out_headers, payload
-
 
 def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -379,11 +333,11 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             with forge.lock:
                 forge.requests.append(record)
             if split.path.startswith("/git/"):
-                if not forge.git_authorized(self.headers.get("Authorization", "")):
+                if not git_authorized(self.headers.get("Authorization", ""), forge.token):
                     self._send(401, b"auth required", {"WWW-Authenticate": 'Basic realm="fake forge"'})
                     return
-                status, headers, payload = forge.git_backend(self.command, split.path[len("/git"):], split.query,
-                                                             self.headers, body)
+                status, headers, payload = git_backend(forge.git_root, self.command, split.path[len("/git"):],
+                                                       split.query, self.headers, body)
                 self._send(status, payload, headers)
                 return
             if self.headers.get("Authorization") != f"Bearer {forge.token}":
@@ -412,45 +366,3 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
     return Handler
-
-
-# -- webhook deliveries, as GitHub and GitLab send them ------------------------------------------------
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "webhooks"
-
-
-def load_payload(name: str) -> dict[str, Any]:
-    """A checked-in example payload, e.g. ``github/issues.labeled.json`` (see fixtures/webhooks/README.md)."""
-    payload: dict[str, Any] = json.loads((FIXTURES / name).read_text(encoding="utf-8"))
-    return payload
-
-
-def github_delivery(event: str, payload: dict[str, Any] | bytes, secret: str | None,
-                    delivery: str | None = None, hook_id: str = "109948940") -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a GitHub delivery (signed with ``secret`` when one is given)."""
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    headers = {"Content-Type": "application/json", "X-GitHub-Event": event, "X-GitHub-Hook-ID": hook_id,
-               "X-GitHub-Delivery": delivery or str(uuid.uuid4()), "User-Agent": "GitHub-Hookshot/fake"}
-    if secret is not None:
-        headers["X-Hub-Signature-256"] = github_signature(secret, body)
-    return body, headers
-
-
-def gitlab_delivery(event: str, payload: dict[str, Any] | bytes, *, token: str | None = None,
-                    signing_token: str | None = None, idempotency_key: str | None = None,
-                    timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of a GitLab delivery: ``X-Gitlab-Token`` and/or a Standard-Webhooks signature."""
-    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    key = idempotency_key or str(uuid.uuid4())
-    headers = {"Content-Type": "application/json", "X-Gitlab-Event": event, "Idempotency-Key": key,
-               "X-Gitlab-Event-UUID": str(uuid.uuid4()), "X-Gitlab-Webhook-UUID": str(uuid.uuid4()),
-               "User-Agent": "GitLab/fake"}
-    if token is not None:
-        headers["X-Gitlab-Token"] = token
-    if signing_token is not None:
-        stamp = str(timestamp if timestamp is not None else int(time.time()))
-        signing = signing_key(signing_token)
-        assert signing is not None
-        headers.update({"webhook-id": key, "webhook-timestamp": stamp,
-                        "webhook-signature": standard_signature(signing, key, stamp, body)})
-    return body, headers

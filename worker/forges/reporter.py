@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
 
+from contexts.atomic import read_json
 from contexts.errors import TasukiError
 from contexts.masking import mask
+from contexts.names import METADATA_FILE
+from contexts.state import read_state
 from worker.forges import make_forge
 from worker.forges.base import Forge, Item, ItemRef, find_comment
 from worker.run import TaskRequest, Workplace
@@ -185,3 +189,19 @@ def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeRe
     forge = make_forge(source, settings)
     section = settings.github if source == "github" else settings.gitlab
     return ForgeReporter(forge, request, uuid, section.labels, section.bot_login)
+
+
+def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:
+    """Tell the forge how a task ended that no worker could report (the monitor failed it): final label,
+    progress and summary. Raises when the forge could not be told."""
+    metadata = read_json(directory / METADATA_FILE)
+    request = TaskRequest.from_json(metadata.get("request") or {"task_key": metadata["task_key"],
+                                                               "user": metadata.get("user")})
+    reporter = reporter_for(settings, request, uuid)
+    if reporter is None:
+        return
+    state = read_state(directory)
+    try:
+        reporter.finish(str(state["status"]), state, state.get("result"), state.get("error"))
+    finally:
+        reporter.close()
