@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,10 +74,8 @@ class WorkerProcess:
         """SIGKILL the whole process group (the machine died) and reap it."""
         if self.process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(timeout=30)
 
     def terminate(self, timeout_s: float = 60.0) -> int:
@@ -95,10 +94,8 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is None:
             self.terminate(timeout_s=20)
         if self.process is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
