@@ -28,7 +28,7 @@ CONTEXT_LENGTH = 32768
 STALE_AFTER_S = 60
 
 
-class Bench:
+class Workbench:
     """One task's pieces: store, held context, checkout, model; ``agent()`` builds a loop over them."""
 
     def __init__(self, root: Path, server: ReplayServer) -> None:
@@ -68,17 +68,17 @@ class Bench:
 
 
 @pytest.fixture
-def bench(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Bench]:
+def workbench(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Workbench]:
     with model_server(request.param) as server:
-        b = Bench(tmp_path, server)
+        b = Workbench(tmp_path, server)
         yield b
         if not b.ctx.closed:
             b.ctx.detach()
 
 
 def turns(*entries: dict[str, Any]) -> pytest.MarkDecorator:
-    """Parametrize the ``bench`` fixture with a trajectory."""
-    return pytest.mark.parametrize("bench", [list(entries)], indirect=True)
+    """Parametrize the ``workbench`` fixture with a trajectory."""
+    return pytest.mark.parametrize("workbench", [list(entries)], indirect=True)
 
 
 def _crash(*_: Any, **__: Any) -> Any:
@@ -89,18 +89,18 @@ def _crash(*_: Any, **__: Any) -> Any:
     {"content": "Write it.", "tool_calls": [tool("write_file", path="a.txt", content="A\n")]},
     finish_turn("Wrote a.txt."),
 )
-def test_the_reply_is_on_disk_before_its_tool_calls_run(bench: Bench, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_reply_is_on_disk_before_its_tool_calls_run(workbench: Workbench, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent_module, "run_tool", _crash)
 
     with pytest.raises(RuntimeError, match="worker died"):
-        bench.agent().step()
+        workbench.agent().step()
 
-    last = bench.messages()[-1]
+    last = workbench.messages()[-1]
     assert last["role"] == "assistant"
     assert replayed_turn(last) == 0
     assert [c["function"]["name"] for c in last["tool_calls"]] == ["write_file"]
-    assert bench.tools() == []
-    assert bench.ctx.read_state()["llm_call_count"] == 1
+    assert workbench.tools() == []
+    assert workbench.ctx.read_state()["llm_call_count"] == 1
 
 
 @turns(
@@ -108,90 +108,90 @@ def test_the_reply_is_on_disk_before_its_tool_calls_run(bench: Bench, monkeypatc
     finish_turn("Wrote a.txt."),
 )
 def test_a_resumed_agent_runs_the_pending_calls_without_asking_the_model_again(
-    bench: Bench, monkeypatch: pytest.MonkeyPatch
+    workbench: Workbench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(agent_module, "run_tool", _crash)
         with pytest.raises(RuntimeError):
-            bench.agent().step()
-    call_id = bench.messages()[-1]["tool_calls"][0]["id"]
-    bench.resume_elsewhere()
-    agent = bench.agent()
+            workbench.agent().step()
+    call_id = workbench.messages()[-1]["tool_calls"][0]["id"]
+    workbench.resume_elsewhere()
+    agent = workbench.agent()
 
     assert [c.name for c in agent.unanswered() or []] == ["write_file"]
     agent.step()
-    assert bench.asked() == [0]  # the pending call ran without a model call
-    answer = bench.messages()[-1]
+    assert workbench.asked() == [0]  # the pending call ran without a model call
+    answer = workbench.messages()[-1]
     assert (answer["role"], answer["tool_call_id"]) == ("tool", call_id)
-    assert (bench.checkout.path / "a.txt").read_text() == "A\n"
+    assert (workbench.checkout.path / "a.txt").read_text() == "A\n"
 
     assert agent.run() == "Wrote a.txt."
-    assert bench.asked() == [0, 1]
+    assert workbench.asked() == [0, 1]
 
 
 @turns(finish_turn("All done."))
-def test_a_finish_already_answered_ends_the_task_without_an_llm_call(bench: Bench) -> None:
-    assert bench.agent().run() == "All done."
-    bench.resume_elsewhere()
-    agent = bench.agent()
+def test_a_finish_already_answered_ends_the_task_without_an_llm_call(workbench: Workbench) -> None:
+    assert workbench.agent().run() == "All done."
+    workbench.resume_elsewhere()
+    agent = workbench.agent()
 
     with pytest.raises(Finished):
         agent.unanswered()
     assert agent.run() == "All done."
-    assert bench.asked() == [0]
+    assert workbench.asked() == [0]
 
 
 @turns(*[{"content": None, "tool_calls": [tool("bash", command=f"echo {n}")]} for n in range(5)])
-def test_a_task_that_never_finishes_stops_at_the_step_limit(bench: Bench) -> None:
+def test_a_task_that_never_finishes_stops_at_the_step_limit(workbench: Workbench) -> None:
     with pytest.raises(StepLimit, match="step limit of 3"):
-        bench.agent(max_steps=3).run()
+        workbench.agent(max_steps=3).run()
 
-    assert bench.asked() == [0, 1, 2]
-    assert bench.ctx.read_state()["llm_call_count"] == 3
-    assert len(bench.tools()) == 3
+    assert workbench.asked() == [0, 1, 2]
+    assert workbench.ctx.read_state()["llm_call_count"] == 3
+    assert len(workbench.tools()) == 3
 
 
 @turns({"content": None, "tool_calls": [tool("bash", command="seq 1 2000")]}, finish_turn())
-def test_a_long_tool_output_is_cut_for_the_prompt_and_points_to_the_full_record(bench: Bench) -> None:
-    bench.agent(tool_output_max_chars=300).run()
+def test_a_long_tool_output_is_cut_for_the_prompt_and_points_to_the_full_record(workbench: Workbench) -> None:
+    workbench.agent(tool_output_max_chars=300).run()
 
-    full = bench.tools()[0]
+    full = workbench.tools()[0]
     assert full["result"].startswith("1\n2\n3\n")
     assert full["result"].endswith("\n2000\nexit code: 0")
-    cut = next(m for m in bench.messages() if m["role"] == "tool")
+    cut = next(m for m in workbench.messages() if m["role"] == "tool")
     assert cut["truncated_from"] == len(full["result"])
     assert cut["content"].startswith("1\n2\n3\n")
     assert cut["content"].endswith(f"exit code: 0\n[full output: tools.jsonl seq {full['seq']}]")
     assert "characters omitted" in cut["content"]
     assert len(cut["content"]) < 500
-    sent = agent_requests(bench.server.requests)[1]["body"]["messages"]
+    sent = agent_requests(workbench.server.requests)[1]["body"]["messages"]
     assert [m["content"] for m in sent if m["role"] == "tool"] == [cut["content"]]  # the model saw the cut copy
 
 
 @turns({"content": "Let me think about it."}, finish_turn("Thought."))
-def test_a_reply_without_tool_calls_is_answered_with_a_nudge(bench: Bench) -> None:
-    assert bench.agent().run() == "Thought."
+def test_a_reply_without_tool_calls_is_answered_with_a_nudge(workbench: Workbench) -> None:
+    assert workbench.agent().run() == "Thought."
 
-    roles = [(m["role"], m["content"] if m["role"] == "user" else None) for m in bench.messages()[2:]]
+    roles = [(m["role"], m["content"] if m["role"] == "user" else None) for m in workbench.messages()[2:]]
     assert roles == [("assistant", None), ("user", NUDGE), ("assistant", None), ("tool", None)]
 
 
 @turns({"content": "Let me think about it."}, finish_turn("Thought."))
-def test_a_nudge_lost_in_a_crash_is_written_on_resume_without_an_llm_call(bench: Bench) -> None:
-    bench.ctx.append_message("assistant", "[tasuki-replay turn=0] Let me think about it.")  # then the crash
-    agent = bench.agent()
+def test_a_nudge_lost_in_a_crash_is_written_on_resume_without_an_llm_call(workbench: Workbench) -> None:
+    workbench.ctx.append_message("assistant", "[tasuki-replay turn=0] Let me think about it.")  # then the crash
+    agent = workbench.agent()
 
     assert agent.unanswered() == []
-    assert bench.messages()[-1]["content"] == NUDGE
-    assert bench.asked() == []
+    assert workbench.messages()[-1]["content"] == NUDGE
+    assert workbench.asked() == []
     assert agent.run() == "Thought."
-    assert bench.asked() == [1]
+    assert workbench.asked() == [1]
 
 
 @turns(finish_turn())
-def test_a_cancel_request_stops_the_loop_before_the_next_model_call(bench: Bench) -> None:
-    bench.ctx.update_state(cancel_requested=True)
+def test_a_cancel_request_stops_the_loop_before_the_next_model_call(workbench: Workbench) -> None:
+    workbench.ctx.update_state(cancel_requested=True)
 
     with pytest.raises(Cancelled):
-        bench.agent().run()
-    assert bench.asked() == []
+        workbench.agent().run()
+    assert workbench.asked() == []

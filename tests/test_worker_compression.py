@@ -157,13 +157,6 @@ def test_a_single_busy_worker_summarizes_inline_when_no_one_takes_the_compressio
         assert not JOB_RAN.search(worker_logs(stack))
 
 
-UNBOUNDED_SPAN = (
-    "the span to summarize is every unsummarized message but the newest keep_recent, with no token cap: after "
-    "a few failed summaries the summarizer's request exceeds context_length (a real model then rejects it and "
-    "compression never recovers); contexts.compression.select_span needs a token budget"
-)
-
-
 @pytest.mark.parametrize("failures", [1, 3])
 def test_failed_summaries_never_lose_the_task_and_every_request_fits_the_window(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis, failures: int
