@@ -27,6 +27,7 @@ log = structlog.get_logger(__name__)
 TOOLS_TOKENS = estimate_tokens(json.dumps(TOOL_SCHEMAS))
 FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the prompt gets far less
 COMPRESSION_RETRY_STEPS = 3
+MUTATING_TOOLS = frozenset({"bash", "write_file", "edit_file"})
 
 
 class Finished(Exception):
@@ -113,7 +114,10 @@ class Agent:
                 self.ctx.append_message("user", NUDGE)
         self.execute(calls)
         self.ctx.step_done()
-        if self.checkout.checkpoint(int(self.ctx.read_state().get("llm_call_count", 0))):
+        # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.
+        if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
+            int(self.ctx.read_state().get("llm_call_count", 0))
+        ):
             self.ctx.update_state(last_activity="checkpoint")
         finish = next((c for c in calls if c.name == "finish"), None)
         if finish is not None:

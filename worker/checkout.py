@@ -46,8 +46,11 @@ class Checkout:
         """Where step checkpoints are pushed: beside the task branch, never on it."""
         return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}"
 
-    def prepare(self) -> bool:
-        """Make the checkout exist on the task branch; return True when it was resumed (not fresh)."""
+    def prepare(self, *, fresh: bool = False) -> bool:
+        """Make the checkout exist on the task branch; return True when it was resumed (not fresh).
+
+        ``fresh``: the task has never run before, so no earlier attempt can have pushed anything.
+        """
         if (self.path / ".git").is_dir():
             try:
                 self.git("checkout", "-q", self.branch)
@@ -59,6 +62,9 @@ class Checkout:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                 extra_env=self.git_env)
+        if fresh:
+            self.git("checkout", "-q", "-b", self.branch)
+            return False
         heads = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch, self.branch).split()
         if f"refs/heads/{self.checkpoint_branch}" not in heads:
             if f"refs/heads/{self.branch}" not in heads:
@@ -74,7 +80,13 @@ class Checkout:
         self.git("fetch", "-q", "origin", self.checkpoint_branch)
         self.git("read-tree", "-u", "--reset", "FETCH_HEAD")
         self.git("reset", "-q")
+        self._pushed_marker.write_text(self.git("rev-parse", "FETCH_HEAD^{tree}"))
         return True
+
+    @property
+    def _pushed_marker(self) -> Path:
+        """Holds the tree of the last checkpoint on the remote; absent while none was pushed."""
+        return self.path / ".git" / "tasuki-checkpoint-tree"
 
     def has_changes(self) -> bool:
         """True when the working tree differs from the last commit."""
@@ -91,7 +103,8 @@ class Checkout:
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes."""
         self.git("push", "-q", "--force", "origin", f"HEAD:refs/heads/{self.branch}")
-        self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
+        if self._pushed_marker.exists():
+            self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
 
     def checkpoint(self, step: int) -> bool:
         """Snapshot the working tree (without touching HEAD or the index) and push it beside the task
@@ -101,7 +114,7 @@ class Checkout:
         run_git(("read-tree", "HEAD"), cwd=self.path, extra_env=env)
         run_git(("add", "-A"), cwd=self.path, extra_env=env)
         tree = run_git(("write-tree",), cwd=self.path, extra_env=env).strip()
-        marker = self.path / ".git" / "tasuki-checkpoint-tree"
+        marker = self._pushed_marker
         previous = marker.read_text().strip() if marker.exists() else self.git("rev-parse", "HEAD^{tree}").strip()
         if tree == previous:
             return False

@@ -235,7 +235,7 @@ class TaskRun:
         return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
-        checkout.prepare()
+        checkout.prepare(fresh=not ctx.pinned)
         if not ctx.pinned:
             ctx.append_message("system", SYSTEM_PROMPT)
             ctx.append_message("user", task_message(self.request.prompt, workplace.issue))

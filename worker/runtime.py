@@ -74,14 +74,25 @@ def llm_config(s: Settings) -> dict[str, Any]:
 
 
 def provider_for(config: dict[str, Any], s: Settings | None = None) -> Provider:
-    """A provider for a task's recorded LLM config; the API key comes from the environment."""
+    """A provider for a task's recorded LLM config; the API key comes from the environment.
+
+    Providers are kept per (provider, model, window, endpoint): a new HTTP client per task would reload
+    the TLS certificate bundle every time (about 50 ms).
+    """
     s = s or settings()
+    return _provider(
+        config["llm_provider"], config["model"], int(config["context_length"]), config.get("endpoint"), s
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _provider(provider: str, model: str, context_length: int, endpoint: str | None, s: Settings) -> Provider:
     key = s.secrets.openai_api_key
     return make_provider(
-        config["llm_provider"],
-        config["model"],
-        int(config["context_length"]),
-        config.get("endpoint"),
+        provider,
+        model,
+        context_length,
+        endpoint,
         key.get_secret_value() if key is not None else None,
         timeout_s=float(s.llm.timeout_s),
         max_retries=s.llm.max_retries,
