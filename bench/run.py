@@ -9,13 +9,27 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import bench_appends, bench_memory, bench_prompt
+from bench import (
+    bench_appends,
+    bench_failover,
+    bench_memory,
+    bench_monitor,
+    bench_prompt,
+    bench_throughput,
+    bench_webhook,
+    bench_worker_memory,
+)
 from bench.common import Result, print_table
 
 BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "appends": bench_appends.run,
     "prompt": bench_prompt.run,
     "memory": bench_memory.run,
+    "throughput": bench_throughput.run,  # issue 3: real worker, Redis, replay model, git
+    "worker-memory": bench_worker_memory.run,
+    "monitor": bench_monitor.run,  # issue 4
+    "failover": bench_failover.run,
+    "webhook": bench_webhook.run,  # issue 5
 }
 
 

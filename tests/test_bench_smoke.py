@@ -26,7 +26,7 @@ RATIO_LINES = (
 @pytest.mark.timeout(60)
 def test_quick_run_prints_every_ratio_and_the_summary_table(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "appends", "prompt", "memory", "--dir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -36,6 +36,31 @@ def test_quick_run_prints_every_ratio_and_the_summary_table(tmp_path: Path) -> N
     for pattern in RATIO_LINES:
         assert re.search(pattern, run.stdout, re.MULTILINE), f"{pattern!r} not in:\n{run.stdout}"
     assert list(tmp_path.iterdir()) == []  # the scratch contexts are removed
+
+
+SERVICE_BENCHMARKS = ("throughput", "worker-memory", "monitor", "failover", "webhook")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_quick_run_of_the_service_benchmarks_prints_their_ratios(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", *SERVICE_BENCHMARKS, "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = run.stdout.split("benchmark", 1)[-1]
+    for name in (
+        "task throughput vs celery no-op",
+        "worker peak memory",
+        "monitor: index pass",
+        "failover:",
+        "webhook deliveries/s vs bare",
+    ):
+        assert re.search(rf"^{re.escape(name)}.*\s(PASS|MISS|info)$", table, re.MULTILINE), f"{name!r} not in:\n{table}"
 
 
 def test_bulk_written_history_is_what_append_message_writes(tmp_path: Path) -> None:

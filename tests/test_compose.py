@@ -42,7 +42,7 @@ from tests.helpers.redis_server import free_port
 from tests.helpers.stack import Stack
 from worker.cli import COMMANDS
 from worker.names import BEAT_LOCK_KEY
-from worker.services import Service, beat_argv, worker_argv
+from worker.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_argv
 from worker.settings import SECRET_VARIABLES
 from worker.settings_models import AgentSettings
 
@@ -52,6 +52,7 @@ REAL_RUNS = {
     "flower": "tests/test_flower.py::test_flower_shows_the_run_task_under_its_context_uuid_with_name_and_state",
     "beat": "tests/test_compose.py::test_beat_command_takes_the_schedule_lock_and_releases_it_on_stop",
     "webhook": "tests/test_compose.py::test_webhook_command_serves_healthz",
+    "maintenance": "tests/test_compose.py::test_maintenance_command_serves_only_the_maintenance_queue",
 }
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|AUTH")
 SHUTDOWN_MARGIN_S = 15  # after the soft shutdown: cold shutdown, requeue, exit
@@ -76,8 +77,8 @@ def seconds(duration: str) -> float:
 
 
 def test_the_stack_has_redis_workers_one_beat_webhook_flower_and_optional_ollama() -> None:
-    assert set(SERVICES) == {"redis", "worker", "beat", "webhook", "flower", "ollama"}
-    assert TASUKI_SERVICES == ["beat", "flower", "webhook", "worker"]
+    assert set(SERVICES) == {"redis", "worker", "maintenance", "beat", "webhook", "flower", "ollama"}
+    assert TASUKI_SERVICES == ["beat", "flower", "maintenance", "webhook", "worker"]
     assert SERVICES["ollama"]["profiles"] == ["ollama"]
     assert any(v.endswith(":/root/.ollama") for v in SERVICES["ollama"]["volumes"])
     assert "deploy" not in SERVICES["beat"]  # exactly one beat: no replicas
@@ -189,10 +190,17 @@ def test_no_token_shaped_string_is_written_in_the_file() -> None:
 
 
 def test_worker_command_is_what_tasuki_worker_and_tasuki_up_run() -> None:
-    launcher = worker_argv(["--loglevel", "INFO"])  # `tasuki worker --loglevel INFO`, the worker of `tasuki up`
+    # `tasuki worker -Q tasks,compression --loglevel INFO`, the worker of `tasuki up`
+    launcher = worker_argv(["-Q", ",".join(TASK_QUEUES), "--loglevel", "INFO"])
 
     assert launcher[:3] == [sys.executable, "-m", "celery"]
     assert service_argv("worker") == ["celery", *launcher[3:]]
+
+
+def test_maintenance_command_is_what_tasuki_up_runs() -> None:
+    launcher = maintenance_argv(["--loglevel", "INFO"])
+
+    assert service_argv("maintenance") == ["celery", *launcher[3:]]
 
 
 def test_beat_command_is_what_tasuki_up_runs(tmp_path: Path) -> None:
@@ -347,3 +355,18 @@ def test_webhook_command_serves_healthz(tmp_path: Path, runner: ServiceRunner) -
     wait_healthy(local.argv(healthcheck_argv("webhook")), runner.env)
 
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+@pytest.mark.integration
+def test_maintenance_command_serves_only_the_maintenance_queue(tmp_path: Path, runner: ServiceRunner) -> None:
+    from tests.helpers.celery_worker import wait_for_ping
+
+    local = Localization(tmp_path)
+    started = runner.start("maintenance", local.argv(service_argv("maintenance")))
+    assert started.process is not None
+    wait_for_ping(runner.env["TASUKI__BROKER__URL"], "maintenance@", started.process, tmp_path / "maintenance.log")
+
+    banner = runner.log("maintenance")
+    assert ".> maintenance " in banner
+    assert ".> tasks " not in banner
+    assert ".> compression " not in banner

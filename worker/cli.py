@@ -245,6 +245,17 @@ COMMANDS: list[Command] = [
         commands.cmd_up,
         commands.up_arguments,
     ),
+    Command(("beat",), "the scheduler: monitor, retention, alerts", commands.cmd_beat, commands.beat_arguments),
+    Command(
+        ("reap",),
+        "one monitor pass: resume or fail lost tasks, repair interrupted completions",
+        commands.cmd_reap,
+        commands.dry_run_arguments,
+    ),
+    Command(
+        ("retention",), "gzip and delete completed contexts by age", commands.cmd_retention, commands.dry_run_arguments
+    ),
+    Command(("alerts",), "disk use, failure rate, running and long-running tasks", commands.cmd_alerts),
     Command(
         ("webhook",),
         "the HTTP intake: webhooks, task API, /healthz, /metrics",

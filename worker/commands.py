@@ -112,6 +112,52 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# -- beat, reap, retention, alerts (the scheduler's actions) ---------------------------------------------
+
+
+def beat_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every other option is passed to `celery beat` as it is (e.g. -s FILE for the schedule file).
+    parser.set_defaults(celery_args=[], passthrough=True)
+
+
+def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
+    """The scheduler: monitor, retention and alerts on the maintenance queue (one schedule fleet-wide)."""
+    from scheduler.beat import run_beat
+
+    return run_beat(args.celery_args)
+
+
+def dry_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
+
+
+def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
+    """One monitor pass now: resume or fail tasks whose worker died, repair interrupted completions."""
+    from scheduler.jobs import format_reap, reap
+
+    for line in format_reap(reap(args.dry_run), dry_run=args.dry_run):
+        _say(line)
+    return 0
+
+
+def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
+    """Gzip and delete completed contexts by age (contexts.retention)."""
+    from scheduler.jobs import format_retention, retention
+
+    for line in format_retention(retention(args.dry_run), dry_run=args.dry_run):
+        _say(line)
+    return 0
+
+
+def cmd_alerts(args: argparse.Namespace, settings: Settings) -> int:
+    """Check disk use, failure rate, running and long-running tasks against the alert thresholds."""
+    from scheduler.alerts import alerts, format_alerts
+
+    for line in format_alerts(alerts()):
+        _say(line)
+    return 0
+
+
 # -- webhook ---------------------------------------------------------------------------------------
 
 

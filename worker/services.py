@@ -28,6 +28,14 @@ def worker_argv(extra: Sequence[str] = (), *, name: str = "tasuki") -> list[str]
     return argv + list(extra)
 
 
+TASK_QUEUES = ("tasks", "compression")
+
+
+def maintenance_argv(extra: Sequence[str] = ()) -> list[str]:
+    """A worker of its own for the monitor, retention and alerts: they never wait behind long tasks."""
+    return worker_argv(["-Q", "maintenance", "-P", "solo", *extra], name="maintenance")
+
+
 def beat_argv(schedule_dir: Path, extra: Sequence[str] = ()) -> list[str]:
     """``celery -A worker beat`` with its schedule file under ``schedule_dir``."""
     schedule_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

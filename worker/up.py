@@ -7,7 +7,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from worker.embedded import EmbeddedRedis, redis_answers
-from worker.services import Service, beat_argv, child_env, wait_all, worker_argv
+from worker.services import TASK_QUEUES, Service, beat_argv, child_env, maintenance_argv, wait_all, worker_argv
 from worker.settings_models import Settings
 
 
@@ -26,8 +26,9 @@ def run_up(
             overrides["TASUKI__BROKER__URL"] = embedded.url
             say(f"broker:  embedded Redis at {embedded.url} (data in {embedded.data_dir})")
         env = child_env(overrides)
-        services = [Service("worker", worker_argv(), env)]
+        services = [Service("worker", worker_argv(["-Q", ",".join(TASK_QUEUES)]), env)]
         if beat:
+            services.append(Service("maintenance", maintenance_argv(), env))
             services.append(Service("beat", beat_argv(var_dir.absolute() / "beat"), env))
         if webhook:
             import sys
