@@ -61,12 +61,10 @@ def load_settings(config_path: str | Path | None = None, env: Mapping[str, str] 
     data = _read_config_file(_config_file(config_path, environ))
     overrides, origins = _environment_overrides(environ)
     try:
-        settings = Settings.model_validate(_merge(data, overrides))
+        settings = Settings.model_validate(recursive_merge(data, overrides))
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(error, origins) for error in exc.errors())) from None
-    secrets = Secrets.model_validate(
-        {name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)}
-    )
+    secrets = Secrets.model_validate({name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)})
     # Secrets that match no token pattern are still masked in every log line and file.
     register_secrets(environ.get(name) for name in SECRET_VARIABLES)
     return settings.with_secrets(secrets)
@@ -165,11 +163,12 @@ def _field_at(path: KeyPath) -> FieldInfo | None:
     return field
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def recursive_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` laid over it, nested mappings merged key by key (mini-swe-agent's way)."""
     merged = dict(base)
     for key, value in overrides.items():
         below = merged.get(key)
-        merged[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+        merged[key] = recursive_merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
     return merged
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from worker.names import USER_CONFIG_PREFIX
 from worker.runtime import llm_config
+from worker.settings import recursive_merge
 from worker.settings_models import CompressionSettings, LLMSettings, Settings
 
 log = structlog.get_logger(__name__)
@@ -78,8 +79,10 @@ def apply_overrides(settings: Settings, answer: Any) -> Settings:
         llm[provider] = section
     if data.get("compression_threshold") is not None:
         compression["threshold"] = data["compression_threshold"]
-    merged_llm = LLMSettings.model_validate(_merge(settings.llm.model_dump(), llm))
-    merged_compression = CompressionSettings.model_validate(_merge(settings.compression.model_dump(), compression))
+    merged_llm = LLMSettings.model_validate(recursive_merge(settings.llm.model_dump(), llm))
+    merged_compression = CompressionSettings.model_validate(
+        recursive_merge(settings.compression.model_dump(), compression)
+    )
     return settings.model_copy(update={"llm": merged_llm, "compression": merged_compression})
 
 
@@ -97,14 +100,6 @@ def _known(section: Any, model: type[BaseModel]) -> dict[str, Any]:
         else:
             kept[name] = section[name]
     return kept
-
-
-def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overrides.items():
-        below = merged.get(key)
-        merged[key] = _merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
-    return merged
 
 
 def _cache_get(client: redis.Redis | None, key: str) -> dict[str, Any] | None:
