@@ -381,7 +381,7 @@ def _lines(stream: Any) -> Iterator[str]:
     yield from iter(stream.readline, "")
 
 
-def test_follow_prints_new_messages_until_the_context_finishes(tmp_path: Path) -> None:
+def test_follow_prints_new_messages_and_state_changes_until_the_context_finishes(tmp_path: Path) -> None:
     base = tmp_path / "contexts"
     ctx = _create(ContextStore(base, fsync="never"), "local", "me", "tool", "issue", 2, "me")
     ctx.append_message("user", "first")
@@ -412,6 +412,8 @@ def test_follow_prints_new_messages_until_the_context_finishes(tmp_path: Path) -
         wait_for("[1] user: first")
         ctx.append_message("assistant", "second")
         wait_for("[2] assistant: second")
+        ctx.update_state(status="compressing", add={"llm_call_count": 1})
+        wait_for("-- compressing  step   1")  # state changes are followed too
         ctx.finish("completed")
         wait_for("Status: completed")
         assert proc.wait(timeout=RUN_TIMEOUT_S) == 0

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 
-from tests.helpers.model_server import model_server
+from contexts.lock import process_alive
+from tests.helpers.celery_worker import wait_for_ping
+from tests.helpers.model_server import model_server, write_trajectory
 from tests.helpers.stack import Stack, fix_calc_trajectory, git, make_buggy_repo
+from worker.embedded import free_port
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -105,8 +115,6 @@ def test_cancel_of_unknown_and_malformed_uuids_is_one_line_and_nonzero(stack: St
 
 
 def test_tasuki_worker_passes_celery_options_through_and_serves_the_queues(stack: Stack, tmp_path: Path) -> None:
-    from tests.helpers.celery_worker import wait_for_ping
-
     log = tmp_path / "tasuki-worker.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -136,5 +144,89 @@ def test_tasuki_worker_passes_celery_options_through_and_serves_the_queues(stack
         process.terminate()
         process.wait(timeout=60)
     text = log.read_text()
-    for queue in ("tasks", "compression", "maintenance"):  # celery's start-up banner lists its queues
-        assert f".> {queue} " in text
+    for name in ("tasks", "compression", "maintenance"):  # celery's start-up banner lists its queues
+        assert f".> {name} " in text
+
+
+def _read_until(process: subprocess.Popen[str], marker: str, timeout_s: float = 120) -> list[str]:
+    """Lines of ``process``'s stdout up to the one containing ``marker`` (read on a thread, with a deadline)."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stdout is not None
+    stdout = process.stdout
+    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while not any(marker in line for line in seen):
+        seen.append(lines.get(timeout=max(deadline - time.monotonic(), 0.1)))
+    return seen
+
+
+def test_up_runs_every_service_on_an_embedded_redis_and_stops_them_all(tmp_path: Path) -> None:
+    port = free_port()
+    env = cli_env(
+        tmp_path,
+        TASUKI__BROKER__URL="redis://127.0.0.1:9/0",
+        TASUKI__WEBHOOK__PORT=str(port),
+        TASUKI__WEBHOOK__HOST="127.0.0.1",
+    )
+    up = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "up"],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        lines = _read_until(up, "running; Ctrl-C stops everything")
+        broker = re.search(r"embedded Redis at (redis://\S+)", "".join(lines))
+        assert broker is not None, lines
+        pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(lines))]
+        assert len(pids) == 4  # worker, maintenance, beat, webhook
+        wait_for_ping(broker.group(1), "tasuki@", up, tmp_path / "none.log")  # type: ignore[arg-type]
+        wait_for_ping(broker.group(1), "maintenance@", up, tmp_path / "none.log")  # type: ignore[arg-type]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "webhook never answered /healthz"
+            time.sleep(0.2)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=120) == 0
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    assert not any(process_alive(pid) for pid in pids)  # every child was stopped with it
+
+
+def test_replay_model_command_serves_a_trajectory_to_the_official_openai_client(tmp_path: Path) -> None:
+    trajectory = write_trajectory(tmp_path / "t.jsonl", [{"content": "hello from the replay model"}])
+    port = free_port()
+    served = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "replay-model", "--trajectory", str(trajectory), "--port", str(port)],
+        cwd=tmp_path,
+        env=cli_env(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _read_until(served, f":{port}")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model="replay", messages=[{"role": "user", "content": "hi"}])
+        assert "hello from the replay model" in (reply.choices[0].message.content or "")
+    finally:
+        served.send_signal(signal.SIGTERM)
+        served.wait(timeout=30)
+
+
+def test_replay_model_command_with_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    done = tasuki(["replay-model", "--trajectory", str(tmp_path / "nope.jsonl")], cli_env(tmp_path), tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1
+    assert "no trajectory file" in done.stderr

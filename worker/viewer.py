@@ -270,14 +270,23 @@ def follow(
     width: int,
     interval_s: float = 0.5,
 ) -> str:
-    """Print messages newer than ``after_seq`` as they arrive, until the context ends; returns its status."""
+    """Print messages newer than ``after_seq`` and every change of state (status, step, tokens, compressions,
+    attempt) as they are written, until the context ends; returns its final status."""
+    from worker.progress import progress_line
+
+    last_state = ""
     while True:
         directory = store.locate(uuid)  # running/ until it completes, then completed/
         try:
-            status = str(read_state(directory).get("status"))
+            state = read_state(directory)
         except OSError:  # moved to completed/ between locate and read: look again
             time.sleep(interval_s)
             continue
+        status = str(state.get("status"))
+        line = f"-- {safe(progress_line(state))}"
+        if line != last_state:
+            write(line)
+            last_state = line
         fresh: list[dict[str, Any]] = []
         for record in jsonl.iter_records_reversed(directory / MESSAGES_FILE):
             if int(record.get("seq", 0)) <= after_seq:
