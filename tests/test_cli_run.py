@@ -230,3 +230,29 @@ def test_replay_model_command_with_a_missing_file_is_one_line(tmp_path: Path) ->
     assert done.returncode != 0
     assert done.stderr.count("\n") == 1
     assert "no trajectory file" in done.stderr
+
+
+@pytest.mark.parametrize("command", [["submit", "--repo-path", "REPO", "--prompt", "x"], ["reap"]])
+def test_commands_needing_redis_say_in_one_line_that_it_does_not_answer(tmp_path: Path, command: list[str]) -> None:
+    repo = make_buggy_repo(tmp_path / "repo")
+    env = cli_env(tmp_path, TASUKI__BROKER__URL="redis://:secret-password@127.0.0.1:9/0")
+    (tmp_path / "contexts").mkdir()
+
+    done = tasuki([str(repo) if arg == "REPO" else arg for arg in command], env, tmp_path)
+
+    assert done.returncode == 69, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "Redis does not answer" in done.stderr
+    assert "secret-password" not in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_alerts_read_the_files_without_redis_and_warn_that_the_gauges_were_not_published(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, TASUKI__BROKER__URL="redis://127.0.0.1:9/0")
+    (tmp_path / "contexts").mkdir()
+
+    done = tasuki(["alerts"], env, tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    assert "ok: no alerts" in done.stdout
+    assert json.loads(done.stderr)["event"] == "alert gauges not published"

@@ -6,7 +6,7 @@ its arguments; the work happens in the rooms (contexts, worker, scheduler) and t
 
 Exit codes: 0 done; 1 what was asked for does not exist (an unknown UUID, no context store, an
 unreadable file); 2 bad input or configuration (a malformed UUID or date, a bad config value, a usage
-error); 70 an unexpected internal error (``--debug`` prints its traceback); 130 interrupted.
+error); 69 Redis does not answer; 70 an unexpected internal error (``--debug`` prints its traceback); 130 interrupted.
 Errors are one line on stderr, ``tasuki: error: ...``; never a traceback unless ``--debug`` asks.
 """
 
@@ -35,6 +35,7 @@ PROG = "tasuki"
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE of sysexits.h: Redis does not answer
 EXIT_INTERNAL = 70  # EX_SOFTWARE of sysexits.h
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a shell reports a process killed by SIGPIPE
@@ -313,7 +314,9 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
 
 
 def _error(message: str) -> None:
-    for line in message.strip().splitlines() or [""]:  # a ConfigError lists one problem per line
+    from contexts.masking import mask
+
+    for line in mask(message).strip().splitlines() or [""]:  # a ConfigError lists one problem per line
         sys.stderr.write(f"{PROG}: error: {line}\n")
 
 
@@ -340,12 +343,27 @@ def _report(exc: Exception, *, debug: bool) -> int:
     if isinstance(exc, TasukiError):
         _error(str(exc))
         return EXIT_NOT_FOUND if isinstance(exc, ContextNotFoundError) else EXIT_USAGE
+    if _broker_down(exc):
+        _error(f"Redis does not answer ({_first_line(exc)}); check broker.url, or run `tasuki up`, which starts one")
+        return EXIT_UNAVAILABLE
     if isinstance(exc, OSError):  # a file the store could not read: permissions, a vanished disk
         _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         return EXIT_NOT_FOUND
     first = (str(exc).strip().splitlines() or [""])[0]
     _error(f"unexpected {type(exc).__name__}: {first} (run with --debug for the traceback)")
     return EXIT_INTERNAL
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _broker_down(exc: BaseException) -> bool:
+    """A Redis or broker connection failure (whatever layer raised it), not a bug of ours."""
+    import redis
+    from kombu.exceptions import OperationalError
+
+    return isinstance(exc, redis.ConnectionError | redis.TimeoutError | OperationalError)
 
 
 def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
