@@ -1,0 +1,87 @@
+"""A full disk: the append that does not fit fails with one clear error, and nothing half-written stays.
+
+The file system is a real one that really fills up: a small tmpfs mounted for the test (root only, as in CI).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contexts import ContextStore
+from contexts.atomic import DiskFullError
+from tests.helpers.context_support import CONFIG, TASK_KEY
+from tests.helpers.schemas import validate_context_dir
+
+SIZE = 256 * 1024
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory: Path, leave_bytes: int) -> Path:
+    """Take all free space of the file system but ``leave_bytes``."""
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    filler = directory / "filler"
+    with open(filler, "wb") as out:
+        out.write(b"\0" * max(free - leave_bytes, 0))
+    return filler
+
+
+def test_an_append_that_does_not_fit_fails_cleanly_and_the_context_resumes_once_there_is_room(tiny_fs: Path) -> None:
+    store = ContextStore(tiny_fs / "contexts", heartbeat_interval_s=3600, fsync="always")
+    ctx = store.create(TASK_KEY, CONFIG, user="u")
+    ctx.append_message("system", "s")
+    ctx.append_message("user", "the task")
+    filler = fill(tiny_fs, 16 * 1024)
+
+    written = 0
+    with pytest.raises(DiskFullError) as failure:
+        for _ in range(1000):
+            ctx.append_message("assistant", "x" * 1024)
+            written += 1
+    assert "no space left" in str(failure.value)
+    assert "\n" not in str(failure.value)
+    assert written > 0  # it failed because the disk filled, not at once
+
+    # Nothing half-written: every line is whole, and the seqs run 1..n.
+    counts = validate_context_dir(ctx.path)
+    assert counts["messages.jsonl"] == 2 + written
+
+    filler.unlink()
+    seq = ctx.append_message("assistant", "after the disk was freed")
+    assert seq == 3 + written
+    ctx.finish("completed")
+    assert validate_context_dir(store.completed_path(ctx.uuid))["messages.jsonl"] == seq
+
+
+def test_a_state_update_on_a_full_disk_keeps_the_previous_state_whole(tiny_fs: Path) -> None:
+    store = ContextStore(tiny_fs / "contexts", heartbeat_interval_s=3600)
+    ctx = store.create(TASK_KEY, CONFIG, user="u")
+    ctx.update_state(status="processing", last_activity="before")
+    fill(tiny_fs, 0)
+
+    with pytest.raises(DiskFullError):
+        ctx.update_state(last_activity="x" * 100_000)
+
+    assert ctx.read_state()["last_activity"] == "before"
+    assert not [p for p in ctx.path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+    ctx.detach()
