@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+MAX_PINNED = 4  # a context that never gets a user message must not pin its whole history in memory
+
 
 class Context:
     """A context directory held by this process; obtained from ``ContextStore.create`` or ``.open``."""
@@ -53,7 +55,7 @@ class Context:
         self._write_guard = threading.Lock()
         self.pinned: list[dict[str, Any]] = []
         self._pinned_complete = False
-        for record in jsonl.read_head(path / MESSAGES_FILE, 8):
+        for record in jsonl.read_head(path / MESSAGES_FILE, MAX_PINNED):
             if self._pinned_complete:
                 break
             self._pin(record)
@@ -112,8 +114,9 @@ class Context:
         return self._messages.last_id
 
     def _pin(self, record: dict[str, Any]) -> None:
+        """Pinned: the leading system message(s) and the first user message (the task), at most a few."""
         self.pinned.append(record)
-        if record.get("role") == "user":
+        if record.get("role") == "user" or len(self.pinned) >= MAX_PINNED:
             self._pinned_complete = True
 
     def append_message(self, role: str, content: str | None, **extra: Any) -> int:

@@ -307,7 +307,16 @@ class TaskRun:
         checkout: Checkout | None = None,
     ) -> dict[str, Any]:
         extra = {"result": result} if result else {}
-        path = ctx.finish(status, error=error, **extra)
+        try:
+            path = ctx.finish(status, error=error, **extra)
+        except FencedError:
+            ctx.detach()
+            return {"uuid": self.uuid, "status": "fenced"}
+        except Exception as exc:  # e.g. a full disk: leave the context whole, lock in place, heartbeat stopped
+            ctx.detach()
+            log.error("context could not be finished; the monitor resumes it once its lock is stale",
+                      status=status, error=mask(str(exc))[:300])
+            return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
         if checkout is not None:
             shutil.rmtree(checkout.path, ignore_errors=True)
         try:

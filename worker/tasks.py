@@ -37,7 +37,7 @@ class CompressionError(TasukiError):
     """Summarizing a span failed (the task goes on; the prompt builder's emergency rule applies)."""
 
 
-NOT_FINAL = ("dropped", "deferred", "handed_back", "fenced")
+NOT_FINAL = ("dropped", "deferred", "handed_back", "fenced", "unfinished")
 """Outcomes of a delivery that leave the task's fate to another delivery: acknowledged, no result stored."""
 
 
