@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Result, new_store, start_context, text_pool
+from bench.common import Result, new_store, standalone, start_context, text_pool
 from contexts import Context
 from contexts.clock import iso, utc_now
 from contexts.jsonl import FSYNC_POLICIES, FsyncPolicy
@@ -108,14 +106,5 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     return results
 
 
-def main() -> None:
-    """``python -m bench.bench_appends [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run, not a measurement")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        run(Path(scratch), quick=args.quick)
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

@@ -17,14 +17,12 @@ timings (measured / bound ≤ 1).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid as uuid_module
 from collections.abc import Callable, Iterator
@@ -34,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import Result
+from bench.common import Result, standalone
 from bench.worker_stack import (
     REPO_ROOT,
     CeleryWorker,
@@ -131,7 +129,11 @@ def beat(root: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     with open(root / "beat.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "worker", "beat", "-l", "INFO", "-s", str(root / "beat-schedule")],
-            cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO_ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
         yield process
@@ -174,8 +176,13 @@ def one_failover(root: Path, timings: Timings) -> Sample:
                 os.killpg(victim.process.pid, signal.SIGKILL)
                 killed = time.time()
                 victim.process.wait()
-                wait_for(lambda: read_json(running / "state.json").get("attempt") == 2
-                         and complete_lines(running / "messages.jsonl") > lines, "the resumed step")
+                wait_for(
+                    lambda: (
+                        read_json(running / "state.json").get("attempt") == 2
+                        and complete_lines(running / "messages.jsonl") > lines
+                    ),
+                    "the resumed step",
+                )
                 stepped = time.time()
                 enqueued = reenqueued_at(root / "maint.log", uuid)
         finally:
@@ -196,30 +203,26 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
         samples = [one_failover(scratch / f"{name}-{n}", timings) for n in range(samples_each)]
         measured[timings.name] = samples
         bound = [s.total / (timings.stale_s + timings.monitor_s + s.resume) for s in samples]
-        print(f"{timings.name} (heartbeat {timings.heartbeat_s} s, stale {timings.stale_s} s, monitor "
-              f"{timings.monitor_s} s): " + ", ".join(
-                  f"{s.total:.2f} s (detect {s.detection:.2f} + resume {s.resume:.2f})" for s in samples), flush=True)
-        results.append(Result(f"failover: {timings.name}", f"{statistics.median(s.total for s in samples):.2f}s",
-                              "info", None))
+        print(
+            f"{timings.name} (heartbeat {timings.heartbeat_s} s, stale {timings.stale_s} s, monitor "
+            f"{timings.monitor_s} s): "
+            + ", ".join(f"{s.total:.2f} s (detect {s.detection:.2f} + resume {s.resume:.2f})" for s in samples),
+            flush=True,
+        )
+        results.append(
+            Result(f"failover: {timings.name}", f"{statistics.median(s.total for s in samples):.2f}s", "info", None)
+        )
         results.append(Result(f"failover: {timings.name} / bound", f"{max(bound):.2f}", "<= 1", max(bound) <= 1))
     resume = max(s.resume for samples in measured.values() for s in samples)
     defaults = ContextsSettings().stale_after_s + MonitorSettings().interval_s
-    print(f"worst case at the defaults: stale_after_s {ContextsSettings().stale_after_s} s + monitor.interval_s "
-          f"{MonitorSettings().interval_s} s + resume {resume:.2f} s = {defaults + resume:.1f} s "
-          f"(seed 001: up to 60 s + 300 s, and the task failed instead of resuming)")
+    print(
+        f"worst case at the defaults: stale_after_s {ContextsSettings().stale_after_s} s + monitor.interval_s "
+        f"{MonitorSettings().interval_s} s + resume {resume:.2f} s = {defaults + resume:.1f} s "
+        f"(seed 001: up to 60 s + 300 s, and the task failed instead of resuming)"
+    )
     results.append(Result("failover: worst case at defaults", f"{defaults + resume:.1f}s", "info", None))
     return results
 
 
-def main() -> None:
-    """``python -m bench.bench_failover [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        for result in run(Path(scratch), quick=args.quick):
-            print(f"{result.name}: {result.ratio} (target {result.target}) {result.verdict}")
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

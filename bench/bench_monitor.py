@@ -8,18 +8,16 @@ are dry runs, so nothing changes between rounds; rounds alternate.  Target: the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import redis
 
-from bench.common import Result
+from bench.common import Result, standalone
 from bench.worker_stack import private_redis
 from contexts import ContextStore
 from contexts.clock import utc_now
@@ -105,15 +103,5 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     ]
 
 
-def main() -> None:
-    """``python -m bench.bench_monitor [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        for result in run(Path(scratch), quick=args.quick):
-            print(f"{result.name}: {result.ratio} (target {result.target}) {result.verdict}")
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
 import time
 from collections import deque
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.common import Result, new_store, start_context, text_pool, timed
+from bench.common import Result, new_store, standalone, start_context, text_pool, timed
 from contexts import ContextStore
 from contexts.clock import iso, utc_now
 from contexts.compression import CompressionPolicy, make_summary_record
@@ -156,14 +154,5 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     return [result]
 
 
-def main() -> None:
-    """``python -m bench.bench_prompt [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_BIG:,} messages instead of {FULL_BIG:,}")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        run(Path(scratch), quick=args.quick)
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

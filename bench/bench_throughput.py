@@ -10,9 +10,7 @@ rather than all rounds of one.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import tempfile
 import time
 import uuid as uuid_module
 from collections.abc import Callable
@@ -21,7 +19,7 @@ from typing import Any
 
 from celery import Celery
 
-from bench.common import Result
+from bench.common import Result, standalone
 from bench.noop_app import GIT_ROUNDTRIP, NOOP, NOOP_QUEUE
 from bench.worker_stack import (
     CeleryWorker,
@@ -116,14 +114,5 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     return [result, same_work]
 
 
-def main() -> None:
-    """``python -m bench.bench_throughput [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run, not a measurement")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        run(Path(scratch), quick=args.quick)
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

@@ -59,12 +59,15 @@ def tasuki_app(redis_url: str, scratch: Path) -> object:
 
     config = scratch / "config.yaml"
     config.write_text("")
-    settings = load_settings(config_path=config, env={
-        "TASUKI__BROKER__URL": redis_url,
-        "TASUKI__CONTEXTS__BASE_DIR": str(scratch / "contexts"),
-        "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
-        "GITHUB_WEBHOOK_SECRET": SECRET,
-    })
+    settings = load_settings(
+        config_path=config,
+        env={
+            "TASUKI__BROKER__URL": redis_url,
+            "TASUKI__CONTEXTS__BASE_DIR": str(scratch / "contexts"),
+            "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
+            "GITHUB_WEBHOOK_SECRET": SECRET,
+        },
+    )
     celery = Celery("tasuki-bench")
     celery.conf.update(celery_config(settings))
     return create_app(settings, redis.Redis.from_url(redis_url), celery)
@@ -92,9 +95,23 @@ def start_server(kind: str, redis_url: str, scratch: Path) -> tuple[subprocess.P
     port = free_port()
     with open(scratch / f"{kind}.log", "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.bench_webhook", "--serve", kind, "--port", str(port), "--redis",
-             redis_url, "--scratch", str(scratch)],
-            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "bench.bench_webhook",
+                "--serve",
+                kind,
+                "--port",
+                str(port),
+                "--redis",
+                redis_url,
+                "--scratch",
+                str(scratch),
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -134,8 +151,9 @@ async def _send_all(port: int, requests: list[bytes], latencies: list[float], st
             start = time.perf_counter()
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+            )
             await reader.readexactly(length)
             latencies.append(time.perf_counter() - start)
             statuses.append(int(head.split(b" ", 2)[1]))
@@ -184,8 +202,9 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
             for kind, (_, port) in servers.items():
                 measure(kind, port, warm, client)
             # One sender: the answer time of a single delivery, nothing queued before it.
-            alone = {kind: measure(kind, port, requests[:200], client, senders=1)[0] for kind, (_, port)
-                     in servers.items()}
+            alone = {
+                kind: measure(kind, port, requests[:200], client, senders=1)[0] for kind, (_, port) in servers.items()
+            }
             samples: dict[str, list[tuple[float, float, float]]] = {"bare": [], "tasuki": []}
             for _ in range(rounds):
                 for kind, (_, port) in servers.items():

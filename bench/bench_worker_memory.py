@@ -8,14 +8,12 @@ shows up as a ratio well above 1.
 
 from __future__ import annotations
 
-import argparse
 import json
-import tempfile
 import uuid as uuid_module
 from pathlib import Path
 from typing import Any
 
-from bench.common import Result
+from bench.common import Result, standalone
 from bench.worker_stack import (
     CeleryWorker,
     client,
@@ -92,14 +90,5 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     return [result]
 
 
-def main() -> None:
-    """``python -m bench.bench_worker_memory [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="200 steps instead of 1,000: a smoke run")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
-        run(Path(scratch), quick=args.quick)
-
-
 if __name__ == "__main__":
-    main()
+    standalone(run, __doc__)

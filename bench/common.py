@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import random
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,3 +97,12 @@ def print_table(results: list[Result]) -> None:
     print("-" * 64)
     for result in results:
         print(f"{result.name:<34} {result.ratio:>10}  {result.target:<10} {result.verdict}")
+
+
+def standalone(run: Callable[..., list[Result]], doc: str | None) -> None:
+    """``python -m bench.bench_X [--quick]``: one benchmark on its own, in a scratch directory."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run, not a measurement")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tasuki-bench-") as scratch:
+        print_table(run(Path(scratch), quick=args.quick))
