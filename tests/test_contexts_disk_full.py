@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from contexts import ContextStore
+from contexts import Context, ContextStore
 from contexts.atomic import DiskFullError
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.schemas import validate_context_dir
@@ -26,8 +26,12 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -46,6 +50,16 @@ def fill(directory: Path, leave_bytes: int) -> Path:
     return filler
 
 
+def append_until_full(ctx: Context) -> tuple[int, DiskFullError]:
+    """Append 1 KB messages until the disk refuses one; how many fitted, and the error."""
+    for written in range(1000):
+        try:
+            ctx.append_message("assistant", "x" * 1024)
+        except DiskFullError as exc:
+            return written, exc
+    raise AssertionError("the disk never filled up")
+
+
 def test_an_append_that_does_not_fit_fails_cleanly_and_the_context_resumes_once_there_is_room(tiny_fs: Path) -> None:
     store = ContextStore(tiny_fs / "contexts", heartbeat_interval_s=3600, fsync="always")
     ctx = store.create(TASK_KEY, CONFIG, user="u")
@@ -53,13 +67,9 @@ def test_an_append_that_does_not_fit_fails_cleanly_and_the_context_resumes_once_
     ctx.append_message("user", "the task")
     filler = fill(tiny_fs, 16 * 1024)
 
-    written = 0
-    with pytest.raises(DiskFullError) as failure:
-        for _ in range(1000):
-            ctx.append_message("assistant", "x" * 1024)
-            written += 1
-    assert "no space left" in str(failure.value)
-    assert "\n" not in str(failure.value)
+    written, failure = append_until_full(ctx)
+    assert "no space left" in str(failure)
+    assert "\n" not in str(failure)
     assert written > 0  # it failed because the disk filled, not at once
 
     # Nothing half-written: every line is whole, and the seqs run 1..n.
