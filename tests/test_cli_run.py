@@ -256,3 +256,18 @@ def test_alerts_read_the_files_without_redis_and_warn_that_the_gauges_were_not_p
     assert done.returncode == 0, done.stderr
     assert "ok: no alerts" in done.stdout
     assert json.loads(done.stderr)["event"] == "alert gauges not published"
+
+
+def test_demo_without_git_on_path_says_so_in_one_line(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with this Python but no git
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = cli_env(tmp_path, PATH=str(bin_dir))
+
+    done = tasuki(["demo"], env, tmp_path)
+
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == "tasuki: error: the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself\n"
+    )

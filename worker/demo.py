@@ -7,6 +7,7 @@ summary of the finished context.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 from celery import Celery
 
-from contexts import ContextStore
+from contexts import ContextStore, TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
 from worker import viewer
@@ -61,6 +62,8 @@ def choose_model(settings: Settings) -> str | None:
 
 def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Path("var")) -> int:
     """Run the demo; returns the exit code (0 when the task completed)."""
+    if shutil.which("git") is None:  # the agent works on git checkouts: the one tool Tasuki cannot ship
+        raise TasukiError("the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself")
     with ExitStack() as stack:
         overrides: dict[str, str] = {}
         broker = settings.broker.url
