@@ -209,3 +209,35 @@ def test_a_checkout_left_half_made_by_a_crash_is_made_again(
 
         assert state["status"] == "completed", state
         assert git(repo, "show", f"tasuki/1-{uuid[:8]}:notes.txt") == NOTE
+
+
+def test_a_context_whose_first_worker_died_before_writing_the_task_gets_the_task_on_resume(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with running_stack(tmp_path, redis_url, note_and_finish()) as (stack, server):
+        repo = make_buggy_repo(tmp_path / "repo")
+        request = local_request(repo, prompt="Leave a note.")
+        store = ContextStore(stack.contexts_dir, heartbeat_interval_s=3600)
+        uuid = str(uuid_module.uuid4())
+        # The first worker wrote the system prompt and died before the task message; its lock was released.
+        config = {
+            "llm_provider": "openai",
+            "model": "scripted",
+            "context_length": 32768,
+            "compression_threshold": 0.7,
+            "endpoint": server.openai_base_url,
+        }
+        ctx = store.create(request["task_key"], config, uuid=uuid, extra_metadata={"request": request})
+        ctx.append_message("system", "You are Tasuki.")
+        ctx.release()
+
+        stack.start_worker("w1")
+        stack.send(request, uuid=uuid)
+        state = stack.wait_finished(uuid)
+
+        assert state["status"] == "completed", state
+        messages = context_records(stack.contexts_dir / "completed" / uuid, MESSAGES_FILE)
+        assert [m["role"] for m in messages[:2]] == ["system", "user"]
+        assert "Leave a note." in messages[1]["content"]
+        first = agent_requests(server.requests)[0]["body"]["messages"]
+        assert [m["role"] for m in first[:2]] == ["system", "user"]  # the model saw the task

@@ -236,8 +236,10 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         checkout.prepare(fresh=not ctx.pinned)
-        if not ctx.pinned:
-            ctx.append_message("system", SYSTEM_PROMPT)
+        roles = {record.get("role") for record in ctx.pinned}
+        if "user" not in roles:  # a new task, or one whose first worker died between these two writes
+            if "system" not in roles:
+                ctx.append_message("system", SYSTEM_PROMPT)
             ctx.append_message("user", task_message(self.request.prompt, workplace.issue))
             ctx.step_done()
         summary = self._agent(ctx, checkout, ctx.metadata["config"]).run()
