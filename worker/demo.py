@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
@@ -143,5 +142,4 @@ def submit_local(broker: str, repo: Path, prompt: str) -> str:
         app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
     finally:
         app.close()
-    time.sleep(0)  # yield to the worker; progress polling starts right away
     return uuid
