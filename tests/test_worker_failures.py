@@ -180,3 +180,21 @@ def test_a_task_cancelled_while_queued_never_runs_and_is_recorded_as_cancelled(
         assert context_records(directory, MESSAGES_FILE) == []
         assert not (tmp_path / "workspaces" / uuid).exists()  # never checked out
         assert redis_client.llen(TASKS_QUEUE) == 0
+
+
+def test_a_task_past_its_soft_time_limit_ends_as_timeout_even_inside_a_slow_model_call(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [bash_turn(0), {"delay_s": 300}, bash_turn(1), finish_turn()]
+    env = {"TASUKI__AGENT__SOFT_TIME_LIMIT_S": "3", "TASUKI__AGENT__TIME_LIMIT_S": "120"}
+    with running_stack(tmp_path, redis_url, turns, env=env) as (stack, server):
+        stack.start_worker("w1")
+        uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
+        state = stack.wait_finished(uuid, timeout_s=60)
+        server.model.stop()  # release the held answer so the server can stop
+
+        assert state["status"] == "timeout", state
+        assert state["error"] == "soft time limit reached"
+        directory = stack.contexts_dir / "completed" / uuid
+        validate_context_dir(directory)
+        stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")
