@@ -96,24 +96,28 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
             return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
         return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
 
-    @router.get("/tasks/{uuid}")
-    async def show(uuid: str, request: Request) -> Response:
+    def refused_or_uuid(request: Request, uuid: str) -> JSONResponse | str:
+        """The refusal (bad token, malformed UUID) to answer, or the canonical UUID."""
         if (denied := refused(request)) is not None:
             return denied
         try:
-            uuid = validate_uuid(uuid)
+            return validate_uuid(uuid)
         except InvalidUUIDError as exc:
             return _error(400, str(exc))
-        return await blocking(_describe, intake, uuid)
+
+    @router.get("/tasks/{uuid}")
+    async def show(uuid: str, request: Request) -> Response:
+        checked = refused_or_uuid(request, uuid)
+        if isinstance(checked, JSONResponse):
+            return checked
+        return await blocking(_describe, intake, checked)
 
     @router.post("/tasks/{uuid}/cancel")
     async def cancel(uuid: str, request: Request) -> Response:
-        if (denied := refused(request)) is not None:
-            return denied
-        try:
-            uuid = validate_uuid(uuid)
-        except InvalidUUIDError as exc:
-            return _error(400, str(exc))
+        checked = refused_or_uuid(request, uuid)
+        if isinstance(checked, JSONResponse):
+            return checked
+        uuid = checked
         try:
             detail = await blocking(intake.cancel, uuid)
         except ContextCompletedError:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NoReturn
 from contexts.errors import ContextNotFoundError, CorruptRecordError, InvalidUUIDError, TasukiError
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
 from worker import commands
+from worker.commands import out
 
 if TYPE_CHECKING:
     from contexts.store import ContextStore
@@ -68,12 +69,6 @@ class Command:
 
 
 # -- helpers the commands share --------------------------------------------------------------------
-
-
-def out(text: str) -> None:
-    """Print one block of output and flush it (a pipe reader such as ``head`` sees it at once)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def terminal_width() -> int:

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from worker.settings_models import Settings
 
 
-def _say(text: str) -> None:
+def out(text: str) -> None:
+    """Print one block of output and flush it (a pipe reader such as ``head`` sees it at once)."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -89,12 +90,12 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
     queued = enqueue(app, redis_client(), settings, build_request(args))
     if queued.already_active:
-        _say(f"{queued.uuid} (a task for this issue is already queued or running)")
+        out(f"{queued.uuid} (a task for this issue is already queued or running)")
     else:
-        _say(queued.uuid)
+        out(queued.uuid)
     if not args.wait:
         return 0
-    state = watch(context_store(settings, index=False), queued.uuid, _say)
+    state = watch(context_store(settings, index=False), queued.uuid, out)
     return 0 if state is not None and state.get("status") == "completed" else 1
 
 
@@ -108,7 +109,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from worker.runtime import context_store, redis_client
     from worker.submit import request_cancel
 
-    _say(request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid))
+    out(request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid))
     return 0
 
 
@@ -136,7 +137,7 @@ def cmd_reap(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.jobs import format_reap, reap
 
     for line in format_reap(reap(args.dry_run), dry_run=args.dry_run):
-        _say(line)
+        out(line)
     return 0
 
 
@@ -145,7 +146,7 @@ def cmd_retention(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.jobs import format_retention, retention
 
     for line in format_retention(retention(args.dry_run), dry_run=args.dry_run):
-        _say(line)
+        out(line)
     return 0
 
 
@@ -154,7 +155,7 @@ def cmd_alerts(args: argparse.Namespace, settings: Settings) -> int:
     from scheduler.alerts import alerts, format_alerts
 
     for line in format_alerts(alerts()):
-        _say(line)
+        out(line)
     return 0
 
 
@@ -181,7 +182,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job end to end on embedded defaults (SPEC §11)."""
     from worker.demo import run_demo
 
-    return run_demo(settings, _say)
+    return run_demo(settings, out)
 
 
 def up_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +194,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     """Worker, beat and webhook intake on one machine; an embedded Redis when none answers."""
     from worker.up import run_up
 
-    return run_up(settings, _say, beat=not args.no_beat, webhook=not args.no_webhook)
+    return run_up(settings, out, beat=not args.no_beat, webhook=not args.no_webhook)
 
 
 def replay_arguments(parser: argparse.ArgumentParser) -> None:
