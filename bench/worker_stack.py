@@ -15,10 +15,10 @@ from typing import Any
 
 from celery import Celery
 
-from worker.embedded import EmbeddedRedis
+from cli.embedded import EmbeddedRedis
+from replay import ReplayModel, ReplayServer, serve
+from replay.trajectory import turns_from_entries
 from worker.names import RUN_TASK, TASKS_QUEUE
-from worker.replay import ReplayModel, ReplayServer, serve
-from worker.replay_trajectory import turns_from_entries
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 60.0

@@ -13,6 +13,7 @@ from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.compression import CompressionPolicy
 from contexts.names import MESSAGES_FILE, TOOLS_FILE
+from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import agent_requests, context_records, finish_turn, replayed_turn, tool
@@ -21,7 +22,6 @@ from worker.agent import Agent, AgentLimits, Cancelled, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.llm import make_provider
 from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
-from worker.replay import ReplayServer
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
 CONTEXT_LENGTH = 32768

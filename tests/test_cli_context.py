@@ -118,9 +118,9 @@ def _env(base: Path, **extra: str) -> dict[str, str]:
 
 
 def _command() -> list[str]:
-    """The installed console script, as an operator runs it; `python -m worker.cli` without one."""
+    """The installed console script, as an operator runs it; `python -m cli.main` without one."""
     script = Path(sys.executable).with_name("tasuki")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "worker.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
 
 
 def _empty_dir(base: Path) -> Path:
@@ -366,7 +366,7 @@ def test_context_symlinked_out_of_the_root_is_refused(store: Store, tmp_path: Pa
 
 
 def test_version_from_the_module_and_the_console_script(tmp_path: Path) -> None:
-    for command in ([sys.executable, "-m", "worker.cli"], _command()):
+    for command in ([sys.executable, "-m", "cli.main"], _command()):
         result = subprocess.run(
             [*command, "--version"], capture_output=True, text=True, cwd=tmp_path, timeout=RUN_TIMEOUT_S, check=False
         )

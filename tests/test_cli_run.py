@@ -18,11 +18,11 @@ import httpx
 import openai
 import pytest
 
+from cli.embedded import free_port
 from contexts.lock import process_alive
 from tests.helpers.celery_worker import wait_for_ping
 from tests.helpers.model_server import model_server, write_trajectory
 from tests.helpers.stack import Stack, fix_calc_trajectory, git, make_buggy_repo
-from worker.embedded import free_port
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def tasuki(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -121,7 +121,7 @@ def test_tasuki_worker_passes_celery_options_through_and_serves_the_queues(stack
             [
                 sys.executable,
                 "-m",
-                "worker.cli",
+                "cli.main",
                 "worker",
                 "-n",
                 "cliworker@%h",
@@ -170,7 +170,7 @@ def test_up_runs_every_service_on_an_embedded_redis_and_stops_them_all(tmp_path:
         TASUKI__WEBHOOK__HOST="127.0.0.1",
     )
     up = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "up"],
+        [sys.executable, "-m", "cli.main", "up"],
         cwd=tmp_path,
         env=env,
         text=True,
@@ -208,7 +208,7 @@ def test_replay_model_command_serves_a_trajectory_to_the_official_openai_client(
     trajectory = write_trajectory(tmp_path / "t.jsonl", [{"content": "hello from the replay model"}])
     port = free_port()
     served = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "replay-model", "--trajectory", str(trajectory), "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "replay-model", "--trajectory", str(trajectory), "--port", str(port)],
         cwd=tmp_path,
         env=cli_env(tmp_path),
         text=True,

@@ -23,6 +23,8 @@ import httpx
 import pytest
 import redis
 
+from cli.main import COMMANDS
+from cli.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_argv
 from contexts.masking import mask
 from tests.helpers.compose import (
     COMPOSE_FILE,
@@ -40,9 +42,7 @@ from tests.helpers.compose import (
 )
 from tests.helpers.redis_server import free_port
 from tests.helpers.stack import Stack
-from worker.cli import COMMANDS
 from worker.names import BEAT_LOCK_KEY
-from worker.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_argv
 from worker.settings import SECRET_VARIABLES
 from worker.settings_models import AgentSettings
 

@@ -17,6 +17,7 @@ from typing import IO
 import pytest
 import redis
 
+from cli.services import Service
 from tests.helpers.celery_worker import wait_for_ping
 from tests.helpers.compose import (
     Localization,
@@ -31,7 +32,6 @@ from tests.helpers.model_server import model_server
 from tests.helpers.redis_server import CLAIM_KEY, free_port
 from tests.helpers.stack import Stack, fix_calc_trajectory, make_buggy_repo
 from worker.names import KEY_PREFIX, RUN_TASK
-from worker.services import Service
 
 pytestmark = pytest.mark.integration
 

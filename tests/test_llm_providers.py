@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from worker.llm import LLMError, Provider, compute_backoff, make_provider
 from worker.llm.ollama_provider import to_ollama_messages
 from worker.llm.openai_provider import to_openai_messages
-from worker.replay import ReplayServer
 
 PROVIDERS = ["openai", "ollama"]
 MODEL = "replay-test-model"

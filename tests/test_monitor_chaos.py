@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from kombu import Connection
 
+from replay import ReplayServer
+from replay.rules import conversation_key
 from tests.helpers.beat_process import BeatProcess, children_of
 from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
@@ -28,8 +30,6 @@ from tests.helpers.worker_scenarios import (
     tool,
     worker_logs,
 )
-from worker.replay import ReplayServer
-from worker.replay_rules import conversation_key
 
 pytestmark = pytest.mark.integration
 

@@ -13,6 +13,15 @@ import ollama
 import pytest
 
 from contexts.tokens import estimate_tokens
+from replay import ReplayModel
+from replay.rules import (
+    is_summary_request,
+    next_turn_index,
+    replay_summary,
+    turn_marker,
+)
+from replay.server import main
+from replay.trajectory import ScriptedCall, Turn, load_trajectory, turns_from_entries
 from tests.helpers.model_server import (
     fetch_requests,
     model_server,
@@ -21,14 +30,6 @@ from tests.helpers.model_server import (
     write_trajectory,
 )
 from worker.llm import make_provider
-from worker.replay import ReplayModel, main
-from worker.replay_rules import (
-    is_summary_request,
-    next_turn_index,
-    replay_summary,
-    turn_marker,
-)
-from worker.replay_trajectory import ScriptedCall, Turn, load_trajectory, turns_from_entries
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test in src/calc.py."}

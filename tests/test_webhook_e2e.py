@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 
+from replay import ReplayServer
 from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.intake_server import IntakeServer, intake_server
@@ -21,7 +22,6 @@ from tests.helpers.stack import FIXED_CALC, Stack, fix_calc_trajectory, make_bug
 from tests.helpers.user_config_server import UserConfigServer
 from worker.forges.reporter import MARKER
 from worker.names import ACTIVE_PREFIX
-from worker.replay import ReplayServer
 from worker.settings import load_settings
 
 pytestmark = pytest.mark.integration

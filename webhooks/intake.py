@@ -19,6 +19,7 @@ from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
 from webhooks.events import Action, Cancel, Ignore, Trigger
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
 from worker.settings_models import Settings
+from worker.stores import open_store
 from worker.submit import Enqueued, enqueue, release_active, request_cancel, task_key_id
 
 log = structlog.get_logger(__name__)
@@ -67,9 +68,7 @@ class Intake:
     def store(self) -> ContextStore:
         """The context store (created on first use: only the task API and cancels need it)."""
         if self._store is None:
-            c = self.settings.contexts
-            self._store = ContextStore(c.base_dir, heartbeat_interval_s=c.heartbeat_interval_s,
-                                       stale_after_s=c.stale_after_s, fsync=c.fsync)
+            self._store = open_store(self.settings, must_exist=False)
         return self._store
 
     # -- webhooks --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from worker.llm import Provider, make_provider
 from worker.names import HEARTBEATS_KEY
 from worker.settings import load_settings
 from worker.settings_models import Settings
+from worker.stores import open_store
 
 log = structlog.get_logger(__name__)
 
@@ -51,14 +52,7 @@ def unindex(uuid: str) -> None:
 
 def context_store(s: Settings | None = None, *, index: bool = True) -> ContextStore:
     """The context store as configured; its heartbeats also refresh the Redis index."""
-    s = s or settings()
-    return ContextStore(
-        s.contexts.base_dir,
-        heartbeat_interval_s=s.contexts.heartbeat_interval_s,
-        stale_after_s=s.contexts.stale_after_s,
-        fsync=s.contexts.fsync,
-        on_heartbeat=index_heartbeat if index else None,
-    )
+    return open_store(s or settings(), must_exist=False, on_heartbeat=index_heartbeat if index else None)
 
 
 def llm_config(s: Settings) -> dict[str, Any]:

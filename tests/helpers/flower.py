@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from worker.services import Service
+from cli.services import Service
 
 
 @dataclass

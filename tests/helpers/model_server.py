@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from worker.replay import ReplayModel, ReplayServer, serve
-from worker.replay_trajectory import turns_from_entries
+from replay import ReplayModel, ReplayServer, serve
+from replay.trajectory import turns_from_entries
 
 START_TIMEOUT_S = 30.0
 
@@ -71,11 +71,11 @@ def wait_for_request(
 
 
 class ModelServerProcess:
-    """``python -m worker.replay`` in a child process; its first stdout line is its URL."""
+    """``python -m replay`` in a child process; its first stdout line is its URL."""
 
     def __init__(self, trajectory: Path, *, timeout_s: float = START_TIMEOUT_S) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "worker.replay", "--trajectory", str(trajectory), "--port", "0"],
+            [sys.executable, "-m", "replay", "--trajectory", str(trajectory), "--port", "0"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -1,7 +1,6 @@
-"""Validation of context directories against the contract's JSON schemas (``../shared/schemas``).
+"""Validation of context directories against the project's own JSON schemas (``contexts/schemas``).
 
-The schemas directory is found beside the repository (CI clones the repository with ``shared/`` next to
-it); ``TASUKI_SCHEMAS_DIR`` overrides that.  Format checking is on: ``date-time`` and ``uuid`` are checked.
+Format checking is on: ``date-time`` and ``uuid`` are checked.
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-import os
 import re
 from datetime import datetime
 from functools import cache
@@ -18,20 +16,14 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker  # type: ignore[import-untyped]
 
+from contexts.schemas import load_schema
+
 JSONL_SCHEMAS = {
     "messages.jsonl": ("message", "seq"),
     "summaries.jsonl": ("summary", "summary_id"),
     "tools.jsonl": ("tool", "seq"),
 }
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-
-
-def schemas_dir() -> Path:
-    """Where the ``*.schema.json`` files are: ``$TASUKI_SCHEMAS_DIR`` or ``../shared/schemas``."""
-    override = os.environ.get("TASUKI_SCHEMAS_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
 
 
 def _rfc3339_date_time(instance: object) -> bool:
@@ -62,10 +54,7 @@ def format_checker() -> FormatChecker:
 @cache
 def validator(name: str) -> Draft202012Validator:
     """The validator of ``{name}.schema.json`` (``message``, ``state``, ``lock``...)."""
-    path = schemas_dir() / f"{name}.schema.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"schema {path} not found; set TASUKI_SCHEMAS_DIR or clone shared/ beside the repo")
-    schema = json.loads(path.read_text(encoding="utf-8"))
+    schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=format_checker())
 

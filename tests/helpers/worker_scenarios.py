@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from contexts.tokens import estimate_tokens
+from replay import ReplayModel, ReplayServer, serve
+from replay.rules import text_of
+from replay.trajectory import MARKER_PATTERN, turns_from_entries
 from tests.helpers.schemas import read_jsonl_lines
 from tests.helpers.stack import Stack
-from worker.replay import ReplayModel, ReplayServer, serve
-from worker.replay_rules import text_of
-from worker.replay_trajectory import MARKER_PATTERN, turns_from_entries
 
 PROVIDERS = ("openai", "ollama")
 MODEL_NAME = "scripted"

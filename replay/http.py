@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from contexts.tokens import estimate_tokens
 
 if TYPE_CHECKING:
-    from worker.replay import Answer, ReplayModel
+    from replay.model import Answer, ReplayModel
 
 MODEL_NAME = "tasuki-replay"
 OPENAI_CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")

@@ -2,7 +2,7 @@
 
 A command is ``cmd_x(args, settings) -> int``, registered in :data:`COMMANDS` with the function that adds
 its arguments; the work happens in the rooms (contexts, worker, scheduler) and the printing in
-:mod:`worker.viewer`.
+:mod:`cli.viewer`.
 
 Exit codes: 0 done; 1 what was asked for does not exist (an unknown UUID, no context store, an
 unreadable file); 2 bad input or configuration (a malformed UUID or date, a bad config value, a usage
@@ -13,23 +13,17 @@ Errors are one line on stderr, ``tasuki: error: ...``; never a traceback unless 
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from contexts.errors import ContextNotFoundError, CorruptRecordError, InvalidUUIDError, TasukiError
-from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
-from worker import commands
-from worker.commands import out
+from cli import commands, reading
+from cli.common import UsageError
+from contexts.errors import ContextNotFoundError, TasukiError
 
 if TYPE_CHECKING:
-    from contexts.store import ContextStore
     from worker.settings_models import Settings
 
 PROG = "tasuki"
@@ -40,12 +34,6 @@ EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE of sysexits.h: Redis does not answer
 EXIT_INTERNAL = 70  # EX_SOFTWARE of sysexits.h
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # as a shell reports a process killed by SIGPIPE
-STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
-_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-class UsageError(TasukiError):
-    """The command line itself is wrong: an unknown option, a malformed date, conflicting flags."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,160 +56,24 @@ class Command:
     arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
 
-# -- helpers the commands share --------------------------------------------------------------------
-
-
-def terminal_width() -> int:
-    """Columns to fit one-line views into (``$COLUMNS`` when set, 100 when not a terminal)."""
-    return max(shutil.get_terminal_size((100, 24)).columns, 40)
-
-
-def open_store(settings: Settings) -> ContextStore:
-    """The configured context store, which must already exist (reading never creates one elsewhere)."""
-    base = Path(settings.contexts.base_dir)
-    if not base.is_dir():
-        raise ContextNotFoundError(f"no context store at {base.absolute()} (contexts.base_dir)")
-    from contexts.store import ContextStore
-
-    # Not worker.runtime.context_store: reading needs no Redis heartbeat index, nor the import of redis.
-    config = settings.contexts
-    return ContextStore(
-        base,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        stale_after_s=config.stale_after_s,
-        fsync=config.fsync,
-    )
-
-
-def locate_inside(store: ContextStore, uuid: str) -> Path:
-    """The directory of ``uuid``; refuses one that resolves outside the contexts root (a symlink)."""
-    directory = store.locate(uuid)  # also rejects anything that is not a canonical UUID, e.g. ../../etc
-    root = store.base_dir.resolve()
-    if not directory.resolve().is_relative_to(root):
-        raise InvalidUUIDError(f"context {uuid} leads outside the contexts root {root}")
-    return directory
-
-
-def parse_day(text: str | None, option: str) -> date | None:
-    """A ``YYYY-MM-DD`` option value as a date; a one-line error when it is not one."""
-    if text is None:
-        return None
-    try:
-        if not _DAY.fullmatch(text):
-            raise ValueError("expected YYYY-MM-DD")
-        return date.fromisoformat(text)
-    except ValueError as exc:
-        raise UsageError(f"{option} {text!r} is not a date: {exc}") from None
-
-
-# -- context list / show ---------------------------------------------------------------------------
-
-
-def _list_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--status", choices=STATUSES, help="only contexts with this status")
-    parser.add_argument("--user", metavar="USER", help="only contexts of this user")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def cmd_context_list(args: argparse.Namespace, settings: Settings) -> int:
-    """Contexts, newest first."""
-    from contexts.queries import list_contexts
-    from worker import viewer
-
-    items = list_contexts(open_store(settings), status=args.status, user=args.user)
-    out(viewer.to_json([item.to_json() for item in items]) if args.json else viewer.format_list(items))
-    return EXIT_OK
-
-
-def _show_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uuid", metavar="UUID", help="the task's UUID")
-    parser.add_argument("--messages", action="store_true", help="every message, in full")
-    parser.add_argument("--summaries", action="store_true", help="every summary, in full")
-    parser.add_argument("--tools", action="store_true", help="the tool calls")
-    parser.add_argument("--follow", action="store_true", help="then print new messages until the task ends")
-    parser.add_argument("--json", action="store_true", help="print the detail as JSON")
-
-
-def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
-    """001 §9.1's viewer of one context, running, completed or gzipped."""
-    from contexts.clock import utc_now
-    from contexts.queries import show_context
-    from worker import viewer
-
-    if args.follow and args.json:
-        raise UsageError("--follow prints lines as they come; it cannot be combined with --json")
-    store = open_store(settings)
-    locate_inside(store, args.uuid)
-    limit = None if args.messages or args.tools else viewer.SHOWN_BY_DEFAULT
-    try:
-        detail = show_context(store, args.uuid, limit=limit)
-    except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
-        raise CorruptRecordError(f"context {args.uuid} cannot be read: {type(exc).__name__}: {exc}") from exc
-    if args.json:
-        out(viewer.to_json(viewer.detail_json(detail)))
-        return EXIT_OK
-    width = terminal_width()
-    flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
-    out(viewer.format_detail(detail, now=utc_now(), width=width, **flags))
-    if args.follow and detail.summary.status not in FINAL_STATUSES:
-        out("")
-        viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)
-    return EXIT_OK
-
-
-# -- stats -----------------------------------------------------------------------------------------
-
-
-def _stats_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--summary", action="store_true", help="only the report, without the matching tasks")
-    parser.add_argument("--user", metavar="USER", help="only contexts of this user")
-    parser.add_argument("--from", dest="date_from", metavar="YYYY-MM-DD", help="created on or after this UTC day")
-    parser.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="created on or before this UTC day")
-    parser.add_argument("--status", choices=STATUSES, help="only contexts with this status")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-
-
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    """001 §9.2's statistics; with filters, also the tasks that match (unless ``--summary``)."""
-    from contexts.queries import compute_stats, list_contexts
-    from worker import viewer
-
-    date_from, date_to = parse_day(args.date_from, "--from"), parse_day(args.date_to, "--to")
-    if date_from and date_to and date_from > date_to:
-        raise UsageError(f"--from {date_from} is after --to {date_to}")
-    given = {"user": args.user, "status": args.status, "from": date_from, "to": date_to}
-    filters = {key: str(value) for key, value in given.items() if value is not None}
-    store = open_store(settings)
-    stats = compute_stats(store, user=args.user, status=args.status, date_from=date_from, date_to=date_to)
-    matching = None
-    if filters and not args.summary:
-        matching = [
-            item
-            for item in list_contexts(store, status=args.status, user=args.user)
-            if viewer.created_within(item, date_from, date_to)
-        ]
-    if args.json:
-        data = {"filters": filters, **stats.to_json()}
-        if matching is not None:
-            data["contexts"] = [item.to_json() for item in matching]
-        out(viewer.to_json(data))
-    else:
-        out(viewer.format_stats(stats, filters))
-        if matching is not None:
-            out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
-    return EXIT_OK
-
-
 # -- the table and the parser ----------------------------------------------------------------------
 
 GROUPS: dict[tuple[str, ...], str] = {("context",): "look into the context directories of tasks"}
 
 COMMANDS: list[Command] = [
-    Command(("context", "list"), "contexts, newest first", cmd_context_list, _list_arguments),
+    Command(("context", "list"), "contexts, newest first", reading.cmd_context_list, reading.list_arguments),
     Command(
-        ("context", "show"), "one context: header, statistics, messages, summaries", cmd_context_show, _show_arguments
+        ("context", "show"),
+        "one context: header, statistics, messages, summaries",
+        reading.cmd_context_show,
+        reading.show_arguments,
     ),
-    Command(("stats",), "statistics of the context store, optionally of matching tasks", cmd_stats, _stats_arguments),
+    Command(
+        ("stats",),
+        "statistics of the context store, optionally of matching tasks",
+        reading.cmd_stats,
+        reading.stats_arguments,
+    ),
     Command(
         ("worker",),
         "a Celery worker on the tasks, compression and maintenance queues",

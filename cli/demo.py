@@ -17,17 +17,18 @@ from pathlib import Path
 import httpx
 from celery import Celery
 
-from contexts import ContextStore, TasukiError
+from cli import viewer
+from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
+from cli.embedded import EmbeddedRedis, redis_answers
+from cli.progress import watch
+from cli.services import Service, child_env, worker_argv
+from contexts import TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
-from worker import viewer
 from worker.checkout import run_git
-from worker.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
-from worker.embedded import EmbeddedRedis, redis_answers
 from worker.names import RUN_TASK, TASKS_QUEUE
-from worker.progress import watch
-from worker.services import Service, child_env, worker_argv
 from worker.settings_models import Settings
+from worker.stores import open_store
 
 DEMO_CONTEXT_LENGTH = 2048  # small on purpose: the demo shows compression at work
 DEMO_TIMEOUT_S = 300.0
@@ -78,8 +79,8 @@ def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Pat
         if real:
             say(f"model:   {real} (a real model)")
         else:
-            from worker.replay import ReplayModel, serve
-            from worker.replay_trajectory import turns_from_entries
+            from replay import ReplayModel, serve
+            from replay.trajectory import turns_from_entries
 
             server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
             stack.callback(server.stop)
@@ -108,7 +109,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Pat
 
         uuid = submit_local(broker, repo, DEMO_PROMPT)
         say(f"task:    {uuid} submitted; progress:")
-        store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
+        store = open_store(settings, must_exist=False)
         state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S, alive=worker.alive)
         if state is None:
             say(f"the task did not finish in {DEMO_TIMEOUT_S:.0f}s or the worker died; see {log_path}")

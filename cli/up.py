@@ -6,8 +6,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from worker.embedded import EmbeddedRedis, redis_answers
-from worker.services import TASK_QUEUES, Service, beat_argv, child_env, maintenance_argv, wait_all, worker_argv
+from cli.embedded import EmbeddedRedis, redis_answers
+from cli.services import TASK_QUEUES, Service, beat_argv, child_env, maintenance_argv, wait_all, worker_argv
 from worker.settings_models import Settings
 
 
@@ -33,7 +33,7 @@ def run_up(
         if webhook:
             import sys
 
-            argv = [sys.executable, "-m", "worker.cli", "webhook"]
+            argv = [sys.executable, "-m", "cli.main", "webhook"]
             services.append(Service("webhook", argv, env))
         for service in services:
             service.start()

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from contexts.tokens import estimate_message_tokens, estimate_tokens
-from worker.replay_trajectory import MARKER_PATTERN
+from replay.trajectory import MARKER_PATTERN
 
 SUMMARY_SYSTEM_PREFIX = "You summarize"
 SUMMARY_SHARE = 0.35  # a summary is at most this share of its input (SPEC §6: 30-40 %)
@@ -79,9 +79,7 @@ def conversation_key(messages: list[dict[str, Any]]) -> str:
 def prompt_token_estimate(messages: list[dict[str, Any]], tools: Any = None) -> int:
     """Tokens of everything a real provider counts in ``prompt_tokens``: every message's content and tool
     calls (UTF-8 bytes / 4, plus framing, as the context store estimates them) and the tool schemas."""
-    total = sum(
-        estimate_message_tokens(text_of(m.get("content")), m.get("tool_calls") or None) for m in messages
-    )
+    total = sum(estimate_message_tokens(text_of(m.get("content")), m.get("tool_calls") or None) for m in messages)
     if tools:
         total += estimate_tokens(json.dumps(tools))
     return total

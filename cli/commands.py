@@ -1,6 +1,6 @@
 """The commands that run things: worker, submit, cancel, up, demo, replay-model (SPEC §10).
 
-Each is ``cmd_x(args, settings) -> int`` like the reading commands in :mod:`worker.cli`, which lists them.
+Each is ``cmd_x(args, settings) -> int`` like the reading commands in :mod:`cli.main`, which lists them.
 """
 
 from __future__ import annotations
@@ -12,16 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.common import out
 from contexts.errors import TasukiError
 
 if TYPE_CHECKING:
     from worker.settings_models import Settings
-
-
-def out(text: str) -> None:
-    """Print one block of output and flush it (a pipe reader such as ``head`` sees it at once)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 # -- worker ----------------------------------------------------------------------------------------
@@ -34,7 +29,7 @@ def worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     """Replace this process with ``celery -A worker worker`` on Tasuki's queues."""
-    from worker.services import worker_argv
+    from cli.services import worker_argv
 
     argv = worker_argv(args.celery_args)
     os.execv(sys.executable, argv)  # noqa: S606 - a fixed program: this interpreter running celery
@@ -83,8 +78,8 @@ def build_request(args: argparse.Namespace) -> dict[str, object]:
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     """Enqueue a task; with ``--wait`` follow it to the end."""
+    from cli.progress import watch
     from worker.celery import app
-    from worker.progress import watch
     from worker.runtime import context_store, redis_client
     from worker.submit import enqueue
 
@@ -180,7 +175,7 @@ def cmd_webhook(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job end to end on embedded defaults (SPEC §11)."""
-    from worker.demo import run_demo
+    from cli.demo import run_demo
 
     return run_demo(settings, out)
 
@@ -192,7 +187,7 @@ def up_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     """Worker, beat and webhook intake on one machine; an embedded Redis when none answers."""
-    from worker.up import run_up
+    from cli.up import run_up
 
     return run_up(settings, out, beat=not args.no_beat, webhook=not args.no_webhook)
 
@@ -206,8 +201,9 @@ def replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_replay_model(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the replay model (OpenAI and Ollama APIs) until interrupted."""
-    from worker.cli import locate_inside, open_store
-    from worker.replay import run_replay_model
+    from cli.common import locate_inside
+    from replay import run_replay_model
+    from worker.stores import open_store
 
     messages = None
     if args.context:

@@ -272,7 +272,7 @@ def follow(
 ) -> str:
     """Print messages newer than ``after_seq`` and every change of state (status, step, tokens, compressions,
     attempt) as they are written, until the context ends; returns its final status."""
-    from worker.progress import progress_line
+    from cli.progress import progress_line
 
     last_state = ""
     while True:

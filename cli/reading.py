@@ -1,0 +1,112 @@
+"""Reading commands: ``context list``, ``context show`` and ``stats`` (001 §9), printed by :mod:`cli.viewer`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from cli.common import UsageError, locate_inside, out, parse_day, terminal_width
+from contexts.errors import CorruptRecordError
+from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
+from worker.stores import open_store
+
+if TYPE_CHECKING:
+    from worker.settings_models import Settings
+
+STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
+EXIT_OK = 0
+
+
+def list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--status", choices=STATUSES, help="only contexts with this status")
+    parser.add_argument("--user", metavar="USER", help="only contexts of this user")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def cmd_context_list(args: argparse.Namespace, settings: Settings) -> int:
+    """Contexts, newest first."""
+    from cli import viewer
+    from contexts.queries import list_contexts
+
+    items = list_contexts(open_store(settings), status=args.status, user=args.user)
+    out(viewer.to_json([item.to_json() for item in items]) if args.json else viewer.format_list(items))
+    return EXIT_OK
+
+
+def show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uuid", metavar="UUID", help="the task's UUID")
+    parser.add_argument("--messages", action="store_true", help="every message, in full")
+    parser.add_argument("--summaries", action="store_true", help="every summary, in full")
+    parser.add_argument("--tools", action="store_true", help="the tool calls")
+    parser.add_argument("--follow", action="store_true", help="then print new messages until the task ends")
+    parser.add_argument("--json", action="store_true", help="print the detail as JSON")
+
+
+def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
+    """001 §9.1's viewer of one context, running, completed or gzipped."""
+    from cli import viewer
+    from contexts.clock import utc_now
+    from contexts.queries import show_context
+
+    if args.follow and args.json:
+        raise UsageError("--follow prints lines as they come; it cannot be combined with --json")
+    store = open_store(settings)
+    locate_inside(store, args.uuid)
+    limit = None if args.messages or args.tools else viewer.SHOWN_BY_DEFAULT
+    try:
+        detail = show_context(store, args.uuid, limit=limit)
+    except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
+        raise CorruptRecordError(f"context {args.uuid} cannot be read: {type(exc).__name__}: {exc}") from exc
+    if args.json:
+        out(viewer.to_json(viewer.detail_json(detail)))
+        return EXIT_OK
+    width = terminal_width()
+    flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
+    out(viewer.format_detail(detail, now=utc_now(), width=width, **flags))
+    if args.follow and detail.summary.status not in FINAL_STATUSES:
+        out("")
+        viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)
+    return EXIT_OK
+
+
+# -- stats -----------------------------------------------------------------------------------------
+
+
+def stats_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--summary", action="store_true", help="only the report, without the matching tasks")
+    parser.add_argument("--user", metavar="USER", help="only contexts of this user")
+    parser.add_argument("--from", dest="date_from", metavar="YYYY-MM-DD", help="created on or after this UTC day")
+    parser.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="created on or before this UTC day")
+    parser.add_argument("--status", choices=STATUSES, help="only contexts with this status")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    """001 §9.2's statistics; with filters, also the tasks that match (unless ``--summary``)."""
+    from cli import viewer
+    from contexts.queries import compute_stats, list_contexts
+
+    date_from, date_to = parse_day(args.date_from, "--from"), parse_day(args.date_to, "--to")
+    if date_from and date_to and date_from > date_to:
+        raise UsageError(f"--from {date_from} is after --to {date_to}")
+    given = {"user": args.user, "status": args.status, "from": date_from, "to": date_to}
+    filters = {key: str(value) for key, value in given.items() if value is not None}
+    store = open_store(settings)
+    stats = compute_stats(store, user=args.user, status=args.status, date_from=date_from, date_to=date_to)
+    matching = None
+    if filters and not args.summary:
+        matching = [
+            item
+            for item in list_contexts(store, status=args.status, user=args.user)
+            if viewer.created_within(item, date_from, date_to)
+        ]
+    if args.json:
+        data = {"filters": filters, **stats.to_json()}
+        if matching is not None:
+            data["contexts"] = [item.to_json() for item in matching]
+        out(viewer.to_json(data))
+    else:
+        out(viewer.format_stats(stats, filters))
+        if matching is not None:
+            out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
+    return EXIT_OK
