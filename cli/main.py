@@ -223,9 +223,13 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         parsed.parser.print_help(sys.stderr)
         return EXIT_USAGE
     from worker.logging import configure_logging
-    from worker.settings import load_settings
+    from worker.settings import install_settings, load_settings
 
     settings = load_settings(parsed.config)
+    # One settings object for this process and the file its children (celery, beat, webhook) read.
+    install_settings(settings)
+    if settings.source.file is None:
+        sys.stderr.write(f"{PROG}: note: {settings.source.describe()} (--config FILE or $TASUKI_CONFIG to choose)\n")
     # Reading commands print for a person; only warnings belong on stderr beside their output.
     configure_logging("DEBUG" if parsed.debug else "WARNING")
     code: int = parsed.run(parsed, settings)

@@ -12,12 +12,18 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from contexts.masking import mask
-from worker.settings import ConfigError, LLMProfile, Settings, load_settings
+from worker.settings import ConfigError, ConfigSource, LLMProfile, Settings, load_settings, resolve_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def defaults_under(root: Path, file: Path | None = None) -> Settings:
+    """The model's defaults with their relative paths under ``root``, as the loader resolves them."""
+    return resolve_paths(Settings(), root, env_root=root, from_env=set()).with_source(ConfigSource(file, root))
+
+
 def write_config(tmp_path: Path, text: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "config.yaml"
     path.write_text(text)
     return path
@@ -55,7 +61,7 @@ def yaml_leaf_paths(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[t
 
 
 def test_repository_config_yaml_loads_to_exactly_the_model_defaults() -> None:
-    assert load_settings(ROOT / "config.yaml", env={}) == Settings()
+    assert load_settings(ROOT / "config.yaml", env={}) == defaults_under(ROOT, ROOT / "config.yaml")
 
 
 def test_repository_config_yaml_names_every_key_and_comments_each_one() -> None:
@@ -156,7 +162,7 @@ def test_config_path_comes_from_the_argument_then_tasuki_config_then_the_working
     assert load_settings(env=env).agent.max_steps == 2
     assert load_settings(env={}).agent.max_steps == 3
     (tmp_path / "config.yaml").unlink()
-    assert load_settings(env={}) == Settings()
+    assert load_settings(env={}) == defaults_under(tmp_path)
 
 
 def test_an_explicit_env_mapping_ignores_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,7 +277,49 @@ def test_a_config_file_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None
 
 
 def test_an_empty_config_file_means_defaults(tmp_path: Path) -> None:
-    assert load_settings(write_config(tmp_path, "# nothing yet\n"), env={}) == Settings()
+    config = write_config(tmp_path, "# nothing yet\n")
+    assert load_settings(config, env={}) == defaults_under(tmp_path, config)
+
+
+# --- relative paths -------------------------------------------------------------------------------------
+
+
+def test_relative_paths_in_a_config_file_resolve_against_its_directory_not_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path / "deploy", "contexts: {base_dir: store, workspaces_dir: ../checkouts}\n")
+    s = load_settings(config, env={}, cwd=tmp_path / "elsewhere")
+    assert s.contexts.base_dir == tmp_path / "deploy" / "store"
+    assert s.contexts.workspaces_dir == tmp_path / "deploy" / ".." / "checkouts"
+    assert s.source.file == config
+    assert s.source.root == tmp_path / "deploy"
+
+
+def test_defaults_resolve_against_the_config_files_directory(tmp_path: Path) -> None:
+    s = load_settings(write_config(tmp_path, "agent: {max_steps: 3}\n"), env={}, cwd=Path("/"))
+    assert s.contexts.base_dir == tmp_path / "logs" / "contexts"
+
+
+def test_relative_paths_from_the_environment_resolve_against_the_working_directory(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "deploy", "")
+    s = load_settings(config, env={"TASUKI__CONTEXTS__BASE_DIR": "here"}, cwd=tmp_path / "shell")
+    assert s.contexts.base_dir == tmp_path / "shell" / "here"
+    assert s.contexts.workspaces_dir == tmp_path / "deploy" / "var" / "workspaces"
+
+
+def test_without_a_config_file_paths_resolve_against_the_working_directory_and_say_so(tmp_path: Path) -> None:
+    s = load_settings(env={}, cwd=tmp_path)
+    assert s.contexts.base_dir == tmp_path / "logs" / "contexts"
+    assert s.source.file is None
+    assert str(tmp_path) in s.source.describe()
+    assert "defaults" in s.source.describe()
+
+
+def test_a_relative_config_argument_is_taken_from_the_working_directory(tmp_path: Path) -> None:
+    write_config(tmp_path / "deploy", "agent: {max_steps: 4}\n")
+    s = load_settings("deploy/config.yaml", env={}, cwd=tmp_path)
+    assert s.agent.max_steps == 4
+    assert s.source.file == tmp_path / "deploy" / "config.yaml"
 
 
 def test_config_error_survives_pickling_as_celery_needs() -> None:

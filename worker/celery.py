@@ -7,11 +7,13 @@ is what prevents a task from running twice.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from celery import Celery
 from celery.signals import setup_logging
 
+from contexts.masking import mask
 from worker.names import (
     ALERTS,
     COMPRESS_CONTEXT,
@@ -23,6 +25,7 @@ from worker.names import (
     TASKS_QUEUE,
 )
 from worker.runtime import settings
+from worker.settings import ConfigError
 from worker.settings_models import Settings
 
 
@@ -72,5 +75,15 @@ def _configure_logging(loglevel: str | int | None = None, **_: object) -> None:
     configure_logging(loglevel or "INFO")
 
 
+def _settings_or_exit() -> Settings:
+    """The process's settings; a bad configuration ends ``celery -A worker ...`` with the CLI's one-line error."""
+    try:
+        return settings()
+    except ConfigError as exc:
+        for line in mask(str(exc)).splitlines():
+            sys.stderr.write(f"tasuki: error: {line}\n")
+        raise SystemExit(2) from None
+
+
 app = Celery("tasuki", include=["worker.tasks", "scheduler.tasks"])
-app.conf.update(celery_config(settings()))
+app.conf.update(celery_config(_settings_or_exit()))

@@ -10,22 +10,18 @@ import redis
 import structlog
 
 from contexts import ContextStore
-from contexts.masking import register_secrets
 from worker.llm import Provider, make_provider
 from worker.names import HEARTBEATS_KEY
-from worker.settings import load_settings
+from worker.settings import current_settings
 from worker.settings_models import Settings
 from worker.stores import open_store
 
 log = structlog.get_logger(__name__)
 
 
-@functools.cache
 def settings() -> Settings:
-    """The process's settings, loaded once; secrets are registered for masking at the same time."""
-    loaded = load_settings()
-    register_secrets(s.get_secret_value() for s in loaded.secrets.model_dump().values() if s is not None)
-    return loaded
+    """The process's settings (:func:`worker.settings.current_settings`): one object, loaded once."""
+    return current_settings()
 
 
 @functools.cache

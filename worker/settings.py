@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from contexts.errors import TasukiError
 from contexts.masking import mask_value, register_secrets
-from worker.settings_models import LLMProfile, Secrets, Settings
+from worker.settings_models import ConfigSource, LLMProfile, Secrets, Settings
 
 __all__ = [
     "CONFIG_ENV",
@@ -29,9 +29,12 @@ __all__ = [
     "ENV_PREFIX",
     "SECRET_VARIABLES",
     "ConfigError",
+    "ConfigSource",
     "LLMProfile",
     "Secrets",
     "Settings",
+    "current_settings",
+    "install_settings",
     "load_settings",
 ]
 
@@ -49,34 +52,83 @@ SECRET_VARIABLES = (
 _NULLS = ("", "null", "none")
 
 KeyPath = tuple[str, ...]
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(TasukiError):
     """The configuration cannot be used; the message holds one `config: ...` line per problem."""
 
 
-def load_settings(config_path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Read config.yaml (`config_path`, else `$TASUKI_CONFIG`, else ./config.yaml if present) and `env`."""
+def load_settings(
+    config_path: str | Path | None = None, env: Mapping[str, str] | None = None, *, cwd: Path | None = None
+) -> Settings:
+    """Read config.yaml (`config_path`, else `$TASUKI_CONFIG`, else ./config.yaml if present) and `env`.
+
+    Relative paths from the file (and defaults) resolve against the file's directory; relative paths from
+    the environment, and everything when there is no file, against the working directory ``cwd``.
+    """
     environ: Mapping[str, str] = os.environ if env is None else env
-    data = _read_config_file(_config_file(config_path, environ))
+    here = (cwd or Path.cwd()).absolute()
+    path = _config_file(config_path, environ, here)
+    data = _read_config_file(path)
     overrides, origins = _environment_overrides(environ)
     try:
         settings = Settings.model_validate(recursive_merge(data, overrides))
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(error, origins) for error in exc.errors())) from None
+    source = ConfigSource(path, path.parent if path is not None else here)
+    settings = resolve_paths(settings, source.root, env_root=here, from_env=set(origins))
     secrets = Secrets.model_validate({name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)})
     # Secrets that match no token pattern are still masked in every log line and file.
     register_secrets(environ.get(name) for name in SECRET_VARIABLES)
-    return settings.with_secrets(secrets)
+    return settings.with_secrets(secrets).with_source(source)
 
 
-def _config_file(config_path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
+_current: Settings | None = None
+
+
+def current_settings() -> Settings:
+    """The process's settings: those :func:`install_settings` was given, else loaded once from the environment."""
+    global _current  # noqa: PLW0603 - one settings object per process is the point
+    if _current is None:
+        _current = load_settings()
+    return _current
+
+
+def install_settings(settings: Settings) -> None:
+    """Make ``settings`` the process's settings, and its configuration file the one child processes read."""
+    global _current  # noqa: PLW0603 - one settings object per process is the point
+    _current = settings
+    if settings.source.file is not None:
+        os.environ[CONFIG_ENV] = str(settings.source.file)
+
+
+def resolve_paths(model: M, root: Path, *, env_root: Path, from_env: set[KeyPath], at: KeyPath = ()) -> M:
+    """``model`` with every relative ``Path`` value made absolute: under ``env_root`` when an environment
+    variable set it, else under ``root``."""
+    updates: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value, key = getattr(model, name), (*at, name)
+        if isinstance(value, BaseModel):
+            resolved = resolve_paths(value, root, env_root=env_root, from_env=from_env, at=key)
+            if resolved is not value:
+                updates[name] = resolved
+        elif isinstance(value, Path) and not value.is_absolute():
+            set_by_env = any(key[:n] in from_env for n in range(1, len(key) + 1))
+            updates[name] = (env_root if set_by_env else root) / value
+    return model.model_copy(update=updates) if updates else model
+
+
+def _config_file(config_path: str | Path | None, environ: Mapping[str, str], here: Path) -> Path | None:
+    """The configuration file's absolute path, or None when there is none to read."""
     if config_path is not None:
         path, origin = Path(config_path), ""
     elif environ.get(CONFIG_ENV):
         path, origin = Path(environ[CONFIG_ENV]), f" (from {CONFIG_ENV})"
     else:
-        return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+        default = here / DEFAULT_CONFIG
+        return default if default.is_file() else None
+    path = path if path.is_absolute() else here / path
     if not path.is_file():
         raise ConfigError(f"config: {path}{origin}: no such file")
     return path

@@ -42,6 +42,20 @@ def cross_field_error(field: str, value: object, expected: str) -> PydanticCusto
     return PydanticCustomError("cross_field", "{expected}", {"field": field, "value": value, "expected": expected})
 
 
+class ConfigSource(NamedTuple):
+    """Where settings came from: the configuration file (None: built-in defaults) and the directory
+    that relative paths in it resolve against (the file's directory, else the working directory)."""
+
+    file: Path | None
+    root: Path
+
+    def describe(self) -> str:
+        """One line for a person: which file, or which defaults and which directory."""
+        if self.file is not None:
+            return f"configuration {self.file}"
+        return f"no configuration file: built-in defaults, relative paths under {self.root}"
+
+
 class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are immutable, docstrings describe keys."""
 
@@ -302,18 +316,30 @@ class Settings(Section):
     user_config_api: UserConfigAPISettings = UserConfigAPISettings()
     """Optional per-user settings service."""
 
-    # A private attribute: never validated from config.yaml, never in repr or model_dump.
+    # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
+    _source: ConfigSource = PrivateAttr(default_factory=lambda: ConfigSource(None, Path.cwd()))
 
     @property
     def secrets(self) -> Secrets:
         """Credentials from the environment."""
         return self._secrets
 
+    @property
+    def source(self) -> ConfigSource:
+        """Which configuration file these settings came from, and the directory relative paths resolve against."""
+        return self._source
+
     def with_secrets(self, secrets: Secrets) -> Settings:
         """A copy of these settings carrying `secrets`."""
         copy = self.model_copy()
         copy._secrets = secrets
+        return copy
+
+    def with_source(self, source: ConfigSource) -> Settings:
+        """A copy of these settings that says where they came from."""
+        copy = self.model_copy()
+        copy._source = source
         return copy
 
     @model_validator(mode="after")
