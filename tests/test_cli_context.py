@@ -113,8 +113,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 
 
 def _env(base: Path, **extra: str) -> dict[str, str]:
+    """A configuration file of its own (empty: defaults), so no command notes that it runs on defaults."""
+    config = base.parent / "empty-config.yaml"
+    config.touch()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TASUKI", "COLUMNS"))}
-    return {**env, "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "80", **extra}
+    return {**env, "TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "80", **extra}
 
 
 def _command() -> list[str]:
