@@ -21,6 +21,13 @@ class UsageError(TasukiError):
     """The command line itself is wrong: an unknown option, a malformed date, conflicting flags."""
 
 
+def warn(text: str) -> None:
+    """One warning line on stderr, beside the command's output (masked like every error line)."""
+    from contexts.masking import mask
+
+    sys.stderr.write(f"tasuki: warning: {mask(text)}\n")
+
+
 def out(text: str) -> None:
     """Print one block of output and flush it (a pipe reader such as ``head`` sees it at once)."""
     sys.stdout.write(text + "\n")

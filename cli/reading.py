@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.common import UsageError, locate_inside, out, parse_day, terminal_width
+from cli.common import UsageError, locate_inside, out, parse_day, terminal_width, warn
 from contexts.errors import CorruptRecordError
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
 from worker.stores import open_store
@@ -26,11 +26,19 @@ def list_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_context_list(args: argparse.Namespace, settings: Settings) -> int:
     """Contexts, newest first."""
     from cli import viewer
-    from contexts.queries import list_contexts
+    from contexts.queries import read_contexts
 
-    items = list_contexts(open_store(settings), status=args.status, user=args.user)
+    listing = read_contexts(open_store(settings), status=args.status, user=args.user)
+    items = listing.items
     out(viewer.to_json([item.to_json() for item in items]) if args.json else viewer.format_list(items))
+    warn_damaged([{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged])
     return EXIT_OK
+
+
+def warn_damaged(damaged: list[dict[str, str]]) -> None:
+    """One stderr line per context that was skipped because its files cannot be read."""
+    for item in damaged:
+        warn(f"skipped damaged context {item['uuid']}: {item['reason']}")
 
 
 def show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,4 +117,5 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         out(viewer.format_stats(stats, filters))
         if matching is not None:
             out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
+    warn_damaged(stats.damaged)
     return EXIT_OK

@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from contexts.errors import ContextError
 from contexts.names import FILE_MODE
@@ -46,9 +46,23 @@ def write_json_atomic(path: Path, data: Any, *, fsync: bool = True) -> None:
     write_bytes_atomic(path, json.dumps(data, ensure_ascii=False, indent=2).encode() + b"\n", fsync=fsync)
 
 
+def open_no_follow(path: Path) -> BinaryIO:
+    """Open a context file for reading, refusing a symlink: a context's files are never links, and
+    following one could show a file from outside the store."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        from contexts.errors import CorruptRecordError
+
+        raise CorruptRecordError(f"{path}: is a symbolic link; refusing to follow it out of the context") from None
+    return os.fdopen(fd, "rb")
+
+
 def read_json(path: Path) -> Any:
     """Read a JSON file written by :func:`write_json_atomic`."""
-    with open(path, "rb") as handle:
+    with open_no_follow(path) as handle:
         data = handle.read()
     try:
         return json.loads(data)

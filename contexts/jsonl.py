@@ -12,11 +12,12 @@ import errno
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, cast
 
-from contexts.atomic import DiskFullError
+from contexts.atomic import DiskFullError, open_no_follow
 from contexts.errors import CorruptRecordError
 from contexts.names import FILE_MODE, GZIP_SUFFIX
 
@@ -136,8 +137,8 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
     path = resolve(path)
     if not path.exists():
         return
-    opener = gzip.open if path.suffix == GZIP_SUFFIX else open
-    with opener(path, "rb") as handle:
+    with open_no_follow(path) as raw, _damaged_archive(path):
+        handle = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb")) if path.suffix == GZIP_SUFFIX else raw
         pending: bytes | None = None
         number = 0
         for line in handle:
@@ -151,6 +152,15 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
             yield _parse(pending, path, number)
 
 
+@contextlib.contextmanager
+def _damaged_archive(path: Path) -> Iterator[None]:
+    """A truncated or corrupt ``.jsonl.gz`` is bad data, said as such, not an unexpected error."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise CorruptRecordError(f"{path}: damaged gzip archive ({exc})") from exc
+
+
 def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
     """Yield records newest first, reading blocks from the end; never reads more than it yields."""
     path = resolve(path)
@@ -159,7 +169,7 @@ def iter_records_reversed(path: Path) -> Iterator[dict[str, Any]]:
     if path.suffix == GZIP_SUFFIX:  # archives are small and rare: no seeking in gzip
         yield from reversed(list(iter_records(path)))
         return
-    with open(path, "rb") as handle:
+    with open_no_follow(path) as handle:
         pos = _complete_end(handle.fileno(), os.fstat(handle.fileno()).st_size)
         remainder = b""
         while pos > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -13,9 +14,20 @@ from contexts import jsonl
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
 from contexts.errors import CorruptRecordError
-from contexts.names import COMPLETED_DIR, MESSAGES_FILE, METADATA_FILE, RUNNING_DIR, SUMMARIES_FILE, TOOLS_FILE
+from contexts.names import (
+    ACTIVE_STATUSES,
+    COMPLETED_DIR,
+    FINAL_STATUSES,
+    MESSAGES_FILE,
+    METADATA_FILE,
+    RUNNING_DIR,
+    SUMMARIES_FILE,
+    TOOLS_FILE,
+)
 from contexts.state import read_state
 from contexts.store import ContextStore
+
+STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -58,51 +70,87 @@ class ContextSummary:
         return data
 
 
+@dataclass(frozen=True)
+class Damaged:
+    """A context directory whose files cannot be read as a context: skipped and reported, never fatal."""
+
+    uuid: str
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The readable contexts, newest first, and the damaged ones that were skipped."""
+
+    items: list[ContextSummary]
+    damaged: list[Damaged]
+
+
 def _opt_time(value: Any) -> datetime | None:
     return parse_iso(value) if value else None
 
 
+def _count(state: dict[str, Any], name: str, default: int = 0) -> int:
+    value = state.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CorruptRecordError(f"state.json: {name} = {value!r} is not a count")
+    return int(value)
+
+
 def summarize(directory: Path) -> ContextSummary:
-    """Read one context directory's metadata, state and message count."""
-    metadata = read_json(directory / METADATA_FILE)
-    state = read_state(directory)
-    last = jsonl.last_record(directory / MESSAGES_FILE)
-    return ContextSummary(
-        uuid=metadata["uuid"],
-        location=directory.parent.name,
-        status=state["status"],
-        task_key=metadata["task_key"],
-        user=metadata.get("user"),
-        created_at=parse_iso(metadata["created_at"]),
-        started_at=_opt_time(state.get("started_at")),
-        completed_at=_opt_time(state.get("completed_at")),
-        llm_call_count=int(state.get("llm_call_count", 0)),
-        tool_call_count=int(state.get("tool_call_count", 0)),
-        total_tokens_used=int(state.get("total_tokens_used", 0)),
-        compression_count=int(state.get("compression_count", 0)),
-        attempt=int(state.get("attempt", 1)),
-        worker=state.get("worker"),
-        message_count=int(last["seq"]) if last else 0,
-        error=state.get("error"),
-        path=directory,
-    )
+    """Read one context directory's metadata, state and message count; CorruptRecordError if damaged."""
+    try:
+        metadata = read_json(directory / METADATA_FILE)
+        state = read_state(directory)
+        last = jsonl.last_record(directory / MESSAGES_FILE)
+        status = state.get("status")
+        if status not in STATUSES:
+            raise CorruptRecordError(f"state.json: status {status!r} is not one of {', '.join(STATUSES)}")
+        return ContextSummary(
+            uuid=str(metadata["uuid"]),
+            location=directory.parent.name,
+            status=status,
+            task_key=dict(metadata["task_key"]),
+            user=metadata.get("user"),
+            created_at=parse_iso(metadata["created_at"]),
+            started_at=_opt_time(state.get("started_at")),
+            completed_at=_opt_time(state.get("completed_at")),
+            llm_call_count=_count(state, "llm_call_count"),
+            tool_call_count=_count(state, "tool_call_count"),
+            total_tokens_used=_count(state, "total_tokens_used"),
+            compression_count=_count(state, "compression_count"),
+            attempt=_count(state, "attempt", 1),
+            worker=state.get("worker"),
+            message_count=_count(last, "seq") if last else 0,
+            error=state.get("error"),
+            path=directory,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong type
+        raise CorruptRecordError(f"{directory.name}: {type(exc).__name__}: {exc}") from exc
 
 
-def list_contexts(
-    store: ContextStore, *, status: str | None = None, user: str | None = None
-) -> list[ContextSummary]:
-    """Every readable context, newest first, optionally filtered by status and user."""
-    out = []
+def read_contexts(store: ContextStore, *, status: str | None = None, user: str | None = None) -> Listing:
+    """Every readable context, newest first, optionally filtered; damaged ones are listed apart."""
+    items, damaged = [], []
     for location, uuids in ((RUNNING_DIR, store.running_uuids()), (COMPLETED_DIR, store.completed_uuids())):
         for uuid in uuids:
+            directory = store.base_dir / location / uuid
             try:
-                item = summarize(store.base_dir / location / uuid)
-            except (OSError, ValueError, KeyError, CorruptRecordError):
-                continue  # vanished mid-listing (moved to completed/) or unreadable
+                item = summarize(directory)
+            except (OSError, CorruptRecordError) as exc:
+                if directory.is_dir():  # else it vanished mid-listing (moved to completed/ or deleted)
+                    damaged.append(Damaged(uuid, directory, str(exc)))
+                continue
             if (status is None or item.status == status) and (user is None or item.user == user):
-                out.append(item)
-    out.sort(key=lambda item: item.created_at, reverse=True)
-    return out
+                items.append(item)
+    items.sort(key=lambda item: item.created_at, reverse=True)
+    return Listing(items, damaged)
+
+
+def list_contexts(store: ContextStore, *, status: str | None = None, user: str | None = None) -> list[ContextSummary]:
+    """Every readable context, newest first, optionally filtered by status and user."""
+    return read_contexts(store, status=status, user=user).items
 
 
 @dataclass
@@ -169,6 +217,7 @@ class Stats:
     avg_duration_s: float | None
     avg_compressions: float
     by_user: dict[str, int]
+    damaged: list[dict[str, str]] = field(default_factory=list)  # {uuid, reason} of contexts skipped as unreadable
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -184,9 +233,10 @@ def compute_stats(
     date_to: date | None = None,
 ) -> Stats:
     """Statistics over contexts created between ``date_from`` and ``date_to`` (inclusive, UTC)."""
+    listing = read_contexts(store, status=status, user=user)
     items = [
         item
-        for item in list_contexts(store, status=status, user=user)
+        for item in listing.items
         if (date_from is None or item.created_at.date() >= date_from)
         and (date_to is None or item.created_at.date() <= date_to)
     ]
@@ -204,4 +254,5 @@ def compute_stats(
         avg_duration_s=sum(durations) / len(durations) if durations else None,
         avg_compressions=sum(item.compression_count for item in items) / count,
         by_user=dict(Counter(item.user or "(none)" for item in items).most_common()),
+        damaged=[{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged],
     )
