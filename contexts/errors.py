@@ -49,3 +49,8 @@ class FencedError(ContextError):
 
 class CorruptRecordError(ContextError):
     """A file of the context cannot be parsed (other than a torn last JSONL line, which is expected)."""
+
+
+# What reading a damaged or hand-edited record can raise (a null where a number belongs, 1e999, a list where
+# an object belongs): bad data to report and skip, never a reason to stop a pass over every context.
+BAD_DATA_ERRORS: tuple[type[Exception], ...] = (ValueError, KeyError, TypeError, AttributeError, OverflowError)

@@ -23,7 +23,7 @@ import filelock
 
 from contexts.atomic import write_bytes_atomic
 from contexts.clock import iso, parse_iso
-from contexts.errors import FencedError, LockHeldError
+from contexts.errors import BAD_DATA_ERRORS, FencedError, LockHeldError
 from contexts.names import FILE_MODE
 
 MUTEX_TIMEOUT_S = 5.0
@@ -112,7 +112,7 @@ def read_lock(path: Path) -> LockInfo | None:
             return LockInfo.from_json(json.loads(handle.read()))
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError) as exc:  # never written torn, but an operator may have edited it
+    except BAD_DATA_ERRORS as exc:  # never written torn, but an operator may have edited it
         raise LockHeldError(f"{path}: unreadable lock file ({exc})") from exc
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from contexts import jsonl
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
-from contexts.errors import CorruptRecordError
+from contexts.errors import BAD_DATA_ERRORS, CorruptRecordError
 from contexts.names import (
     ACTIVE_STATUSES,
     COMPLETED_DIR,
@@ -126,7 +126,7 @@ def summarize(directory: Path) -> ContextSummary:
             error=state.get("error"),
             path=directory,
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong type
+    except BAD_DATA_ERRORS as exc:  # a field missing or of the wrong type
         raise CorruptRecordError(f"{directory.name}: {type(exc).__name__}: {exc}") from exc
 
 

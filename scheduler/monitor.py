@@ -20,7 +20,7 @@ import structlog
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, LockHeldError, TasukiError
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
-from contexts.errors import ContextError
+from contexts.errors import BAD_DATA_ERRORS, ContextError
 from contexts.lock import process_alive, read_lock
 from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
@@ -28,6 +28,7 @@ from contexts.state import read_state
 from scheduler.plan import Action, Copy, Policy, Seen, plan
 from worker.names import HEARTBEATS_KEY, REAPED_PREFIX
 
+UNREADABLE: tuple[type[Exception], ...] = (ContextError, OSError, *BAD_DATA_ERRORS)
 log = structlog.get_logger(__name__)
 
 Send = Callable[[str, dict[str, Any]], None]
@@ -81,8 +82,8 @@ class Monitor:
         try:
             running = self._copy(self.store.running_path(uuid))
             completed = self._copy(self.store.completed_path(uuid))
-        except (ContextError, OSError, ValueError, KeyError) as exc:
-            return Seen(uuid, indexed=indexed, unreadable=str(exc)[:200])
+        except UNREADABLE as exc:  # reported and skipped, never fatal to the pass
+            return Seen(uuid, indexed=indexed, unreadable=f"{type(exc).__name__}: {exc}"[:200])
         return Seen(uuid, running=running, completed=completed, indexed=indexed)
 
     def _copy(self, directory: Path) -> Copy | None:

@@ -304,3 +304,41 @@ def test_dry_run_changes_nothing(fleet: Fleet) -> None:
     assert sorted((o.action.uuid, o.action.kind) for o in outcomes) == sorted([(lost, "resume"), (failing, "fail")])
     assert fleet.sent_uuids() == []
     assert (fleet.base / "running" / failing).exists()
+
+
+# -- damaged contexts ------------------------------------------------------------------------------------
+
+
+def _set_state_field(fleet: Fleet, uuid: str, **fields: Any) -> None:
+    path = fleet.base / "running" / uuid / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def _lock_with_null_pid(fleet: Fleet, uuid: str) -> None:
+    lock = LockInfo(1, "ghost-host", utc_now() - LONG_AGO, utc_now() - LONG_AGO, "owner").to_json()
+    (fleet.base / "running" / uuid / ".lock").write_text(json.dumps({**lock, "process_id": None}))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda fleet, uuid: _set_state_field(fleet, uuid, attempt=None),
+        lambda fleet, uuid: _set_state_field(fleet, uuid, updated_at=None),
+        lambda fleet, uuid: _set_state_field(fleet, uuid, attempt=1e999),
+        _lock_with_null_pid,
+    ],
+    ids=["attempt-null", "updated_at-null", "attempt-infinite", "lock-process_id-null"],
+)
+def test_a_damaged_running_context_is_reported_and_skipped_while_the_pass_resumes_the_others(
+    fleet: Fleet, damage: Any
+) -> None:
+    lost = fleet.lost()
+    damaged = fleet.lost()
+    damage(fleet, damaged)
+
+    outcomes = fleet.reap()
+
+    assert done(outcomes) == [(lost, "resume")]
+    [skipped] = [o for o in outcomes if o.action.uuid == damaged]
+    assert skipped.action.kind == "skip"
+    assert skipped.action.reason.startswith("unreadable: ")
