@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import fakeredis
 import pytest
 
 from contexts import Context, ContextStore
 from contexts.atomic import DiskFullError
+from scheduler.monitor import Monitor
+from scheduler.plan import Policy, plan
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.schemas import validate_context_dir
+from worker.run import TaskRequest, TaskRun
+from worker.settings import Settings
 
 SIZE = 256 * 1024
 
@@ -95,3 +101,25 @@ def test_a_state_update_on_a_full_disk_keeps_the_previous_state_whole(tiny_fs: P
     assert ctx.read_state()["last_activity"] == "before"
     assert not [p for p in ctx.path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
     ctx.detach()
+
+
+def test_a_task_whose_context_cannot_be_finished_hands_it_to_the_monitor_instead_of_holding_it(
+    tiny_fs: Path, make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis
+) -> None:
+    """A full disk at the end of a task: the worker gives the lock up (an unlink needs no space), so the
+    monitor takes the context once it is quiet — even while this worker process lives on."""
+    store = ContextStore(tiny_fs / "contexts", fsync="never")
+    ctx = store.create(TASK_KEY, CONFIG, heartbeat=False)
+    ctx.append_message("user", "the task")
+    run = TaskRun(ctx.uuid, TaskRequest(TASK_KEY, prompt="the task"), make_settings(), store, provider_for=print)
+    fill(tiny_fs, leave_bytes=0)
+
+    outcome = run._finish(ctx, "failed", "boom", None)
+
+    assert outcome["status"] == "unfinished"
+    running = store.running_path(ctx.uuid)
+    assert not (running / ".lock").exists()
+    policy = Policy(stale_after_s=60, max_attempts=3, resume=True, hostname=store.hostname)
+    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None)
+    later = datetime.now(UTC) + timedelta(seconds=61)
+    assert [action.kind for action in plan([monitor.inspect(ctx.uuid)], later, policy)] == ["resume"]

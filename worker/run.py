@@ -314,9 +314,11 @@ class TaskRun:
         except FencedError:
             ctx.detach()
             return {"uuid": self.uuid, "status": "fenced"}
-        except Exception as exc:  # e.g. a full disk: leave the context whole, lock in place, heartbeat stopped
-            ctx.detach()
-            log.error("context could not be finished; the monitor resumes it once its lock is stale",
+        except Exception as exc:  # e.g. a full disk: leave the context whole and give the lock up
+            # Detaching would leave a lock whose holder (this live process) keeps it from ever going stale;
+            # an unlink needs no free space, so the monitor takes the context once it has been quiet.
+            ctx.release()
+            log.error("context could not be finished; the monitor takes it once it is quiet for stale_after_s",
                       status=status, error=mask(str(exc))[:300])
             return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
         if checkout is not None:
