@@ -20,7 +20,7 @@ from scheduler.monitor import Monitor
 from scheduler.plan import Policy, plan
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.schemas import validate_context_dir
-from worker.run import TaskRequest, TaskRun
+from worker.run import LocalReporter, TaskRequest, TaskRun
 from worker.settings import Settings
 
 SIZE = 256 * 1024
@@ -123,3 +123,35 @@ def test_a_task_whose_context_cannot_be_finished_hands_it_to_the_monitor_instead
     monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None)
     later = datetime.now(UTC) + timedelta(seconds=61)
     assert [action.kind for action in plan([monitor.inspect(ctx.uuid)], later, policy)] == ["resume"]
+
+
+def test_a_task_that_cannot_create_its_context_fails_visibly_and_frees_its_issue(
+    tiny_fs: Path, make_settings: Callable[..., Settings]
+) -> None:
+    store = ContextStore(tiny_fs / "contexts", fsync="never")
+    fill(tiny_fs, leave_bytes=0)
+    ended: list[tuple[str, str]] = []
+    reported: list[tuple[str, str | None]] = []
+
+    class Reporter(LocalReporter):
+        def finish(self, status: str, state: dict[str, object], result: object, error: str | None) -> None:
+            reported.append((status, error))
+
+    request = TaskRequest(TASK_KEY, prompt="the task")
+    uuid = "0f0e0d0c-0b0a-4908-8706-050403020100"
+    run = TaskRun(
+        uuid,
+        request,
+        make_settings(),
+        store,
+        provider_for=print,
+        on_finish=lambda u, status: ended.append((u, status)),
+        reporter=Reporter(request),
+    )
+
+    outcome = run.execute({})
+
+    assert outcome["status"] == "failed"
+    assert outcome["error"].startswith(f"cannot create the context under {store.base_dir}")
+    assert ended == [(uuid, "failed")]  # the task key is released: the issue can be triggered again
+    assert [status for status, _ in reported] == ["failed"]

@@ -26,6 +26,7 @@ from contexts import (
     LockHeldError,
     TasukiError,
 )
+from contexts.atomic import DiskFullError
 from contexts.lock import heartbeat_age_s, process_alive
 from contexts.masking import mask
 from contexts.state import read_state
@@ -200,9 +201,16 @@ class TaskRun:
 
     def execute(self, config: dict[str, Any]) -> dict[str, Any]:
         """Run the task to a final status (or drop the delivery)."""
-        ctx = acquire(self.store, self.uuid, self.request, config)
+        try:
+            ctx = acquire(self.store, self.uuid, self.request, config)
+        except (OSError, DiskFullError) as exc:  # an unwritable or full contexts root: no context can exist
+            return self._cannot_start(exc)
         if ctx is None:
             return self._not_taken()
+        return self._start(ctx)
+
+    def _start(self, ctx: Context) -> dict[str, Any]:
+        """Run a context this delivery holds to a final status."""
         state = ctx.read_state()
         log.info("task started", attempt=state.get("attempt"), worker=state.get("worker"))
         if int(state.get("attempt", 1)) > self.settings.monitor.max_attempts:
@@ -225,6 +233,18 @@ class TaskRun:
             return {"uuid": self.uuid, "status": "fenced"}
         except Exception as exc:
             return self._on_error(ctx, checkout, exc)
+
+    def _cannot_start(self, exc: Exception) -> dict[str, Any]:
+        """The context cannot be created: fail visibly (log, forge, result) and free the task key for a retry."""
+        error = mask(f"cannot create the context under {self.store.base_dir}: {getattr(exc, 'strerror', None) or exc}")
+        log.error("task cannot start", error=error)
+        try:
+            self.report.finish("failed", {"status": "failed", "error": error}, None, error)
+        except Exception as report_error:
+            log.warning("failure not reported", error=mask(str(report_error))[:300])
+        if self.on_finish is not None:
+            self.on_finish(self.uuid, "failed")
+        return {"uuid": self.uuid, "status": "failed", "error": error}
 
     def _not_taken(self) -> dict[str, Any]:
         """A delivery that did not get the context: dropped, or deferred when its holder was killed here."""
