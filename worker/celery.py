@@ -45,7 +45,9 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A Redis blip must not cost a running task its attempt: the task runs on through the reconnection.
+        # If Redis put its message back meanwhile, the redelivery finds the context held and is dropped.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_track_started": True,
         "task_send_sent_event": True,
         "worker_send_task_events": True,
