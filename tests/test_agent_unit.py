@@ -104,29 +104,57 @@ def test_the_reply_is_on_disk_before_its_tool_calls_run(workbench: Workbench, mo
 
 
 @turns(
-    {"content": "Write it.", "tool_calls": [tool("write_file", path="a.txt", content="A\n")]},
-    finish_turn("Wrote a.txt."),
+    {"content": "Log it.", "tool_calls": [tool("bash", command="echo step >> side.log")]},
+    finish_turn("Logged."),
 )
-def test_a_resumed_agent_runs_the_pending_calls_without_asking_the_model_again(
+def test_a_resumed_agent_never_runs_an_interrupted_call_twice_and_tells_the_model(
+    workbench: Workbench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run_then_die(*args: Any, **kwargs: Any) -> Any:
+        agent_module_run_tool(*args, **kwargs)  # the side effect happens ...
+        raise RuntimeError("the worker died right after the tool ran")  # ... but its result is never written
+
+    agent_module_run_tool = agent_module.run_tool
+    with monkeypatch.context() as patch:
+        patch.setattr(agent_module, "run_tool", run_then_die)
+        with pytest.raises(RuntimeError):
+            workbench.agent().step()
+    assert (workbench.checkout.path / "side.log").read_text() == "step\n"
+    call_id = workbench.messages()[-1]["tool_calls"][0]["id"]
+    workbench.resume_elsewhere()
+    agent = workbench.agent()
+
+    agent.step()
+
+    assert workbench.asked() == [0]  # answered without a model call
+    answer = workbench.messages()[-1]
+    assert (answer["role"], answer["tool_call_id"]) == ("tool", call_id)
+    assert answer["content"].startswith("error: not run: the worker running attempt 1 stopped")
+    assert workbench.tools()[-1]["status"] == "error"
+    assert not (workbench.checkout.path / "side.log").exists()  # back at the last checkpoint, not run twice
+    assert agent.run() == "Logged."
+    assert workbench.asked() == [0, 1]
+
+
+@turns(
+    {"content": "Read it.", "tool_calls": [tool("read_file", path="calc.py")]},
+    finish_turn("Read calc.py."),
+)
+def test_a_resumed_agent_runs_pending_read_only_calls_without_asking_the_model_again(
     workbench: Workbench, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
         patch.setattr(agent_module, "run_tool", _crash)
         with pytest.raises(RuntimeError):
             workbench.agent().step()
-    call_id = workbench.messages()[-1]["tool_calls"][0]["id"]
     workbench.resume_elsewhere()
     agent = workbench.agent()
 
-    assert [c.name for c in agent.unanswered() or []] == ["write_file"]
+    assert [c.name for c in agent.unanswered() or []] == ["read_file"]
     agent.step()
-    assert workbench.asked() == [0]  # the pending call ran without a model call
-    answer = workbench.messages()[-1]
-    assert (answer["role"], answer["tool_call_id"]) == ("tool", call_id)
-    assert (workbench.checkout.path / "a.txt").read_text() == "A\n"
-
-    assert agent.run() == "Wrote a.txt."
-    assert workbench.asked() == [0, 1]
+    assert workbench.asked() == [0]
+    assert workbench.tools()[-1]["status"] == "success"
+    assert agent.run() == "Read calc.py."
 
 
 @turns(finish_turn("All done."))

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
+from contexts.names import TOOLS_FILE
 from replay import ReplayServer
 from replay.rules import conversation_key
 from tests.helpers.beat_process import BeatProcess, children_of
@@ -212,7 +213,7 @@ def test_killed_pool_child_is_requeued_and_the_requeue_resumes_the_task(
     assert (state["status"], state["attempt"]) == ("completed", 2)
 
 
-def test_task_that_kills_its_pool_child_every_time_stops_at_max_attempts(
+def test_a_tool_call_that_killed_its_worker_is_not_run_again_and_the_task_goes_on(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
     entries = [{"content": "Use all the memory.", "tool_calls": [tool("bash", command="kill -9 $PPID")]}, finish_turn()]
@@ -220,9 +221,25 @@ def test_task_that_kills_its_pool_child_every_time_stops_at_max_attempts(
         stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
         state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+        tools = context_records(stack.contexts_dir / "completed" / uuid, TOOLS_FILE)
+    assert (state["status"], state["attempt"]) == ("completed", 2)
+    assert [(t["tool_name"], t["status"]) for t in tools] == [("bash", "error"), ("finish", "success")]
+    assert tools[0]["error"].startswith("not run: the worker running attempt 1 stopped")
+
+
+def test_task_that_kills_its_pool_child_at_every_step_stops_at_max_attempts(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    kill = {"content": "Use all the memory.", "tool_calls": [tool("bash", command="kill -9 $PPID")]}
+    with chaos_stack(tmp_path, redis_url, [kill, kill, kill, finish_turn()], beat=False) as (stack, server):
+        stack.start_worker("w1", queues="tasks")
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+        asked = Counter(r["turn"] for r in agent_requests(server.requests))
     assert state["status"] == "failed"
     assert state["error"] == "gave up after 3 attempts"
-    assert state["tool_call_count"] == 0  # the tool never returned: each run died in it
+    assert state["tool_call_count"] == 2  # attempts 2 and 3 each answered the call that killed the one before
+    assert asked == {0: 1, 1: 1, 2: 1}  # each deadly call was asked for, and run, once
 
 
 # -- a worker is stopped (rolling restart) -------------------------------------------------------------

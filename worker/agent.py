@@ -28,6 +28,11 @@ TOOLS_TOKENS = estimate_tokens(json.dumps(TOOL_SCHEMAS))
 FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the prompt gets far less
 COMPRESSION_RETRY_STEPS = 3
 MUTATING_TOOLS = frozenset({"bash", "write_file", "edit_file"})
+INTERRUPTED = (
+    "not run: the worker running attempt {attempt} stopped while this reply's tool calls were being run, so this "
+    "call may have run partly. Nothing was run again: the checkout was put back to the last checkpoint, which is "
+    "before this reply's calls, so their changes to it are undone. Check the state and run again what is needed."
+)
 
 
 class Finished(Exception):
@@ -104,6 +109,8 @@ class Agent:
         if self.should_stop():
             raise Cancelled("worker is shutting down")
         calls = self.unanswered()
+        if calls:
+            calls = self.settle_interrupted(calls)
         if calls is None:
             if int(state.get("llm_call_count", 0)) >= self.limits.max_steps:
                 raise StepLimit(f"step limit of {self.limits.max_steps} reached without finish")
@@ -146,6 +153,21 @@ class Agent:
                 raise Finished(str(finish.arguments.get("summary", "")))
             return pending or None
         return None
+
+    def settle_interrupted(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """A resumed reply's calls: mutating ones are never run a second time (one may have been running when
+        the worker died, and its recorded arguments are masked); the checkout goes back to the last checkpoint
+        and the model is told. The rest (read_file, finish) is returned to run as usual."""
+        interrupted = [c for c in calls if c.name in MUTATING_TOOLS]
+        if not interrupted:
+            return calls
+        self.checkout.restore_last_checkpoint()
+        attempt = int(self.ctx.read_state().get("attempt", 1))
+        message = INTERRUPTED.format(attempt=attempt - 1)
+        for call in interrupted:
+            self._record_result(call, f"error: {message}", "error", message, 0)
+        log.info("interrupted calls answered without running them", calls=[c.id for c in interrupted])
+        return [c for c in calls if c.name not in MUTATING_TOOLS]
 
     def _newest_records(self) -> Any:
         from contexts import jsonl
@@ -216,16 +238,20 @@ class Agent:
                     max_output_chars=FULL_OUTPUT_MAX_CHARS,
                 )
                 result_text, status, error, duration = result.output, result.status, result.error, result.duration_ms
-            tool_seq = self.ctx.append_tool(
-                call.name, call.arguments, status, duration, result=result_text, error=error, tool_call_id=call.id
-            )
-            content, cut = cap_output(result_text, self.limits.tool_output_max_chars)
-            extra: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name}
-            if cut is not None:
-                content += f"\n[full output: tools.jsonl seq {tool_seq}]"
-                extra["truncated_from"] = cut
-            self.ctx.append_message("tool", content, **extra)
-            self.ctx.update_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
+            self._record_result(call, result_text, status, error, duration)
+
+    def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int) -> None:
+        """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt)."""
+        tool_seq = self.ctx.append_tool(
+            call.name, call.arguments, status, duration, result=result_text, error=error, tool_call_id=call.id
+        )
+        content, cut = cap_output(result_text, self.limits.tool_output_max_chars)
+        extra: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name}
+        if cut is not None:
+            content += f"\n[full output: tools.jsonl seq {tool_seq}]"
+            extra["truncated_from"] = cut
+        self.ctx.append_message("tool", content, **extra)
+        self.ctx.update_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
 
 
 def _stored_call(raw: dict[str, Any]) -> ToolCall:

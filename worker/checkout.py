@@ -83,6 +83,15 @@ class Checkout:
         self._pushed_marker.write_text(self.git("rev-parse", "FETCH_HEAD^{tree}"))
         return True
 
+    def restore_last_checkpoint(self) -> None:
+        """Put the working tree back exactly as the last pushed checkpoint (else the branch's commit) left
+        it, untracked files included: after a crash mid-step the tree may hold half of a call's effects."""
+        marker = self._pushed_marker
+        tree = marker.read_text().strip() if marker.exists() else "HEAD"
+        self.git("read-tree", "-u", "--reset", tree)
+        self.git("clean", "-q", "-fd")
+        self.git("reset", "-q")
+
     @property
     def _pushed_marker(self) -> Path:
         """Holds the tree of the last checkpoint on the remote; absent while none was pushed."""
