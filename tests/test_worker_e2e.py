@@ -10,6 +10,7 @@ import pytest
 from tests.helpers.model_server import model_server
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import FIXED_CALC, Stack, fix_calc_trajectory, git, local_request, make_buggy_repo
+from tests.helpers.worker_scenarios import finish_turn
 
 pytestmark = pytest.mark.integration
 
@@ -43,3 +44,34 @@ def test_task_fixes_failing_test_and_leaves_branch_with_the_fix(stack: Stack, tm
     assert git(repo, "show", f"{branch}:calc.py") == FIXED_CALC
     assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"  # the operator's checkout untouched
     stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")
+
+
+LEAKY_SUMMARY = "Fixed it with ghp_0123456789abcdefABCDEF0123456789abcd; ask alice@example.com."
+
+
+def test_the_finish_summary_is_masked_in_the_commit_message_and_the_celery_result(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    from celery import Celery
+
+    turns = [*fix_calc_trajectory()[:-1], finish_turn(LEAKY_SUMMARY)]
+    with model_server(turns) as server:
+        stack = Stack(tmp_path, redis_url, server.url)
+        try:
+            repo = make_buggy_repo(tmp_path / "repo")
+            stack.start_worker("w1")
+            uuid = stack.send(local_request(repo))
+            assert stack.wait_finished(uuid)["status"] == "completed"
+            app = Celery(broker=redis_url, backend=redis_url)
+            try:
+                result = stack.wait_until(lambda: app.AsyncResult(uuid).result, what="the Celery result")
+            finally:
+                app.close()
+        finally:
+            stack.stop()
+
+    message = git(repo, "log", "-1", "--format=%B", f"tasuki/1-{uuid[:8]}")
+    for text in (message, str(result)):
+        assert "ghp_" not in text
+        assert "alice@example.com" not in text
+        assert "[GITHUB_TOKEN]" in text

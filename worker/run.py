@@ -262,7 +262,8 @@ class TaskRun:
                 ctx.append_message("system", SYSTEM_PROMPT)
             ctx.append_message("user", task_message(self.request.prompt, workplace.issue))
             ctx.step_done()
-        summary = self._agent(ctx, checkout, ctx.metadata["config"]).run()
+        # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
+        summary = mask(self._agent(ctx, checkout, ctx.metadata["config"]).run())
         checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
         checkout.push()
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
