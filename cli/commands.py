@@ -91,7 +91,28 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     if not args.wait:
         return 0
     state = watch(context_store(settings, index=False), queued.uuid, out)
-    return 0 if state is not None and state.get("status") == "completed" else 1
+    if state is None:
+        return 1
+    for line in outcome_lines(state, args.repo_path):
+        out(line)
+    return 0 if state.get("status") == "completed" else 1
+
+
+def outcome_lines(state: dict[str, object], repo_path: str | None) -> list[str]:
+    """How a watched task ended: its (masked) error, the branch it pushed, the pull/merge request."""
+    from contexts.masking import mask
+
+    lines = []
+    if state.get("status") != "completed":
+        lines.append(f"{state.get('status')}: {mask(str(state.get('error') or 'no error recorded'))}")
+    result = state.get("result")
+    if isinstance(result, dict):
+        if result.get("branch"):
+            where = f" in {Path(repo_path).absolute()}" if repo_path else ""
+            lines.append(f"branch: {result['branch']}{where}")
+        if result.get("pull_request_url"):
+            lines.append(f"pull request: {result['pull_request_url']}")
+    return lines
 
 
 def cancel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,9 +170,10 @@ def cmd_alerts(args: argparse.Namespace, settings: Settings) -> int:
     """Check disk use, failure rate, running and long-running tasks against the alert thresholds."""
     from scheduler.alerts import alerts, format_alerts
 
-    for line in format_alerts(alerts()):
+    report = alerts()
+    for line in format_alerts(report):
         out(line)
-    return 0
+    return 1 if report.alerts else 0  # scripts and cron jobs check the exit code
 
 
 # -- webhook ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import redis
 
 from cli.embedded import free_port
 from contexts.lock import process_alive
@@ -103,7 +104,48 @@ def test_submit_wait_shows_progress_until_the_task_completes(stack: Stack, tmp_p
     lines = done.stdout.splitlines()
     uuid = lines[0].strip()
     assert any(line.startswith("completed") for line in lines)
-    assert git(repo, "branch", "--list", f"tasuki/p*-{uuid[:8]}").strip()
+    branch = git(repo, "branch", "--list", f"tasuki/p*-{uuid[:8]}").strip()
+    assert branch
+    assert lines[-1] == f"branch: {branch} in {repo}"
+
+
+def test_submit_wait_of_a_failing_task_prints_its_error_and_exits_1(stack: Stack, tmp_path: Path) -> None:
+    repo = make_buggy_repo(tmp_path / "repo")
+    stack.env_overrides["TASUKI__AGENT__MAX_STEPS"] = "2"
+    stack.start_worker("w1")
+
+    done = tasuki(
+        ["submit", "--repo-path", str(repo), "--prompt", "Make the tests pass.", "--wait"], stack.env(), tmp_path
+    )
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed: step limit of 2 reached without finish" in done.stdout.splitlines()
+
+
+def test_cancel_of_an_unknown_uuid_says_no_such_task_exits_1_and_writes_nothing_to_redis(
+    stack: Stack, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    unknown = "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+    before = set(redis_client.keys("*"))
+
+    done = tasuki(["cancel", unknown], stack.env(), tmp_path)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith(f"tasuki: error: no such task {unknown}")
+    assert done.stderr.count("\n") == 1
+    assert set(redis_client.keys("*")) == before
+
+
+def test_cancel_of_a_queued_task_revokes_it(stack: Stack, tmp_path: Path, redis_client: redis.Redis) -> None:
+    repo = make_buggy_repo(tmp_path / "repo")
+    submitted = tasuki(["submit", "--repo-path", str(repo), "--prompt", "Do it."], stack.env(), tmp_path)
+    uuid = submitted.stdout.split()[0]
+
+    done = tasuki(["cancel", uuid], stack.env(), tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    assert "revoked" in done.stdout
+    assert redis_client.exists(f"tasuki:cancel:{uuid}")
 
 
 def test_cancel_of_unknown_and_malformed_uuids_is_one_line_and_nonzero(stack: Stack, tmp_path: Path) -> None:

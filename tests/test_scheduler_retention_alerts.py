@@ -34,20 +34,31 @@ def finished(store: ContextStore, status: str, days_ago: float) -> str:
     return ctx.uuid
 
 
-def run_job(code: str, base: Path, redis_url: str, tmp_path: Path) -> str:
-    """Run ``code`` (importing from scheduler.jobs / scheduler.alerts) in a fresh process on real settings."""
+def job_env(base: Path, redis_url: str, tmp_path: Path) -> dict[str, str]:
+    """Real settings for a fresh process: this test's store and Redis, at most one running task."""
     (tmp_path / "config.yaml").write_text("")
-    env = worker_env({
+    return worker_env({
         "TASUKI_CONFIG": str(tmp_path / "config.yaml"),
         "TASUKI__BROKER__URL": redis_url,
         "TASUKI__CONTEXTS__BASE_DIR": str(base),
         "TASUKI__ALERTS__MAX_RUNNING": "1",
     })
+
+
+def run_job(code: str, base: Path, redis_url: str, tmp_path: Path) -> str:
+    """Run ``code`` (importing from scheduler.jobs / scheduler.alerts) in a fresh process on real settings."""
     setup = "from worker.logging import configure_logging; configure_logging('WARNING'); "  # as the CLI does
-    done = subprocess.run([sys.executable, "-c", setup + code], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", setup + code], cwd=REPO_ROOT, env=job_env(base, redis_url, tmp_path),
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def tasuki_alerts(base: Path, redis_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The real ``tasuki alerts`` command, from another working directory."""
+    return subprocess.run([sys.executable, "-m", "cli.main", "alerts"], cwd=tmp_path,
+                          env=job_env(base, redis_url, tmp_path), capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 RETENTION = (
@@ -114,7 +125,7 @@ def test_no_alert_below_the_thresholds_and_critical_disk_above_the_critical_one(
     assert [(a.name, a.level) for a in evaluate(full, AlertSettings())] == [("disk", "critical")]
 
 
-def test_alerts_command_prints_the_report_and_publishes_the_gauges_for_metrics(
+def test_alerts_command_prints_the_report_publishes_the_gauges_and_exits_1_while_an_alert_fires(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     base = tmp_path / "contexts"
@@ -123,11 +134,10 @@ def test_alerts_command_prints_the_report_and_publishes_the_gauges_for_metrics(
     for _ in range(2):
         store.create(TASK_KEY, CONFIG, heartbeat=False).detach()
 
-    output = run_job(
-        "from scheduler.alerts import alerts, format_alerts; print('\\n'.join(format_alerts(alerts())))",
-        base, redis_url, tmp_path,
-    )
+    done = tasuki_alerts(base, redis_url, tmp_path)
+    output = done.stdout
 
+    assert done.returncode == 1, done.stderr  # scripts and cron jobs rely on it: non-zero while an alert fires
     assert "running tasks: 2, longer than the limit: 0" in output
     assert "WARNING running: 2 tasks running (over 1)" in output
     assert "WARNING failure_rate: 1 of 1 recent tasks failed (100%)" in output
@@ -136,3 +146,12 @@ def test_alerts_command_prints_the_report_and_publishes_the_gauges_for_metrics(
     assert float(gauges["failure_rate"]) == 1.0
     assert float(gauges["alert_running"]) == 1  # warning
     assert float(gauges["alert_disk"]) == 0
+
+
+def test_alerts_command_exits_0_when_all_is_clear(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
+    finished(ContextStore(tmp_path / "contexts"), "completed", 0.1)
+
+    done = tasuki_alerts(tmp_path / "contexts", redis_url, tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: no alerts" in done.stdout

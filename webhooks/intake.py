@@ -116,12 +116,8 @@ class Intake:
     # -- shared with the task API ----------------------------------------------------------------
 
     def submit(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued:
-        """Enqueue ``tasuki.run_task`` unless the task key is active; remember the task key by UUID."""
-        enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
-        if not enqueued.already_active:
-            ttl = self.settings.broker.visibility_timeout_s * self.settings.monitor.max_attempts
-            self.client.set(TASK_PREFIX + enqueued.uuid, json.dumps(request["task_key"]), ex=ttl)
-        return enqueued
+        """Enqueue ``tasuki.run_task`` unless the task key is active (the task key is remembered by UUID)."""
+        return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:
         """The task key of a task this intake enqueued, while Redis remembers it."""

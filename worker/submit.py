@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid as uuid_module
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +11,7 @@ import redis
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
 from contexts.state import update_state
-from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASKS_QUEUE
+from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 from worker.settings_models import Settings
 
 CANCEL_FLAG_TTL_S = 8 * 24 * 3600
@@ -39,10 +40,12 @@ def enqueue(
     if not client.set(key, uuid, nx=True, ex=ttl):
         existing = client.get(key)
         return Enqueued(existing.decode() if isinstance(existing, bytes) else str(existing), True)
+    # The task key by UUID: the API answers for a queued task with it, and a cancel knows the task exists.
+    client.set(TASK_PREFIX + uuid, json.dumps(request["task_key"]), ex=ttl)
     try:
         app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
     except Exception:
-        client.delete(key)
+        client.delete(key, TASK_PREFIX + uuid)
         raise
     return Enqueued(uuid, False)
 
@@ -56,10 +59,16 @@ def release_active(client: redis.Redis, task_key: dict[str, str], uuid: str) -> 
 
 
 def request_cancel(app: Any, client: redis.Redis, store: ContextStore, uuid: str) -> str:
-    """Flag the task to stop at its next step (or never start); returns what was done, for the operator."""
+    """Flag the task to stop at its next step (or never start); returns what was done, for the operator.
+
+    An unknown UUID (no context, never enqueued here) raises ContextNotFoundError and writes nothing.
+    """
     uuid = validate_uuid(uuid)
-    client.set(CANCEL_PREFIX + uuid, "1", ex=CANCEL_FLAG_TTL_S)
     running = store.running_path(uuid)
+    known = running.is_dir() or store.completed_path(uuid).is_dir() or client.exists(TASK_PREFIX + uuid)
+    if not known:
+        raise ContextNotFoundError(f"no such task {uuid} (no context under {store.base_dir}, nothing queued)")
+    client.set(CANCEL_PREFIX + uuid, "1", ex=CANCEL_FLAG_TTL_S)
     if running.is_dir():
         update_state(running, store.clock(), fsync=True, set_fields={"cancel_requested": True})
         return "cancel requested; the task stops at its next step"
