@@ -97,6 +97,9 @@ def test_a_model_that_keeps_failing_fails_the_task_with_a_one_line_error_naming_
         directory = stack.contexts_dir / "completed" / uuid
         validate_context_dir(directory)
         assert [m["role"] for m in context_records(directory, MESSAGES_FILE)] == ["system", "user"]
+        celery_state, celery_result = stack.celery_state(uuid)  # what Flower shows
+        assert celery_state == "FAILURE"
+        assert "HTTP 500" in str(celery_result)
 
 
 def test_tool_paths_leaving_the_checkout_are_refused_and_the_task_goes_on(
@@ -158,6 +161,7 @@ def test_a_running_task_cancelled_stops_with_status_cancelled_at_the_next_step(
         directory = stack.contexts_dir / "completed" / uuid
         validate_context_dir(directory)
         assert len(context_records(directory, TOOLS_FILE)) == 2
+        assert stack.celery_state(uuid)[0] in ("FAILURE", "REVOKED")  # never SUCCESS in Flower
         stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")
 
 
@@ -195,6 +199,7 @@ def test_a_task_past_its_soft_time_limit_ends_as_timeout_even_inside_a_slow_mode
 
         assert state["status"] == "timeout", state
         assert state["error"] == "soft time limit reached"
+        assert stack.celery_state(uuid)[0] == "FAILURE"
         directory = stack.contexts_dir / "completed" / uuid
         validate_context_dir(directory)
         stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")

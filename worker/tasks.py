@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis
 import structlog
@@ -13,6 +13,7 @@ from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
 from contexts.compression import CompressionPolicy
+from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from contexts.state import read_state
 from worker import lifecycle
@@ -37,11 +38,17 @@ class CompressionError(TasukiError):
     """Summarizing a span failed (the task goes on; the prompt builder's emergency rule applies)."""
 
 
+class TaskEnded(TasukiError):
+    """The task ended failed, timed out or cancelled: raised after its context is finished, so that Celery
+    (and Flower) record FAILURE with the masked error instead of SUCCESS. Not retried: it is acknowledged."""
+
+
 NOT_FINAL = ("dropped", "deferred", "handed_back", "fenced", "unfinished")
+UNSUCCESSFUL = ("failed", "timeout", "cancelled")
 """Outcomes of a delivery that leave the task's fate to another delivery: acknowledged, no result stored."""
 
 
-@app.task(name=RUN_TASK, bind=True)
+@app.task(name=RUN_TASK, bind=True, throws=(TaskEnded,))
 def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
     """Create or resume the context ``uuid`` and run the agent until it finishes."""
     structlog.contextvars.bind_contextvars(uuid=uuid)
@@ -72,7 +79,9 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
             # Every delivery shares the task id (the UUID): a SUCCESS stored for one that did not finish the task
             # would make Celery treat the holder's later worker loss as success (no requeue) and mislead waiters.
             raise Ignore(f"delivery {result['status']}")
-        return result
+        if result["status"] in UNSUCCESSFUL:
+            raise TaskEnded(mask(f"{result['status']}: {result.get('error') or 'no error recorded'}"))
+        return cast(dict[str, Any], mask_value(result))
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
 

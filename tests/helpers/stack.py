@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 
 from tests.helpers.celery_worker import WorkerProcess, worker_env
-from worker.names import RUN_TASK, TASKS_QUEUE
+from worker.names import RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 
 BUGGY_CALC = "def add(a, b):\n    return a - b\n"
 FIXED_CALC = "def add(a, b):\n    return a + b\n"
@@ -107,14 +108,30 @@ class Stack:
         return worker
 
     def send(self, request: dict[str, Any], uuid: str | None = None) -> str:
-        """Send ``tasuki.run_task`` the way the monitor and ``tasuki submit`` do."""
+        """Send ``tasuki.run_task`` the way the monitor and ``tasuki submit`` do (without the one-active-task
+        rule, so a test can send the same task again), and record the task by UUID as every enqueue does."""
         uuid = uuid or str(uuid_module.uuid4())
         app = Celery(broker=self.redis_url)
         try:
+            with redis.Redis.from_url(self.redis_url) as client:
+                client.set(TASK_PREFIX + uuid, json.dumps(request["task_key"]), ex=3600)
             app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
         finally:
             app.close()
         return uuid
+
+    def celery_state(self, uuid: str, timeout_s: float = 30.0) -> tuple[str, Any]:
+        """The state and result Celery recorded for ``uuid`` once it is final (what Flower shows)."""
+        app = Celery(broker=self.redis_url, backend=self.redis_url)
+        try:
+            def final() -> tuple[str, Any] | None:
+                result = app.AsyncResult(uuid)
+                return (result.state, result.result) if result.state in ("SUCCESS", "FAILURE", "REVOKED") else None
+
+            found: tuple[str, Any] = self.wait_until(final, timeout_s, f"Celery's final state of {uuid}")
+            return found
+        finally:
+            app.close()
 
     def completed_state(self, uuid: str) -> dict[str, Any] | None:
         path = self.contexts_dir / "completed" / uuid / "state.json"
