@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,10 +22,21 @@ AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 
 @pytest.fixture
-def api(make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis) -> Iterator[IntakeServer]:
-    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN})
+def api(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[IntakeServer]:
+    roots = json.dumps([str(tmp_path / "repos")])
+    settings = make_settings(
+        {"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN, "TASUKI__API__ALLOWED_REPO_ROOTS": roots}
+    )
     with intake_server(settings) as server:
         yield server
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
 
 
 def test_api_is_disabled_without_a_configured_token(make_settings: Callable[..., Settings], redis_url: str,
@@ -48,7 +60,8 @@ def test_wrong_or_missing_bearer_token_is_401(api: IntakeServer, authorization: 
 
 def test_submitted_local_task_is_queued_and_visible_before_it_starts(api: IntakeServer, tmp_path: Path) -> None:
     with api.client(headers=AUTH) as client:
-        response = client.post("/api/tasks", json={"repo_path": str(tmp_path / "repo"), "prompt": "Fix it."})
+        repo = git_repo(tmp_path / "repos" / "repo")
+        response = client.post("/api/tasks", json={"repo_path": str(repo), "prompt": "Fix it."})
         task_id = response.json()["task_id"]
         shown = client.get(f"/api/tasks/{task_id}").json()
 
@@ -140,3 +153,43 @@ def test_cancel_of_a_finished_task_is_409(api: IntakeServer, make_settings: Call
     ctx.finish("completed")
     with api.client(headers=AUTH) as client:
         assert client.post(f"/api/tasks/{ctx.uuid}/cancel").status_code == 409
+
+
+def test_a_repo_path_outside_the_allowed_roots_is_refused_and_nothing_is_queued(
+    api: IntakeServer, tmp_path: Path
+) -> None:
+    outside = git_repo(tmp_path / "elsewhere")
+    (tmp_path / "repos").mkdir()
+    (tmp_path / "repos" / "link").symlink_to(outside)
+    with api.client(headers=AUTH) as client:
+        for path in (outside, tmp_path / "repos" / "link", Path("/")):
+            response = client.post("/api/tasks", json={"repo_path": str(path), "prompt": "p"})
+            assert response.status_code == 403, path
+            assert "allowed root" in response.json()["detail"]
+    assert api.queued() == []
+
+
+def test_a_repo_path_that_is_not_a_git_repository_is_422(api: IntakeServer, tmp_path: Path) -> None:
+    (tmp_path / "repos" / "plain").mkdir(parents=True)
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": str(tmp_path / "repos" / "plain"), "prompt": "p"})
+    assert response.status_code == 422
+    assert "not a git repository" in json.dumps(response.json())
+    assert api.queued() == []
+
+
+def test_local_paths_are_refused_over_http_by_default(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    repo = git_repo(tmp_path / "repo")
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN})
+    with intake_server(settings) as server, server.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": str(repo), "prompt": "p"})
+        assert response.status_code == 403
+        assert "api.allowed_repo_roots is empty" in response.json()["detail"]
+        assert server.queued() == []
+
+
+def test_cancel_of_an_unknown_task_is_404(api: IntakeServer) -> None:
+    with api.client(headers=AUTH) as client:
+        assert client.post("/api/tasks/2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11/cancel").status_code == 404

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import uuid as uuid_module
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -90,11 +90,25 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
         except ValidationError as exc:
             problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors(include_url=False)]
             return _error(422, problems)
+        if submission.repo_path is not None and (problem := await blocking(local_path_refusal, submission.repo_path)):
+            return problem
         uuid = str(uuid_module.uuid4())
         enqueued = await blocking(intake.submit, submission.request(uuid), uuid)
         if enqueued.already_active:
             return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
         return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
+
+    def local_path_refusal(repo_path: str) -> JSONResponse | None:
+        """A token holder may name only git repositories under ``api.allowed_repo_roots``: never make a worker
+        clone an arbitrary directory of its host. Symlinks are resolved before the check."""
+        roots = [root.resolve() for root in settings.api.allowed_repo_roots]
+        path = Path(repo_path).resolve()
+        if not any(path.is_relative_to(root) for root in roots):
+            allowed = ", ".join(map(str, roots)) or "none: api.allowed_repo_roots is empty"
+            return _error(403, f"repo_path is not under an allowed root ({allowed})")
+        if not (path / ".git").exists():
+            return _error(422, [{"loc": ["repo_path"], "msg": f"{repo_path} is not a git repository"}])
+        return None
 
     def refused_or_uuid(request: Request, uuid: str) -> JSONResponse | str:
         """The refusal (bad token, malformed UUID) to answer, or the canonical UUID."""
@@ -122,6 +136,8 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
             detail = await blocking(intake.cancel, uuid)
         except ContextCompletedError:
             return _error(409, f"task {uuid} is already finished")
+        except ContextNotFoundError:
+            return _error(404, f"no task {uuid}")
         return JSONResponse({"task_id": uuid, "status": "cancel requested", "detail": detail}, status_code=202)
 
     return router

@@ -110,13 +110,19 @@ def resolve_paths(model: M, root: Path, *, env_root: Path, from_env: set[KeyPath
     for name in type(model).model_fields:
         value, key = getattr(model, name), (*at, name)
         if isinstance(value, BaseModel):
-            resolved = resolve_paths(value, root, env_root=env_root, from_env=from_env, at=key)
-            if resolved is not value:
-                updates[name] = resolved
-        elif isinstance(value, Path) and not value.is_absolute():
-            set_by_env = any(key[:n] in from_env for n in range(1, len(key) + 1))
-            updates[name] = (env_root if set_by_env else root) / value
+            section = resolve_paths(value, root, env_root=env_root, from_env=from_env, at=key)
+            if section is not value:
+                updates[name] = section
+        elif _paths(value):
+            base = env_root if any(key[:n] in from_env for n in range(1, len(key) + 1)) else root
+            paths = tuple(base / v for v in _paths(value))  # an absolute path stays as it is
+            updates[name] = paths if isinstance(value, tuple) else paths[0]
     return model.model_copy(update=updates) if updates else model
+
+
+def _paths(value: object) -> tuple[Path, ...]:
+    """The Path values of a setting (one Path, or a tuple of them)."""
+    return tuple(v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, Path))
 
 
 def _config_file(config_path: str | Path | None, environ: Mapping[str, str], here: Path) -> Path | None:

@@ -239,6 +239,11 @@ class WebhookSettings(Section):
     """Larger request bodies are refused with 413."""
 
 
+class APISettings(Section):
+    allowed_repo_roots: tuple[Path, ...] = ()
+    """Directories under which POST /api/tasks may name a repo_path; empty: local paths are refused over HTTP."""
+
+
 class LabelSettings(Section):
     trigger: Name = "coding agent"
     """Adding this label to an issue starts a task."""
@@ -309,6 +314,8 @@ class Settings(Section):
     """Alert thresholds."""
     webhook: WebhookSettings = WebhookSettings()
     """The HTTP intake."""
+    api: APISettings = APISettings()
+    """The task API."""
     github: GitHubSettings = GitHubSettings()
     """GitHub events and API."""
     gitlab: GitLabSettings = GitLabSettings()
