@@ -15,14 +15,6 @@ from contexts.errors import ContextError
 from contexts.masking import mask_value
 from contexts.names import FILE_MODE, STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
 
-COUNTERS = (
-    "llm_call_count",
-    "tool_call_count",
-    "total_tokens_used",
-    "current_context_tokens",
-    "compression_count",
-)
-
 
 def initial_state(now: datetime, worker: str) -> dict[str, Any]:
     """The state of a context that was just created (001 §3.2 plus Tasuki's fields)."""

@@ -15,7 +15,7 @@ from typing import Literal
 
 import redis
 import structlog
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge
 
 from contexts import ContextStore
 from contexts.clock import iso, parse_iso, utc_now
@@ -221,8 +221,3 @@ def format_alerts(report: AlertReport) -> list[str]:
     ]
     lines += [f"{a.level.upper()} {a.name}: {a.message}" for a in report.alerts] or ["ok: no alerts"]
     return lines
-
-
-def metrics_text() -> bytes:
-    """This process's alert gauges in Prometheus text format."""
-    return generate_latest(REGISTRY)

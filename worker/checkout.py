@@ -136,10 +136,6 @@ class Checkout:
         """The commit the task branch points at."""
         return self.git("rev-parse", "HEAD").strip()
 
-    def remove(self) -> None:
-        """Delete the working copy."""
-        shutil.rmtree(self.path, ignore_errors=True)
-
 
 def run_git(
     args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True

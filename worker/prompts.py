@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 SYSTEM_PROMPT = """\
@@ -74,8 +73,3 @@ def summarizer_messages(previous_summary: str | None, span: list[dict[str, Any]]
     )
     user = f"{SUMMARIZER_INSTRUCTIONS}\n{previous}=== Messages to summarize ===\n" + "\n".join(lines)
     return [{"role": "system", "content": SUMMARIZER_SYSTEM}, {"role": "user", "content": user}]
-
-
-def tool_arguments_text(arguments: dict[str, Any]) -> str:
-    """Arguments as compact JSON for logs and the viewer."""
-    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
