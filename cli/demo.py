@@ -26,9 +26,9 @@ from contexts import TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
 from worker.checkout import run_git
-from worker.names import RUN_TASK, TASKS_QUEUE
 from worker.settings_models import Settings
 from worker.stores import open_store
+from worker.submit import send_run_task
 
 DEMO_CONTEXT_LENGTH = 2048  # small on purpose: the demo shows compression at work
 DEMO_TIMEOUT_S = 300.0
@@ -140,7 +140,7 @@ def submit_local(broker: str, repo: Path, prompt: str) -> str:
     }
     app = Celery(broker=broker)
     try:
-        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
+        send_run_task(app, uuid, request)
     finally:
         app.close()
     return uuid

@@ -191,14 +191,16 @@ def show_context(store: ContextStore, uuid: str, *, limit: int | None = 10) -> C
 
 
 def disk_usage(directory: Path) -> int:
-    """Bytes used by the files below ``directory``."""
+    """Bytes the files below ``directory`` occupy on disk (like ``du``: allocated blocks, so what the alerts
+    and the statistics report is the space a full disk runs out of); files vanishing meanwhile are skipped."""
     total = 0
     for root, _dirs, files in os.walk(directory):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                stat = os.lstat(os.path.join(root, name))
             except FileNotFoundError:
                 continue
+            total += stat.st_blocks * 512 if hasattr(stat, "st_blocks") else stat.st_size
     return total
 
 

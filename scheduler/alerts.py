@@ -21,6 +21,7 @@ from contexts import ContextStore
 from contexts.clock import iso, parse_iso, utc_now
 from contexts.errors import ContextError
 from contexts.names import COMPLETED_DIR, RUNNING_DIR
+from contexts.queries import disk_usage
 from contexts.state import read_state
 from worker.names import ALERTS_KEY
 from worker.runtime import context_store, redis_client, settings
@@ -121,19 +122,6 @@ def evaluate(m: Measurements, limits: AlertSettings) -> tuple[Alert, ...]:
     return tuple(found)
 
 
-def disk_bytes(directory: Path) -> int:
-    """Bytes a directory tree occupies on disk (like ``du``); files vanishing meanwhile are skipped."""
-    total = 0
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            try:
-                stat = os.lstat(os.path.join(root, name))
-            except FileNotFoundError:
-                continue
-            total += stat.st_blocks * 512 if hasattr(stat, "st_blocks") else stat.st_size
-    return total
-
-
 def measure(store: ContextStore, now: datetime, recent: timedelta, max_runtime: timedelta) -> Measurements:
     """Read disk use, recently finished tasks and running tasks' ages from the store."""
     running = store.running_uuids()
@@ -157,8 +145,8 @@ def measure(store: ContextStore, now: datetime, recent: timedelta, max_runtime: 
             finished += status in FINISHED
             failed += status in FAILURES
     return Measurements(
-        running_bytes=disk_bytes(store.base_dir / RUNNING_DIR),
-        completed_bytes=disk_bytes(store.base_dir / COMPLETED_DIR),
+        running_bytes=disk_usage(store.base_dir / RUNNING_DIR),
+        completed_bytes=disk_usage(store.base_dir / COMPLETED_DIR),
         running_count=len(running),
         recent_finished=finished,
         recent_failed=failed,

@@ -7,7 +7,7 @@ the actions the beat would (SPEC §10).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from functools import partial
 
 import structlog
 
@@ -15,9 +15,9 @@ from contexts.clock import iso, utc_now
 from contexts.retention import RetentionAction, apply_retention
 from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy
-from worker.names import RUN_TASK, TASKS_QUEUE
 from worker.runtime import context_store, redis_client, settings
 from worker.settings_models import Settings
+from worker.submit import send_run_task
 
 log = structlog.get_logger(__name__)
 
@@ -29,9 +29,6 @@ def monitor_for(s: Settings) -> Monitor:
     from worker.celery import app
     from worker.tasks import forget
 
-    def send(uuid: str, request: dict[str, Any]) -> None:
-        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
-
     # No heartbeat hook: a monitor that takes a lock to fail a task must not put it back in the index.
     store = context_store(s, index=False)
     policy = Policy(
@@ -41,7 +38,7 @@ def monitor_for(s: Settings) -> Monitor:
         hostname=store.hostname,
     )
     dedupe_s = max(MIN_DEDUPE_S, 10 * s.monitor.interval_s)
-    return Monitor(store, redis_client(), policy, send=send, forget=forget, dedupe_s=dedupe_s)
+    return Monitor(store, redis_client(), policy, send=partial(send_run_task, app), forget=forget, dedupe_s=dedupe_s)
 
 
 def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:

@@ -16,7 +16,6 @@ import structlog
 from celery.exceptions import SoftTimeLimitExceeded
 
 from contexts import (
-    CompressionPolicy,
     Context,
     ContextCompletedError,
     ContextExistsError,
@@ -294,12 +293,7 @@ class TaskRun:
             tool_output_max_chars=s.agent.tool_output_max_chars,
             bash_timeout_s=s.agent.bash_timeout_s,
         )
-        policy = CompressionPolicy(
-            warn_at=s.compression.warn_at,
-            threshold=float(config.get("compression_threshold", s.compression.threshold)),
-            min_messages=s.compression.min_messages,
-            keep_recent=s.compression.keep_recent,
-        )
+        policy = s.compression.policy(float(config.get("compression_threshold", s.compression.threshold)))
         return ReportingAgent(
             ctx,
             self.provider_for(config),

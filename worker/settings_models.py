@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Self, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
 
+from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -162,6 +163,15 @@ class CompressionSettings(Section):
     """Seconds a compression job may wait for a worker; then the task summarizes in its own worker."""
     timeout_s: PositiveFloat = 600.0
     """Seconds a compression job may take before the task goes on without it (emergency rule)."""
+
+    def policy(self, threshold: float | None = None) -> CompressionPolicy:
+        """The compression policy of these settings; ``threshold`` overrides (a task's own, from its metadata)."""
+        return CompressionPolicy(
+            warn_at=self.warn_at,
+            threshold=self.threshold if threshold is None else threshold,
+            min_messages=self.min_messages,
+            keep_recent=self.keep_recent,
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

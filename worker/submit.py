@@ -30,6 +30,12 @@ class Enqueued:
     already_active: bool
 
 
+def send_run_task(app: Any, uuid: str, request: dict[str, Any], *, countdown_s: float | None = None) -> None:
+    """Put ``tasuki.run_task(uuid, request)`` on the tasks queue under its UUID: the one place every sender
+    (submit, the intake, the monitor, a hand-back, the demo) goes through."""
+    app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
+
+
 def enqueue(
     app: Any, client: redis.Redis, settings: Settings, request: dict[str, Any], *, uuid: str | None = None
 ) -> Enqueued:
@@ -43,7 +49,7 @@ def enqueue(
     # The task key by UUID: the API answers for a queued task with it, and a cancel knows the task exists.
     client.set(TASK_PREFIX + uuid, json.dumps(request["task_key"]), ex=ttl)
     try:
-        app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE)
+        send_run_task(app, uuid, request)
     except Exception:
         client.delete(key, TASK_PREFIX + uuid)
         raise

@@ -12,7 +12,6 @@ from celery.exceptions import Ignore
 from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
-from contexts.compression import CompressionPolicy
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from contexts.state import read_state
@@ -20,11 +19,11 @@ from worker import lifecycle
 from worker.celery import app
 from worker.forges.reporter import reporter_for
 from worker.llm import Provider
-from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK, STATS_KEY, TASKS_QUEUE
+from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK, STATS_KEY
 from worker.prompts import summarizer_messages
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import context_store, provider_for, redis_client, settings, unindex
-from worker.submit import release_active
+from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
 
 log = structlog.get_logger(__name__)
@@ -89,7 +88,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
 def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:
     """Send the task again under its UUID: the baton goes to the next free worker (this one is stopping, or
     the lock of a killed holder must go stale first).  A duplicate is harmless: the lock drops it."""
-    run_task.apply_async(args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
+    send_run_task(app, uuid, request, countdown_s=countdown_s)
     log.info("task requeued", countdown_s=countdown_s)
 
 
@@ -159,12 +158,7 @@ def compress_through_queue(ctx: Context) -> None:
     """Hand the span to ``tasuki.compress_context`` and record its summary; summarize here if no worker
     takes the job in time (a single busy worker must never wait on itself)."""
     s = settings()
-    policy = CompressionPolicy(
-        warn_at=s.compression.warn_at,
-        threshold=s.compression.threshold,
-        min_messages=s.compression.min_messages,
-        keep_recent=s.compression.keep_recent,
-    )
+    policy = s.compression.policy()
 
     def summarizer(previous: str | None, span: list[dict[str, Any]]) -> str:
         result = compress_context.apply_async(
