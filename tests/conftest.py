@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import fakeredis
 import pytest
 import redis
 
+from tests.helpers.ci import cannot_run
 from tests.helpers.redis_server import (
     CLAIM_KEY,
     DatabaseClaim,
@@ -27,10 +27,6 @@ SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 TEST_KEY_PATTERNS = ("tasuki:*", "celery-task-meta-*")
 SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(f"{q}*" for q in names.QUEUES))
 
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def delete_keys(client: redis.Redis, patterns: tuple[str, ...]) -> None:
@@ -55,9 +51,7 @@ def redis_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
     try:
         url, stop = start_private_redis(tmp_path_factory.mktemp("redis"))
     except RedisUnavailableError as exc:
-        if in_ci():
-            pytest.fail(f"CI needs Redis: {exc}")
-        pytest.skip(f"no Redis: {exc}")
+        cannot_run(f"no Redis: {exc}")
     yield url, None
     stop()
 

@@ -18,6 +18,7 @@ from contexts import Context, ContextStore
 from contexts.atomic import DiskFullError
 from scheduler.monitor import Monitor
 from scheduler.plan import Policy, plan
+from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.schemas import validate_context_dir
 from worker.run import LocalReporter, TaskRequest, TaskRun
@@ -31,7 +32,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+        cannot_run("mounting a tmpfs needs root (CI runs as root)")
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount_point)],
         capture_output=True,
@@ -39,7 +40,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         check=False,
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        cannot_run(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:

@@ -158,9 +158,10 @@ def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path
         with pytest.raises(LockHeldError):
             store.open(uuid)
     finally:
+        # Nothing is asserted between the kill and the reaping: the process is dying, and whether kill -0 still
+        # finds it (a zombie counts as dead for the lock) depends on how far the kernel got.
         os.kill(holder.pid, signal.SIGKILL)
-        assert process_alive(holder.pid)  # dead or dying, but a zombie still answers kill -0 ...
-        holder.wait(timeout=10)  # ... until it is reaped
+        holder.wait(timeout=10)
         holder.stderr.close()  # type: ignore[union-attr]
     assert holder.returncode == -signal.SIGKILL
     assert not process_alive(holder.pid)
