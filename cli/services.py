@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -16,6 +18,8 @@ from typing import IO
 from worker.names import QUEUES
 
 STOP_TIMEOUT_S = 30.0
+LAST_LINES = 20
+POLL_S = 0.2
 
 
 def worker_argv(extra: Sequence[str] = (), *, name: str = "tasuki") -> list[str]:
@@ -36,45 +40,98 @@ def maintenance_argv(extra: Sequence[str] = ()) -> list[str]:
     return worker_argv(["-Q", "maintenance", "-P", "solo", *extra], name="maintenance")
 
 
-def beat_argv(schedule_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """``celery -A worker beat`` with its schedule file under ``schedule_dir``."""
-    schedule_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return [sys.executable, "-m", "celery", "-A", "worker", "beat", "-s", str(schedule_dir / "beat-schedule"), *extra]
+def schedule_file(var_dir: Path) -> Path:
+    """Where the beat keeps its schedule: under ``local.var_dir``, never the working directory."""
+    directory = var_dir / "beat"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return directory / "beat-schedule"
+
+
+def with_schedule_file(argv: Sequence[str], var_dir: Path) -> list[str]:
+    """``celery beat`` options with ``-s`` under ``var_dir`` unless the operator gave one."""
+    if any(a == "-s" or a.startswith(("--schedule", "-s")) for a in argv):
+        return list(argv)
+    return ["-s", str(schedule_file(var_dir)), *argv]
+
+
+def beat_argv(var_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """``celery -A worker beat`` with its schedule file under ``var_dir``."""
+    return [sys.executable, "-m", "celery", "-A", "worker", "beat", *with_schedule_file(extra, var_dir)]
 
 
 @dataclass
 class Service:
-    """One child process with a name, started in its own process group."""
+    """One child process with a name, started in its own process group.
+
+    With ``say`` its output is read line by line and passed on prefixed with the name, and the last lines
+    are kept to show when it dies; with ``log`` it goes to that file; with neither it is inherited.
+    """
 
     name: str
     argv: list[str]
     env: Mapping[str, str]
     log: IO[bytes] | None = None
+    say: Callable[[str], None] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=LAST_LINES), repr=False)
+    _reader: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> Service:
-        """Start the child; its output goes to ``log`` (or is inherited)."""
+        """Start the child."""
+        stdout: IO[bytes] | int | None = subprocess.PIPE if self.say is not None else self.log
         self.process = subprocess.Popen(
-            self.argv, env=dict(self.env), stdout=self.log, stderr=subprocess.STDOUT if self.log else None,
+            self.argv, env=dict(self.env), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
             start_new_session=True,
         )
+        if self.say is not None and self.process.stdout is not None:
+            self._reader = threading.Thread(
+                target=self._pass_on, args=(self.process.stdout,), name=f"{self.name}-output", daemon=True
+            )
+            self._reader.start()
         return self
+
+    def _pass_on(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.last_lines.append(line)
+            if self.say is not None:
+                self.say(f"{self.name:<11}| {line}")
 
     def alive(self) -> bool:
         """True while the child runs."""
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
-        """SIGTERM (Celery's warm shutdown), then SIGKILL of the group after a grace period."""
+    def exit_code(self) -> int | None:
+        """The child's exit code once it ended (negative: killed by that signal)."""
+        return None if self.process is None else self.process.poll()
+
+    def terminate(self) -> None:
+        """Ask the child to stop (SIGTERM: Celery's warm shutdown)."""
+        if self.alive() and self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM, then SIGKILL of the whole group after ``timeout_s``; waits until it is gone."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=STOP_TIMEOUT_S)
+        self.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout_s)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+
+def stop_all(services: Sequence[Service], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Ask every service to stop at once, then wait for each (a stuck one is killed after ``timeout_s``)."""
+    for service in services:
+        service.terminate()
+    deadline = time.monotonic() + timeout_s
+    for service in services:
+        service.stop(max(deadline - time.monotonic(), 0.0))
 
 
 def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
@@ -84,10 +141,10 @@ def child_env(overrides: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def wait_all(services: Sequence[Service]) -> int:
-    """Block until one child exits (or Ctrl-C); return the first exit code."""
-    while True:
+def first_to_exit(services: Sequence[Service], stopping: threading.Event) -> Service | None:
+    """Block until one child exits (that service) or ``stopping`` is set (None)."""
+    while not stopping.wait(POLL_S):
         for service in services:
-            if service.process is not None and service.process.poll() is not None:
-                return service.process.returncode
-        time.sleep(0.5)
+            if service.exit_code() is not None:
+                return service
+    return None

@@ -2,46 +2,85 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import ExitStack
-from pathlib import Path
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 
-from cli.embedded import EmbeddedRedis, redis_answers
-from cli.services import TASK_QUEUES, Service, beat_argv, child_env, maintenance_argv, wait_all, worker_argv
+from cli.embedded import EmbeddedRedis, record_broker, redis_answers
+from cli.services import (
+    TASK_QUEUES,
+    Service,
+    beat_argv,
+    child_env,
+    first_to_exit,
+    maintenance_argv,
+    stop_all,
+    worker_argv,
+)
 from worker.settings_models import Settings
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def run_up(
-    settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True,
-    var_dir: Path = Path("var"),
-) -> int:
-    """Start Redis if needed, a worker, the beat and the webhook intake; stop them all on Ctrl-C."""
-    with ExitStack() as stack:
+
+def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True) -> int:
+    """Start Redis if needed, a worker, the beat and the webhook intake; stop them all on Ctrl-C, SIGTERM or
+    SIGHUP, or as soon as one of them dies (saying which, its exit code and its last lines)."""
+    var_dir = settings.local.var_dir
+    lock = threading.Lock()
+
+    def tell(line: str) -> None:  # services print from their own threads
+        with lock:
+            say(line)
+
+    stopping = threading.Event()
+    with ExitStack() as stack, _stop_on_signals(stopping):
         overrides: dict[str, str] = {}
         if redis_answers(settings.broker.url):
-            say(f"broker:  Redis at {settings.broker.url}")
+            tell(f"broker:     Redis at {settings.broker.url}")
         else:
-            embedded = EmbeddedRedis(var_dir.absolute() / "redis").start()
+            embedded = EmbeddedRedis(var_dir / "redis").start()
             stack.callback(embedded.stop)
+            stack.enter_context(record_broker(var_dir, embedded.url))
             overrides["TASUKI__BROKER__URL"] = embedded.url
-            say(f"broker:  embedded Redis at {embedded.url} (data in {embedded.data_dir})")
-        env = child_env(overrides)
-        services = [Service("worker", worker_argv(["-Q", ",".join(TASK_QUEUES)]), env)]
-        if beat:
-            services.append(Service("maintenance", maintenance_argv(), env))
-            services.append(Service("beat", beat_argv(var_dir.absolute() / "beat"), env))
-        if webhook:
-            import sys
-
-            argv = [sys.executable, "-m", "cli.main", "webhook"]
-            services.append(Service("webhook", argv, env))
+            tell(f"broker:     embedded Redis at {embedded.url} (data in {embedded.data_dir}; other tasuki "
+                 f"commands with this configuration find it)")
+        services = _services(child_env(overrides), tell, beat=beat, webhook=webhook, settings=settings)
+        stack.callback(stop_all, services)
         for service in services:
             service.start()
-            stack.callback(service.stop)
-            say(f"{service.name + ':':<8} pid {service.process.pid if service.process else '?'}")
-        say("running; Ctrl-C stops everything")
-        try:
-            return wait_all(services)
-        except KeyboardInterrupt:
-            say("stopping ...")
+            tell(f"{service.name + ':':<11} pid {service.process.pid if service.process else '?'}")
+        tell(f"running ({settings.source.describe()}); Ctrl-C stops everything")
+        dead = first_to_exit(services, stopping)
+        if dead is None:
+            tell("stopping ...")
             return 0
+        code = dead.exit_code() or 1
+        tell(f"{dead.name} exited with code {dead.exit_code()}; stopping the others. Its last lines:")
+        for line in dead.last_lines:
+            tell(f"{dead.name:<11}| {line}")
+        return code if code > 0 else 1
+
+
+def _services(
+    env: dict[str, str], say: Callable[[str], None], *, beat: bool, webhook: bool, settings: Settings
+) -> list[Service]:
+    services = [Service("worker", worker_argv(["-Q", ",".join(TASK_QUEUES)]), env, say=say)]
+    if beat:
+        services.append(Service("maintenance", maintenance_argv(), env, say=say))
+        services.append(Service("beat", beat_argv(settings.local.var_dir), env, say=say))
+    if webhook:
+        services.append(Service("webhook", [sys.executable, "-m", "cli.main", "webhook"], env, say=say))
+    return services
+
+
+@contextmanager
+def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
+    """Ctrl-C, SIGTERM (an init system, ``kill``) and SIGHUP (a closed terminal) all stop ``up`` the same way."""
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

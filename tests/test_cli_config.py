@@ -204,6 +204,9 @@ def test_beat_sends_the_monitor_to_the_configured_broker(
     stop.append(deployment.start("beat"))
 
     wait_for(lambda: redis_client.llen("maintenance") or None, timeout=STARTUP_S, what="a monitor pass queued")
+    # Its schedule file is under local.var_dir (relative to the configuration), never the working directory.
+    assert list((deployment.config.parent / "var" / "beat").glob("beat-schedule*"))
+    assert list(deployment.elsewhere.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", [["webhook"], ["up", "--no-beat"]])

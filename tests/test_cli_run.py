@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +15,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import redis
@@ -58,10 +58,16 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def test_demo_fixes_the_failing_test_with_the_replay_model_and_shows_compression(
-    tmp_path: Path, redis_url: str, redis_client: object
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     env = cli_env(tmp_path, TASUKI__BROKER__URL=redis_url)
+    before = set(redis_client.keys("*"))
     done = tasuki(["demo"], env, tmp_path)
+
+    # It ran on a private Redis of its own: nothing queued or stored on the configured one, so another demo
+    # or another team's workers there can never take its tasks (nor it theirs).
+    assert set(redis_client.keys("*")) == before
+    assert "a private embedded Redis" in done.stdout
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "replay model" in done.stdout  # it says plainly which model it uses
@@ -73,13 +79,30 @@ def test_demo_fixes_the_failing_test_with_the_replay_model_and_shows_compression
     assert "Traceback" not in done.stderr
 
 
-def test_demo_starts_an_embedded_redis_when_the_broker_does_not_answer(tmp_path: Path) -> None:
-    env = cli_env(tmp_path, TASUKI__BROKER__URL="redis://127.0.0.1:9/0")  # the discard port: nothing answers
-    done = tasuki(["demo"], env, tmp_path)
+def test_demo_model_replay_forces_the_replay_model_even_with_an_api_key(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, TASUKI__BROKER__URL="redis://127.0.0.1:9/0", OPENAI_API_KEY="sk-test-not-a-real-key-000000")
+    done = tasuki(["demo", "--model", "replay"], env, tmp_path)
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "embedded Redis" in done.stdout
+    assert "Tasuki's replay model" in done.stdout
+    assert "(--model replay)" in done.stdout
     assert "Status: completed" in done.stdout
+
+
+def test_demo_with_an_api_key_says_which_model_it_uses_and_how_to_force_the_replay_model(tmp_path: Path) -> None:
+    env = cli_env(tmp_path, OPENAI_API_KEY="sk-test-not-a-real-key-000000", TASUKI__LLM__OPENAI__MODEL="gpt-test")
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "demo"], cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        lines = _read_until(demo, "model:")
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)  # the demo stops its worker and Redis
+        demo.wait(timeout=120)
+    said = next(line for line in lines if line.startswith("model:"))
+    assert "openai model gpt-test" in said
+    assert "`tasuki demo --model replay`" in said
 
 
 @pytest.fixture
@@ -203,47 +226,112 @@ def _read_until(process: subprocess.Popen[str], marker: str, timeout_s: float = 
     return seen
 
 
-def test_up_runs_every_service_on_an_embedded_redis_and_stops_them_all(tmp_path: Path) -> None:
-    port = free_port()
-    env = cli_env(
+class Up:
+    """``tasuki up`` as a subprocess in its own session; its output lines are collected on a thread."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "up"], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.lines: list[str] = []
+        stdout = self.process.stdout
+        assert stdout is not None
+        threading.Thread(target=lambda: [self.lines.append(line) for line in stdout], daemon=True).start()
+
+    def wait_for(self, pattern: str, timeout_s: float = 120) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = re.search(pattern, "".join(self.lines))
+            if found:
+                return found
+            assert self.process.poll() is None or time.monotonic() < deadline, "".join(self.lines)[-3000:]
+            assert time.monotonic() < deadline, f"no {pattern!r} in:\n" + "".join(self.lines)[-3000:]
+            time.sleep(0.05)  # polling interval, bounded by the deadline
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def up_env(tmp_path: Path, port: int) -> dict[str, str]:
+    return cli_env(
         tmp_path,
-        TASUKI__BROKER__URL="redis://127.0.0.1:9/0",
+        TASUKI__BROKER__URL="redis://127.0.0.1:9/0",  # the discard port: nothing answers, so up embeds one
         TASUKI__WEBHOOK__PORT=str(port),
         TASUKI__WEBHOOK__HOST="127.0.0.1",
+        TASUKI__LOCAL__VAR_DIR=str(tmp_path / "var"),
     )
-    up = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up"],
-        cwd=tmp_path,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
+def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    port = free_port()
+    up = Up(up_env(tmp_path, port), tmp_path)
     try:
-        lines = _read_until(up, "running; Ctrl-C stops everything")
-        broker = re.search(r"embedded Redis at (redis://\S+)", "".join(lines))
-        assert broker is not None, lines
-        pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(lines))]
+        up.wait_for(r"running \(")
+        broker = up.wait_for(r"embedded Redis at (redis://\S+)").group(1)
+        pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(up.lines))]
         assert len(pids) == 4  # worker, maintenance, beat, webhook
-        wait_for_ping(broker.group(1), "tasuki@", up, tmp_path / "none.log")  # type: ignore[arg-type]
-        wait_for_ping(broker.group(1), "maintenance@", up, tmp_path / "none.log")  # type: ignore[arg-type]
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "webhook never answered /healthz"
-            time.sleep(0.2)
-        up.send_signal(signal.SIGINT)
-        assert up.wait(timeout=120) == 0
+        wait_for_ping(broker, "tasuki@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
+        wait_for_ping(broker, "maintenance@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
+        up.wait_for(r"webhook +\| ")  # each service's lines carry its name
+        recorded = tmp_path / "var" / "embedded-redis.url"
+        assert recorded.read_text().strip() == broker
+        assert oct(recorded.stat().st_mode & 0o777) == "0o600"
+
+        up.process.send_signal(stop_signal)
+        assert up.process.wait(timeout=120) == 0
     finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait()
+        up.kill()
     assert not any(process_alive(pid) for pid in pids)  # every child was stopped with it
+    assert not recorded.exists()
+    assert not _answers(broker)  # and the embedded redis-server too
+
+
+def _answers(url: str) -> bool:
+    from cli.embedded import redis_answers
+
+    return redis_answers(url)
+
+
+def test_other_commands_find_the_embedded_redis_of_a_running_up(tmp_path: Path) -> None:
+    up = Up(up_env(tmp_path, free_port()), tmp_path)
+    try:
+        broker = up.wait_for(r"embedded Redis at (redis://\S+)").group(1)
+        up.wait_for(r"running \(")
+        repo = make_buggy_repo(tmp_path / "repo")
+        other_shell = tmp_path / "elsewhere"
+        other_shell.mkdir()
+
+        done = tasuki(["submit", "--repo-path", str(repo), "--prompt", "Fix it."], up_env(tmp_path, 1), other_shell)
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"using the embedded Redis of `tasuki up` at {broker}" in done.stderr
+    finally:
+        up.process.send_signal(signal.SIGTERM)
+        up.process.wait(timeout=120)
+        up.kill()
+
+
+def test_up_says_which_service_died_with_its_exit_code_and_last_lines(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        up = Up(up_env(tmp_path, taken.getsockname()[1]), tmp_path)
+        try:
+            code = up.process.wait(timeout=120)
+        finally:
+            up.kill()
+    output = "".join(up.lines)
+    assert code != 0
+    died = re.search(r"webhook exited with code (-?\d+); stopping the others", output)
+    assert died is not None, output[-3000:]
+    last = output[died.end():]
+    assert "address already in use" in last.lower() or "errno 98" in last.lower(), last[-2000:]
 
 
 def test_replay_model_command_serves_a_trajectory_to_the_official_openai_client(tmp_path: Path) -> None:

@@ -289,6 +289,11 @@ class GitLabSettings(Section):
     """Label names of the trigger → processing → done / failed state machine."""
 
 
+class LocalSettings(Section):
+    var_dir: Path = Path("var")
+    """This machine's own files: the embedded Redis of up and demo (and its URL), the beat schedule, the demo."""
+
+
 class UserConfigAPISettings(Section):
     url: HttpUrl | None = None
     """Base URL answering GET {url}/config/{user} with per-user LLM overrides; null disables it."""
@@ -332,6 +337,8 @@ class Settings(Section):
     """GitLab events and API."""
     user_config_api: UserConfigAPISettings = UserConfigAPISettings()
     """Optional per-user settings service."""
+    local: LocalSettings = LocalSettings()
+    """Files kept on this machine."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
