@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Callable, Iterator
@@ -39,16 +40,18 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def test_api_is_disabled_without_a_configured_token(make_settings: Callable[..., Settings], redis_url: str,
-                                                     redis_client: redis.Redis) -> None:
+def test_api_is_disabled_without_a_configured_token(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
     with intake_server(make_settings({"TASUKI__BROKER__URL": redis_url})) as server, server.client() as client:
         response = client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=AUTH)
     assert response.status_code == 403
     assert server.queued() == []
 
 
-@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {API_TOKEN}", f"Bearer {API_TOKEN}x",
-                                           "Bearer"])
+@pytest.mark.parametrize(
+    "authorization", [None, "Bearer wrong", f"Basic {API_TOKEN}", f"Bearer {API_TOKEN}x", "Bearer"]
+)
 def test_wrong_or_missing_bearer_token_is_401(api: IntakeServer, authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization else {}
     with api.client() as client:
@@ -67,8 +70,13 @@ def test_submitted_local_task_is_queued_and_visible_before_it_starts(api: Intake
 
     assert response.status_code == 202
     assert shown["status"] == "queued"
-    assert shown["task_key"] == {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt",
-                                 "task_id": task_id[:8]}
+    assert shown["task_key"] == {
+        "task_source": "local",
+        "owner": "local",
+        "repo": "repo",
+        "task_type": "prompt",
+        "task_id": task_id[:8],
+    }
     message = json.loads(api.queued()[0])
     assert message["headers"]["id"] == task_id
 
@@ -116,13 +124,18 @@ def test_lookup_of_unknown_or_malformed_ids(api: IntakeServer) -> None:
         assert client.post("/api/tasks/not-a-uuid/cancel").status_code == 400
 
 
-def test_lookup_returns_metadata_and_state_of_a_context(api: IntakeServer, make_settings: Callable[..., Settings],
-                                                        redis_url: str) -> None:
+def test_lookup_returns_metadata_and_state_of_a_context(
+    api: IntakeServer, make_settings: Callable[..., Settings], redis_url: str
+) -> None:
     settings = make_settings({"TASUKI__BROKER__URL": redis_url})
     store = ContextStore(settings.contexts.base_dir)
     key = {"task_source": "local", "owner": "local", "repo": "r", "task_type": "prompt", "task_id": "1"}
-    ctx = store.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
-                             "compression_threshold": 0.7}, user="alice", heartbeat=False)
+    ctx = store.create(
+        key,
+        {"llm_provider": "openai", "model": "m", "context_length": 1000, "compression_threshold": 0.7},
+        user="alice",
+        heartbeat=False,
+    )
     try:
         with api.client(headers=AUTH) as client:
             shown = client.get(f"/api/tasks/{ctx.uuid}").json()
@@ -143,13 +156,17 @@ def test_cancel_of_a_queued_task_flags_it_and_frees_its_key(api: IntakeServer, r
     assert again.status_code == 202  # the revoked task no longer holds the issue
 
 
-def test_cancel_of_a_finished_task_is_409(api: IntakeServer, make_settings: Callable[..., Settings],
-                                          redis_url: str) -> None:
+def test_cancel_of_a_finished_task_is_409(
+    api: IntakeServer, make_settings: Callable[..., Settings], redis_url: str
+) -> None:
     settings = make_settings({"TASUKI__BROKER__URL": redis_url})
     store = ContextStore(settings.contexts.base_dir)
     key = {"task_source": "local", "owner": "local", "repo": "r", "task_type": "prompt", "task_id": "2"}
-    ctx = store.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
-                             "compression_threshold": 0.7}, heartbeat=False)
+    ctx = store.create(
+        key,
+        {"llm_provider": "openai", "model": "m", "context_length": 1000, "compression_threshold": 0.7},
+        heartbeat=False,
+    )
     ctx.finish("completed")
     with api.client(headers=AUTH) as client:
         assert client.post(f"/api/tasks/{ctx.uuid}/cancel").status_code == 409
@@ -193,3 +210,19 @@ def test_local_paths_are_refused_over_http_by_default(
 def test_cancel_of_an_unknown_task_is_404(api: IntakeServer) -> None:
     with api.client(headers=AUTH) as client:
         assert client.post("/api/tasks/2f1c0a47-43f1-4c8e-9a4b-0d5f8d5b8f11/cancel").status_code == 404
+
+
+def test_the_queued_celery_message_carries_the_request_masked(api: IntakeServer) -> None:
+    """Celery's arguments live in Redis and in Flower: issue text with a token in it is masked before."""
+    token, email = "ghp_0123456789abcdefABCDEF0123456789abcd", "alice@example.com"
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo": "octo/calc", "prompt": f"Use {token}, ask {email}."})
+    assert response.status_code == 202
+    [raw] = api.queued()
+    message = json.loads(raw)
+    body = base64.b64decode(message["body"]).decode()  # kombu's JSON envelope holds the body base64-encoded
+    assert message["properties"]["body_encoding"] == "base64"
+    assert "[GITHUB_TOKEN]" in body
+    for secret in (token, email):
+        assert secret not in body
+        assert secret not in raw.decode()

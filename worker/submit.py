@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import uuid as uuid_module
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
+from contexts.masking import mask_value
 from contexts.state import update_state
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 from worker.settings_models import Settings
@@ -32,8 +33,16 @@ class Enqueued:
 
 def send_run_task(app: Any, uuid: str, request: dict[str, Any], *, countdown_s: float | None = None) -> None:
     """Put ``tasuki.run_task(uuid, request)`` on the tasks queue under its UUID: the one place every sender
-    (submit, the intake, the monitor, a hand-back, the demo) goes through."""
-    app.send_task(RUN_TASK, args=[uuid, request], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
+    (submit, the intake, the monitor, a hand-back, the demo) goes through.
+
+    The request is masked first: Celery's arguments are kept in Redis and shown by Flower, and issue text is
+    untrusted input that may carry a token. (The context records the request masked anyway.) A local
+    ``repo_path`` is a path on the worker's host, kept as it is so that the clone finds it.
+    """
+    masked = cast(dict[str, Any], mask_value({k: v for k, v in request.items() if k != "repo_path"}))
+    if "repo_path" in request:
+        masked["repo_path"] = request["repo_path"]
+    app.send_task(RUN_TASK, args=[uuid, masked], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
 
 
 def enqueue(
