@@ -201,7 +201,7 @@ def test_maintenance_command_is_what_tasuki_up_runs() -> None:
 
 def test_beat_command_is_what_tasuki_up_runs(tmp_path: Path) -> None:
     local = Localization(tmp_path)
-    launcher = beat_argv(Path(local.text(f"{DATA_ROOT}/beat/")), ["--loglevel", "INFO"])
+    launcher = beat_argv(Path(local.text(f"{DATA_ROOT}/")), ["--loglevel", "INFO"])  # local.var_dir = /data
 
     assert launcher[:3] == [sys.executable, "-m", "celery"]
     assert local.argv(service_argv("beat")) == ["celery", *launcher[3:]]
