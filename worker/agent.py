@@ -20,6 +20,8 @@ from worker.checkout import Checkout
 from worker.llm import Provider, Reply, ToolCall
 from worker.llm.base import parse_arguments
 from worker.prompts import NUDGE
+from worker.sandbox import NoSandbox, Sandbox
+from worker.settings_models import SandboxLimits
 from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
 
 log = structlog.get_logger(__name__)
@@ -82,7 +84,11 @@ class Agent:
         policy: CompressionPolicy,
         compressor: Compressor | None = None,
         should_stop: Callable[[], bool] | None = None,
+        sandbox: Sandbox | None = None,
+        sandbox_limits: SandboxLimits | None = None,
     ) -> None:
+        self.sandbox = sandbox or NoSandbox()
+        self.sandbox_limits = sandbox_limits
         self.ctx = ctx
         self.provider = provider
         self.checkout = checkout
@@ -236,6 +242,8 @@ class Agent:
                     call.arguments if call.raw_arguments is None else call.raw_arguments,
                     bash_timeout_s=self.limits.bash_timeout_s,
                     max_output_chars=FULL_OUTPUT_MAX_CHARS,
+                    sandbox=self.sandbox,
+                    limits=self.sandbox_limits,
                 )
                 result_text, status, error, duration = result.output, result.status, result.error, result.duration_ms
             self._record_result(call, result_text, status, error, duration)

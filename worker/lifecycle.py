@@ -6,10 +6,11 @@ import mmap
 
 import redis
 import structlog
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 
 from worker.names import CANCEL_PREFIX
-from worker.runtime import redis_client
+from worker.runtime import redis_client, settings
+from worker.sandbox import SandboxUnavailable, make_sandbox
 
 log = structlog.get_logger(__name__)
 
@@ -37,3 +38,15 @@ def cancel_flagged(uuid: str) -> bool:
         return bool(redis_client().exists(CANCEL_PREFIX + uuid))
     except redis.RedisError:
         return False
+
+
+@worker_ready.connect
+def _check_sandbox(**_: object) -> None:
+    """Say at start, once, when the agent's commands cannot be sandboxed: tasks will be refused, not run bare."""
+    try:
+        sandbox = make_sandbox(settings().sandbox)
+    except SandboxUnavailable as exc:
+        log.error("sandbox unavailable: this worker refuses tasks", error=str(exc))
+        return
+    if sandbox.name == "none":
+        log.warning("sandbox.backend is none: agent commands run unsandboxed on this host")

@@ -32,6 +32,7 @@ from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.prompts import SYSTEM_PROMPT, task_message
+from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 
 log = structlog.get_logger(__name__)
@@ -254,6 +255,7 @@ class TaskRun:
         return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
+        make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
         checkout.prepare(fresh=not ctx.pinned)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
@@ -302,6 +304,8 @@ class TaskRun:
             policy,
             compressor=self.compressor,
             should_stop=self.should_stop,
+            sandbox=make_sandbox(s.sandbox),
+            sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
         )
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from contexts.errors import TasukiError
+from worker.sandbox import NoSandbox, Sandbox
+from worker.settings_models import SandboxLimits
 from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
 from worker.tools.shell import BashTool
@@ -109,6 +111,8 @@ def run_tool(
     bash_timeout_s: int,
     max_output_chars: int,
     env: Mapping[str, str] | None = None,
+    sandbox: Sandbox | None = None,
+    limits: SandboxLimits | None = None,
 ) -> ToolResult:
     """Run tool ``name`` with the model's decoded JSON ``arguments``; every failure becomes an error result.
 
@@ -116,7 +120,8 @@ def run_tool(
     variables to the agent shell's scrubbed environment (secret-looking names are still dropped).
     """
     started = time.monotonic()
-    options = ToolOptions(bash_timeout_s=bash_timeout_s, max_output_chars=max_output_chars, env=env)
+    options = ToolOptions(bash_timeout_s=bash_timeout_s, max_output_chars=max_output_chars, env=env,
+                          sandbox=sandbox or NoSandbox(), limits=limits)
     try:
         tool = TOOLS.get(name)
         if tool is None:

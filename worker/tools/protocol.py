@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from worker.sandbox import NoSandbox, Sandbox
+from worker.settings_models import SandboxLimits
 from worker.tools.workspace import Workspace
 
 
@@ -16,6 +18,8 @@ class ToolOptions:
     bash_timeout_s: int
     max_output_chars: int
     env: Mapping[str, str] | None = None
+    sandbox: Sandbox = field(default_factory=NoSandbox)
+    limits: SandboxLimits | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from worker.sandbox import limited, sandbox_env
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
@@ -92,8 +93,11 @@ class BashTool:
         timeout_s = min(requested or options.bash_timeout_s, options.bash_timeout_s)
         home = Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
         try:
-            env = scrubbed_env(home, options.env)
-            code, text, timed_out = run_command(command, workspace.root, env, timeout_s, options.max_output_chars)
+            env = sandbox_env(scrubbed_env(home, options.env), options.sandbox, home)
+            argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
+            if options.limits is not None:
+                argv = limited(argv, options.limits, timeout_s + 1)
+            code, text, timed_out = run_command(argv, cwd, env, timeout_s, options.max_output_chars)
         finally:
             shutil.rmtree(home, ignore_errors=True)
         body = text if not text or text.endswith("\n") else text + "\n"
@@ -111,14 +115,18 @@ def _describe_exit(code: int) -> str:
 
 
 def run_command(
-    command: str, cwd: Path, env: Mapping[str, str], timeout_s: float, max_chars: int
+    argv: list[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    max_chars: int,
 ) -> tuple[int, str, bool]:
-    """Run ``bash -c command``; return (exit code, capped output, timed out).
+    """Run ``argv`` (``bash -c command``, maybe inside a sandbox); return (exit code, capped output, timed out).
 
     Every process the command started is killed when it returns, so nothing outlives the tool call.
     """
     proc = subprocess.Popen(
-        ["bash", "-c", command],
+        argv,
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,

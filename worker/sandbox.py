@@ -1,0 +1,197 @@
+"""Where the agent's commands run (issue text is untrusted: one prompt injection must not leave the task).
+
+A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line that runs it. The registry
+:data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
+
+- ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
+  network's with ``sandbox.network: none``). The checkout is the only writable place (at ``/workspace``);
+  ``/tmp`` and the home are private and empty; the system directories, and those of the tools on the
+  worker's ``PATH``, are read-only. The worker's processes, its ``/proc``, its files, the contexts root and
+  other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is killed at the end
+  of every call, so nothing the command started outlives it.
+- ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
+  group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from contexts.errors import TasukiError
+from worker.settings_models import SandboxLimits, SandboxSettings
+
+log = structlog.get_logger(__name__)
+
+WORKSPACE = "/workspace"  # where the checkout appears inside the sandbox
+HOME = "/tmp/home"  # noqa: S108 - a private tmpfs inside the sandbox, not the host's /tmp
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+# What programs read from /etc; the rest of it (shadow, the worker's configuration) stays out of sight.
+ETC_FILES = (
+    "alternatives", "ca-certificates", "ca-certificates.conf", "ssl", "pki", "passwd", "group", "hosts",
+    "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    "localtime", "timezone", "mime.types", "protocols", "services", "gitconfig", "python3", "npmrc", "pip.conf",
+)
+PROBE_TIMEOUT_S = 30
+
+
+class SandboxUnavailable(TasukiError):
+    """The configured sandbox cannot run on this machine; tasks are refused rather than run unprotected."""
+
+
+class Sandbox(Protocol):
+    """How one tool command is run: the command line, where, and the limits applied before it starts."""
+
+    name: str
+
+    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
+        """``argv`` wrapped to run in ``checkout`` with ``home`` as its home; and the host cwd to start in."""
+        ...
+
+    def home_inside(self, home: Path) -> str:
+        """What ``HOME`` and ``TMPDIR`` are as the command sees them."""
+        ...
+
+
+class NoSandbox:
+    """Runs the command on the host, in the checkout (sandbox.backend: none)."""
+
+    name = "none"
+
+    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
+        """The command as it is."""
+        return list(argv), checkout
+
+    def home_inside(self, home: Path) -> str:
+        """The host directory itself."""
+        return str(home)
+
+
+class Bubblewrap:
+    """Runs the command under ``bwrap`` (sandbox.backend: bubblewrap)."""
+
+    name = "bubblewrap"
+
+    def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
+        self.network = settings.network
+        self.read_only = tool_dirs(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
+        self.read_only += tuple(str(p) for p in settings.read_only_paths)
+
+    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
+        """``bwrap OPTIONS -- argv`` with the checkout at /workspace."""
+        options = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if self.network == "none":
+            options.append("--unshare-net")
+        options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
+        for directory in SYSTEM_DIRS:
+            options += _ro_bind(directory)
+        for name in ETC_FILES:
+            options += _ro_bind(f"/etc/{name}")
+        for directory in self.read_only:
+            options += _ro_bind(directory)
+        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
+        options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
+        return [*options, *argv], checkout
+
+    def home_inside(self, home: Path) -> str:
+        """A private, empty tmpfs directory."""
+        return HOME
+
+
+def _ro_bind(path: str) -> list[str]:
+    # A symlink (e.g. /bin -> usr/bin on merged-/usr systems) is recreated as one; a missing path is skipped.
+    if os.path.islink(path):
+        return ["--symlink", os.readlink(path), path]
+    return ["--ro-bind-try", path, path]
+
+
+def tool_dirs(path_entries: Sequence[str]) -> tuple[str, ...]:
+    """Read-only directories that make the worker's ``PATH`` work inside: for each entry outside the system
+    directories, the installation it belongs to (``/root/.pyenv/shims`` -> ``/root/.pyenv``, a virtualenv's
+    ``bin`` -> the virtualenv, and what their interpreters link to)."""
+    found: list[str] = []
+    for entry in path_entries:
+        if not entry or not os.path.isdir(entry) or _under_system(entry):
+            continue
+        for candidate in (Path(entry).parent, Path(entry).resolve().parent):
+            prefix = str(candidate)
+            if prefix not in found and prefix != "/" and not _under_system(prefix):
+                found.append(prefix)
+        for program in Path(entry).iterdir() if os.access(entry, os.R_OK) else ():
+            if program.is_symlink() and program.name.startswith("python"):
+                target = program.resolve().parent.parent  # an interpreter's installation prefix
+                if str(target) not in found and not _under_system(str(target)):
+                    found.append(str(target))
+    return tuple(found)
+
+
+def _under_system(path: str) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+SANDBOXES: dict[str, Callable[[SandboxSettings], Sandbox]] = {"bubblewrap": Bubblewrap, "none": lambda _: NoSandbox()}
+
+
+@functools.cache
+def make_sandbox(settings: SandboxSettings) -> Sandbox:
+    """The configured sandbox, checked once per process; SandboxUnavailable when it cannot run here."""
+    sandbox = SANDBOXES[settings.backend](settings)
+    problem = probe(sandbox)
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    return sandbox
+
+
+def probe(sandbox: Sandbox) -> str | None:
+    """Why ``sandbox`` cannot run a command here (None: it can)."""
+    if sandbox.name == "none":
+        return None
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (apt install bubblewrap), so agent commands cannot be sandboxed; " \
+               "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
+    with tempfile.TemporaryDirectory(prefix="tasuki-probe-") as scratch:
+        argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch))
+        try:
+            done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bubblewrap cannot start ({exc}); set sandbox.backend: none to run agent commands unsandboxed"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return (f"bubblewrap cannot create its namespaces here ({why}; e.g. Docker's default seccomp profile "
+                "blocks user namespaces); see the README's Security section, or set sandbox.backend: none")
+    return None
+
+
+def limited(argv: list[str], limits: SandboxLimits, cpu_s: int) -> list[str]:
+    """``argv`` behind util-linux's ``prlimit`` with the call's resource limits (inherited by bwrap and the
+    command). A program, not a ``preexec_fn``: forking a threaded worker must not run Python in the child."""
+    wanted = {
+        "--as": limits.memory_bytes,
+        "--nproc": limits.processes,
+        "--fsize": limits.file_size_bytes,
+        "--cpu": cpu_s,
+    }
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        _warn_once("prlimit (util-linux) not found: tool calls run without resource limits")
+        return argv
+    return [prlimit, *(f"{flag}={value}" for flag, value in wanted.items() if value is not None), "--", *argv]
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def sandbox_env(env: Mapping[str, str], sandbox: Sandbox, home: Path) -> dict[str, str]:
+    """The command's environment with ``HOME`` and ``TMPDIR`` as the sandbox shows them."""
+    inside = sandbox.home_inside(home)
+    return {**env, "HOME": inside, "TMPDIR": inside}
