@@ -24,6 +24,11 @@ AUTHOR = {
 }
 
 
+# The checkout is the agent's: git run by the worker itself (with the forge credential in its environment)
+# never runs anything the checkout could have planted — hooks, an fsmonitor command.
+SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
+
+
 class GitError(TasukiError):
     """A git command failed; the message holds the command and git's last line of output."""
 
@@ -145,7 +150,7 @@ def run_git(
     env.update(AUTHOR)
     env["GIT_TERMINAL_PROMPT"] = "0"
     env.update(extra_env or {})
-    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise GitError(f"git {args[0]} failed: {last[0]}")

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from contexts.atomic import write_bytes_atomic
 from worker.tools.output import cap_output
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
@@ -24,26 +22,38 @@ _BINARY_SNIFF_BYTES = 8192
 _PATH = {"type": "string", "description": "File path relative to the repository root."}
 
 
-def _read_bytes(workspace: Workspace, path: str) -> tuple[Path, bytes]:
-    real = workspace.resolve(path)
-    if real.is_dir():
-        raise ToolError(f"{path} is a directory; use bash (ls) to list it")
-    if not real.exists():
-        raise ToolError(f"no such file: {path}")
-    if not real.is_file():
-        # A FIFO or device would block the worker or never end.
-        raise ToolError(f"{path} is not a regular file")
-    size = real.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ToolError(f"{path} is {size} bytes, too large to read whole; use bash (sed -n, head) for parts")
-    return real, real.read_bytes()
+def _read_bytes(workspace: Workspace, path: str) -> bytes:
+    # O_NONBLOCK: opening a FIFO must not block the worker; it is refused below as not a regular file.
+    try:
+        fd = workspace.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError as exc:
+        raise ToolError(f"no such file: {path}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ToolError(f"{path} is a directory; use bash (ls) to list it")
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolError(f"{path} is not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            size = info.st_size
+            raise ToolError(f"{path} is {size} bytes, too large to read whole; use bash (sed -n, head) for parts")
+        return handle.read()
 
 
-def _write_bytes(real: Path, data: bytes) -> None:
-    """Replace the file by rename, keeping an existing file's mode (an executable script stays executable)."""
-    mode = stat.S_IMODE(real.stat().st_mode) if real.exists() else NEW_FILE_MODE
-    write_bytes_atomic(real, data, fsync=False)
-    os.chmod(real, mode)
+def _write_bytes(workspace: Workspace, path: str, data: bytes) -> None:
+    """Write through an fd opened beneath the checkout (an existing file keeps its inode and so its mode:
+    an executable script stays executable); missing parent directories are made beneath it too."""
+    parent, _ = workspace.open_parent(path, create=True)
+    os.close(parent)
+    try:
+        fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, NEW_FILE_MODE)
+    except IsADirectoryError as exc:
+        raise ToolError(f"{path} is a directory") from exc
+    with os.fdopen(fd, "wb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ToolError(f"{path} is not a regular file")
+        os.ftruncate(fd, 0)
+        handle.write(data)
 
 
 class ReadFileTool:
@@ -60,7 +70,7 @@ class ReadFileTool:
 
     def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
         """Read the file; binary files and directories are refused."""
-        _, data = _read_bytes(workspace, arguments["path"])
+        data = _read_bytes(workspace, arguments["path"])
         if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
             raise ToolError(f"{arguments['path']} looks like a binary file; inspect it with bash (file, xxd)")
         text, _ = cap_output(data.decode("utf-8", errors="replace"), options.max_output_chars)
@@ -88,18 +98,9 @@ class WriteFileTool:
     def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
         """Write the content as UTF-8, creating parent directories inside the checkout."""
         path: str = arguments["path"]
-        real = workspace.resolve(path)
-        if real.is_dir():
-            raise ToolError(f"{path} is a directory")
         data = arguments["content"].encode("utf-8")
-        # resolve() returned a real path: every existing ancestor is inside the checkout and the missing
-        # ones are created below it, so mkdir cannot be led outside.
-        try:
-            real.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as exc:
-            raise ToolError(f"cannot create the parent directory of {path}: a file is in the way") from exc
-        _write_bytes(real, data)
-        return ToolOutcome(f"wrote {len(data)} bytes to {workspace.display(real)}")
+        _write_bytes(workspace, path, data)
+        return ToolOutcome(f"wrote {len(data)} bytes to {workspace.display(workspace.resolve(path))}")
 
 
 class EditFileTool:
@@ -130,7 +131,7 @@ class EditFileTool:
             raise ToolError("old_string is empty; use write_file to create or replace a whole file")
         if old == new:
             raise ToolError("old_string and new_string are the same; nothing to change")
-        real, data = _read_bytes(workspace, path)
+        data = _read_bytes(workspace, path)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -140,8 +141,8 @@ class EditFileTool:
             raise ToolError(f"old_string not found in {path}; read the file and copy the text exactly")
         if count > 1:
             raise ToolError(f"old_string occurs {count} times in {path}; add surrounding lines to match once")
-        _write_bytes(real, text.replace(old, new, 1).encode("utf-8"))
-        return ToolOutcome(f"replaced 1 occurrence in {workspace.display(real)}")
+        _write_bytes(workspace, path, text.replace(old, new, 1).encode("utf-8"))
+        return ToolOutcome(f"replaced 1 occurrence in {workspace.display(workspace.resolve(path))}")
 
 
 def count_occurrences(text: str, sub: str) -> int:

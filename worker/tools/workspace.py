@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
 
 from contexts.errors import TasukiError
+from worker.tools.beneath import Outside, open_beneath
 
 
 class ToolError(TasukiError):
@@ -34,6 +36,8 @@ class Workspace:
             raise ToolError(f"absolute paths are not allowed ({path!r}); give a path relative to the repository root")
         if ".." in path.split("/"):
             raise ToolError(f"'..' is not allowed in paths ({path!r})")
+        if ".git" in path.split("/"):
+            raise ToolError(f"paths under .git are not for the file tools ({path!r}); use git through bash")
         # realpath follows every symlink, also dangling ones and symlinked parent directories, so a
         # link pointing out of the checkout resolves outside it and is refused below.
         candidate = self.root / path
@@ -47,6 +51,44 @@ class Workspace:
             if exc.errno == errno.ELOOP:
                 raise ToolError(f"{path!r} is a loop of symlinks") from exc
         return real
+
+    def open(self, path: str, flags: int, mode: int = 0) -> int:
+        """An fd for ``path`` opened by the kernel beneath the checkout (no check-then-use race with a
+        directory swapped for a symlink meanwhile); the path is checked like :meth:`resolve` first."""
+        self.resolve(path)
+        root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return open_beneath(root_fd, path, flags, mode)
+        except Outside as exc:
+            raise ToolError(f"{path!r} resolves outside the repository through a symlink") from exc
+        finally:
+            os.close(root_fd)
+
+    def open_parent(self, path: str, *, create: bool) -> tuple[int, str]:
+        """The directory fd that holds ``path``'s last component (made, with its parents, when ``create``),
+        opened beneath the checkout; and that component's name."""
+        self.resolve(path)
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if not parts:
+            raise ToolError(f"{path!r} names the repository root, not a file")
+        current = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=current)
+                try:
+                    following = open_beneath(current, part, os.O_RDONLY | os.O_DIRECTORY)
+                except Outside as exc:
+                    raise ToolError(f"{path!r} resolves outside the repository through a symlink") from exc
+                except NotADirectoryError as exc:
+                    raise ToolError(f"cannot create the parent directory of {path}: a file is in the way") from exc
+                os.close(current)
+                current = following
+        except BaseException:
+            os.close(current)
+            raise
+        return current, parts[-1]
 
     def display(self, real: Path) -> str:
         """The path relative to the checkout, as the model should see it."""
