@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -223,3 +225,27 @@ def test_a_cancel_request_stops_the_loop_before_the_next_model_call(workbench: W
     with pytest.raises(Cancelled):
         workbench.agent().run()
     assert workbench.asked() == []
+
+
+@turns(finish_turn("Done."))
+def test_a_command_left_running_by_a_dead_attempt_is_killed_before_the_resume_goes_on(workbench: Workbench) -> None:
+    """Without a sandbox a command outlives its killed worker (its own session): the next attempt on the same
+    host stops it first, and only when its leader is provably that command (same start time)."""
+    leftover = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    unrelated = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        workbench.agent()._command_started(leftover.pid)  # what the dead attempt recorded
+        workbench.resume_elsewhere()
+        agent = workbench.agent()
+
+        agent.stop_leftover_command()
+
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        stale = {**workbench.ctx.read_state()["running_command"], "pgid": unrelated.pid}
+        workbench.ctx.update_state(running_command=stale)  # a pid reused by another process: left alone
+        agent.stop_leftover_command()
+        assert unrelated.poll() is None
+    finally:
+        for process in (leftover, unrelated):
+            process.kill()
+            process.wait()

@@ -8,6 +8,7 @@ Control flow uses exceptions, like mini-swe-agent: :class:`Finished`, :class:`Ca
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from worker.prompts import NUDGE
 from worker.sandbox import NoSandbox, Sandbox
 from worker.settings_models import SandboxLimits
 from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
+from worker.tools.shell import start_ticks, stop_leftover
 
 log = structlog.get_logger(__name__)
 
@@ -167,6 +169,7 @@ class Agent:
         interrupted = [c for c in calls if c.name in MUTATING_TOOLS]
         if not interrupted:
             return calls
+        self.stop_leftover_command()
         self.checkout.restore_last_checkpoint()
         attempt = int(self.ctx.read_state().get("attempt", 1))
         message = INTERRUPTED.format(attempt=attempt - 1)
@@ -174,6 +177,20 @@ class Agent:
             self._record_result(call, f"error: {message}", "error", message, 0)
         log.info("interrupted calls answered without running them", calls=[c.id for c in interrupted])
         return [c for c in calls if c.name not in MUTATING_TOOLS]
+
+    def stop_leftover_command(self) -> None:
+        """Before anything else on resume: a command the dead worker left running on this host (without a
+        sandbox it outlives its worker) is killed, so it cannot touch the checkout any more."""
+        running = self.ctx.read_state().get("running_command")
+        if not isinstance(running, dict) or running.get("host") != socket.gethostname():
+            return
+        if stop_leftover(int(running.get("pgid", 0)), running.get("started")):
+            log.warning("killed a command left running by the previous attempt", pgid=running.get("pgid"))
+
+    def _command_started(self, pgid: int) -> None:
+        """Record the running command's process group, so a resumed attempt can make sure it is dead."""
+        running = {"pgid": pgid, "host": socket.gethostname(), "started": start_ticks(pgid)}
+        self.ctx.update_state(running_command=running)
 
     def _newest_records(self) -> Any:
         from contexts import jsonl
@@ -244,7 +261,10 @@ class Agent:
                     max_output_chars=FULL_OUTPUT_MAX_CHARS,
                     sandbox=self.sandbox,
                     limits=self.sandbox_limits,
+                    on_start=self._command_started if call.name == "bash" else None,
                 )
+                if call.name == "bash":
+                    self.ctx.update_state(running_command=None)
                 result_text, status, error, duration = result.output, result.status, result.error, result.duration_ms
             self._record_result(call, result_text, status, error, duration)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -113,6 +113,7 @@ def run_tool(
     env: Mapping[str, str] | None = None,
     sandbox: Sandbox | None = None,
     limits: SandboxLimits | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> ToolResult:
     """Run tool ``name`` with the model's decoded JSON ``arguments``; every failure becomes an error result.
 
@@ -121,7 +122,7 @@ def run_tool(
     """
     started = time.monotonic()
     options = ToolOptions(bash_timeout_s=bash_timeout_s, max_output_chars=max_output_chars, env=env,
-                          sandbox=sandbox or NoSandbox(), limits=limits)
+                          sandbox=sandbox or NoSandbox(), limits=limits, on_start=on_start)
     try:
         tool = TOOLS.get(name)
         if tool is None:

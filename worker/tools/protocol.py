@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ class ToolOptions:
     env: Mapping[str, str] | None = None
     sandbox: Sandbox = field(default_factory=NoSandbox)
     limits: SandboxLimits | None = None
+    on_start: Callable[[int], None] | None = None  # told the process group of a command once it runs
 
 
 @dataclass(frozen=True)

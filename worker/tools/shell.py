@@ -11,7 +11,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,9 @@ class BashTool:
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
             if options.limits is not None:
                 argv = limited(argv, options.limits, timeout_s + 1)
-            code, text, timed_out = run_command(argv, cwd, env, timeout_s, options.max_output_chars)
+            code, text, timed_out = run_command(
+                argv, cwd, env, timeout_s, options.max_output_chars, on_start=options.on_start
+            )
         finally:
             shutil.rmtree(home, ignore_errors=True)
         body = text if not text or text.endswith("\n") else text + "\n"
@@ -120,6 +122,8 @@ def run_command(
     env: Mapping[str, str],
     timeout_s: float,
     max_chars: int,
+    *,
+    on_start: Callable[[int], None] | None = None,
 ) -> tuple[int, str, bool]:
     """Run ``argv`` (``bash -c command``, maybe inside a sandbox); return (exit code, capped output, timed out).
 
@@ -139,6 +143,8 @@ def run_command(
     capture = OutputCapture(max_chars)
     pidfd = _open_pidfd(proc.pid)
     try:
+        if on_start is not None:
+            on_start(proc.pid)  # its own session: the pid is the process group of everything it starts
         with selectors.DefaultSelector() as selector:
             selector.register(out_fd, selectors.EVENT_READ)
             exited = _read_until_exit(selector, out_fd, proc.pid, pidfd, capture, deadline=time.monotonic() + timeout_s)
@@ -212,3 +218,25 @@ def _read_into(selector: selectors.BaseSelector, out_fd: int, capture: OutputCap
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])  # fields after the command name start at field 3
+
+
+def stop_leftover(pgid: int, started: int | None, timeout_s: float = 10.0) -> bool:
+    """Kill the process group of a command a dead worker left running, when its leader is provably that
+    command (same start time: a reused pid is left alone); True when something was killed."""
+    if started is None or start_ticks(pgid) != started:
+        return False
+    _kill_group(pgid)
+    deadline = time.monotonic() + timeout_s
+    while start_ticks(pgid) == started and time.monotonic() < deadline:
+        time.sleep(_POLL_S)  # the leader is not our child: nothing to wait on but /proc
+    return True
