@@ -31,8 +31,9 @@ from tests.helpers.worker_scenarios import (
     running_stack,
     tool,
 )
-from worker.names import CANCEL_PREFIX, TASKS_QUEUE
-from worker.submit import request_cancel
+from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, TASKS_QUEUE
+from worker.settings import load_settings
+from worker.submit import enqueue, request_cancel, task_key_id
 
 pytestmark = pytest.mark.integration
 
@@ -203,3 +204,22 @@ def test_a_task_past_its_soft_time_limit_ends_as_timeout_even_inside_a_slow_mode
         directory = stack.contexts_dir / "completed" / uuid
         validate_context_dir(directory)
         stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")
+
+
+def test_a_task_whose_contexts_root_cannot_be_made_fails_visibly_and_frees_its_issue(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the contexts root should go\n")
+    env = {"TASUKI__CONTEXTS__BASE_DIR": str(blocker / "contexts")}  # even root cannot make this directory
+    with running_stack(tmp_path, redis_url, [finish_turn()], env=env) as (stack, _server):
+        stack.start_worker("w1")
+        request = local_request(make_buggy_repo(tmp_path / "repo"))
+        with celery_client(redis_url) as app:
+            settings = load_settings(env={"TASUKI__BROKER__URL": redis_url})
+            uuid = enqueue(app, redis_client, settings, request).uuid
+        state, result = stack.celery_state(uuid, timeout_s=60)
+
+    assert state == "FAILURE"
+    assert "cannot create the context under" in str(result)
+    assert redis_client.get(ACTIVE_PREFIX + task_key_id(request["task_key"])) is None  # the issue is free again

@@ -120,6 +120,26 @@ class LocalReporter:
         """Nothing to show."""
 
 
+def cannot_start(
+    uuid: str,
+    report: Reporter,
+    on_finish: Callable[[str, str], None] | None,
+    base_dir: Path,
+    exc: Exception,
+) -> dict[str, Any]:
+    """No context can be created (an unwritable or full contexts root): fail visibly — log, forge, Celery
+    result — and free the task key, so the issue can be triggered again once the disk is fixed."""
+    error = mask(f"cannot create the context under {base_dir}: {getattr(exc, 'strerror', None) or exc}")
+    log.error("task cannot start", error=error)
+    try:
+        report.finish("failed", {"status": "failed", "error": error}, None, error)
+    except Exception as report_error:
+        log.warning("failure not reported", error=mask(str(report_error))[:300])
+    if on_finish is not None:
+        on_finish(uuid, "failed")
+    return {"uuid": uuid, "status": "failed", "error": error}
+
+
 class ReportingAgent(Agent):
     """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts)."""
 
@@ -235,16 +255,7 @@ class TaskRun:
             return self._on_error(ctx, checkout, exc)
 
     def _cannot_start(self, exc: Exception) -> dict[str, Any]:
-        """The context cannot be created: fail visibly (log, forge, result) and free the task key for a retry."""
-        error = mask(f"cannot create the context under {self.store.base_dir}: {getattr(exc, 'strerror', None) or exc}")
-        log.error("task cannot start", error=error)
-        try:
-            self.report.finish("failed", {"status": "failed", "error": error}, None, error)
-        except Exception as report_error:
-            log.warning("failure not reported", error=mask(str(report_error))[:300])
-        if self.on_finish is not None:
-            self.on_finish(self.uuid, "failed")
-        return {"uuid": self.uuid, "status": "failed", "error": error}
+        return cannot_start(self.uuid, self.report, self.on_finish, self.store.base_dir, exc)
 
     def _not_taken(self) -> dict[str, Any]:
         """A delivery that did not get the context: dropped, or deferred when its holder was killed here."""

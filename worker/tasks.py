@@ -21,7 +21,7 @@ from worker.forges.reporter import reporter_for
 from worker.llm import Provider
 from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK, STATS_KEY
 from worker.prompts import summarizer_messages
-from worker.run import TaskRequest, TaskRun
+from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, provider_for, redis_client, settings, unindex
 from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
@@ -56,17 +56,23 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         parsed = TaskRequest.from_json(request)
         config = {**resolve_llm_config(s, redis_client(), parsed.user), **parsed.config}
         reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
+        on_finish = lambda u, status: forget(u, parsed.task_key, status)  # noqa: E731 - passed twice below
+        try:
+            store = context_store(s)
+        except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
+            result = cannot_start(uuid, reporter or LocalReporter(parsed), on_finish, s.contexts.base_dir, exc)
+            raise TaskEnded(mask(f"failed: {result['error']}")) from None
         try:
             result = TaskRun(
                 uuid=uuid,
                 request=parsed,
                 settings=s,
-                store=context_store(s),
+                store=store,
                 provider_for=provider_for,
                 compressor=compress_through_queue,
                 should_stop=lifecycle.shutting_down,
                 cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
-                on_finish=lambda u, status: forget(u, parsed.task_key, status),
+                on_finish=on_finish,
                 reporter=reporter,
             ).execute(config)
         finally:
