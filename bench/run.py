@@ -15,6 +15,7 @@ from bench import (
     bench_memory,
     bench_monitor,
     bench_prompt,
+    bench_sandbox,
     bench_throughput,
     bench_webhook,
     bench_worker_memory,
@@ -30,6 +31,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "monitor": bench_monitor.run,  # issue 4
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
+    "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
 }
 
 

@@ -74,3 +74,13 @@ def test_bulk_written_history_is_what_append_message_writes(tmp_path: Path) -> N
     for stored, generated in zip(written, (call, result), strict=True):
         assert list(stored) == list(generated)  # same fields in the same order: the same line format
         assert {**stored, "timestamp": None} == {**generated, "timestamp": None}
+
+
+@pytest.mark.timeout(120)
+def test_the_sandbox_benchmark_prints_its_ratio(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "sandbox", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^sandbox: (bash tool call unsandboxed .* ratio \d+\.\d\d|skipped, )", run.stdout, re.M), run.stdout

@@ -1,0 +1,47 @@
+"""The bash tool's cost per call in the bubblewrap sandbox against the same call unsandboxed, in one run.
+
+Both go through the real tool (scrubbed environment, own session, output capture, prlimit limits); the
+command is ``true`` so the ratio is the sandbox's own overhead: namespaces, mounts, bwrap's init.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from bench.common import Result, standalone, timed
+from worker.sandbox import Bubblewrap, NoSandbox, Sandbox, probe
+from worker.settings_models import SandboxSettings
+from worker.tools import Workspace, run_tool
+
+
+def _call(workspace: Workspace, sandbox: Sandbox) -> None:
+    result = run_tool(workspace, "bash", {"command": "true"}, bash_timeout_s=30, max_output_chars=1000,
+                      sandbox=sandbox, limits=SandboxSettings().limits)
+    assert result.status == "success", result.output
+
+
+def run(root: Path, *, quick: bool = False) -> list[Result]:
+    """Median seconds per call, sandboxed and not, interleaved so that machine noise hits both alike."""
+    bubblewrap = Bubblewrap(SandboxSettings())
+    problem = probe(bubblewrap)
+    if problem is not None:
+        print(f"sandbox: skipped, {problem}", flush=True)
+        return []
+    checkout = root / "checkout"
+    checkout.mkdir(parents=True)
+    workspace = Workspace(checkout)
+    rounds = 10 if quick else 200
+    times: dict[str, list[float]] = {"none": [], "bubblewrap": []}
+    for _ in range(rounds):
+        times["none"].append(timed(lambda: _call(workspace, NoSandbox())))
+        times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap)))
+    bare, boxed = statistics.median(times["none"]), statistics.median(times["bubblewrap"])
+    ratio = boxed / bare
+    print(f"sandbox: bash tool call unsandboxed {bare * 1e3:.1f} ms, in bubblewrap {boxed * 1e3:.1f} ms, "
+          f"ratio {ratio:.2f} (median of {rounds}, interleaved)", flush=True)
+    return [Result("bash call: bubblewrap / none", f"{ratio:.2f}", "", None)]
+
+
+if __name__ == "__main__":
+    standalone(run, __doc__)
