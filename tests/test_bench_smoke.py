@@ -83,4 +83,5 @@ def test_the_sandbox_benchmark_prints_its_ratio(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert re.search(r"^sandbox: (bash tool call unsandboxed .* ratio \d+\.\d\d|skipped, )", run.stdout, re.M), run.stdout
+    printed = r"^sandbox: (bash tool call unsandboxed .* ratio \d+\.\d\d|skipped, )"
+    assert re.search(printed, run.stdout, re.M), run.stdout
