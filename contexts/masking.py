@@ -6,25 +6,62 @@ import re
 from collections.abc import Iterable
 
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
+# A bare token as a URL's user name (https://TOKEN@host) is masked by the token rules.  The token patterns
+# start with a literal, which the regex engine searches for quickly (an alternation of literals at the start
+# would make it try every position); whether a match stands on its own or sits inside a longer word is
+# decided by `_inside_word` afterwards, for the same reason.  An `_` may arrive URL-encoded (`%5F`).
+_U = r"(?:_|%5[Ff])"
+_GIT_TOKEN = re.compile(
+    rf"g(?:h[pousr]{_U}[A-Za-z0-9]{{16,}}"
+    rf"|ithub{_U}pat{_U}(?:[A-Za-z0-9_]|%5[Ff]){{16,}}"
+    # GitLab's prefixed tokens; a routable one (glpat-<payload>.01.<crc>) ends in two dotted parts.
+    r"|l(?:pat|dt|rtr?|ptt|cbt|soat|oas|imt|agent|ft|ffct|wt)-(?:[A-Za-z0-9_-]|%5[Ff]){16,}(?:\.\d+\.[A-Za-z0-9]+)?)"
+)
+_GITLAB_RUNNER_REGISTRATION = re.compile(r"GR1348941(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
+_OPENAI = re.compile(r"sk-(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
 # Credentials inside URLs go before e-mail addresses, so that `user:secret@host` is not read as an address.
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
-# A bare token as a URL's user name (https://TOKEN@host) is masked by the token rules.  The token patterns
-# start with a literal, which the regex engine searches for quickly; the word boundary before a token is
-# checked in `_token` instead of with a look-behind, which would make the engine try every position.
-_GITHUB = re.compile(r"g(?:ithub_pat_[A-Za-z0-9_]{16,}|h[pousr]_[A-Za-z0-9]{16,})")
-_GITLAB = re.compile(r"glpat-[A-Za-z0-9_-]{16,}")
-_OPENAI = re.compile(r"sk-[A-Za-z0-9_-]{16,}")
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def _token(pattern: re.Pattern[str], label: str, text: str, joiners: str = "_") -> str:
-    def replace(match: re.Match[str]) -> str:
-        start = match.start()
-        if start and (text[start - 1].isalnum() or text[start - 1] in joiners):
-            return match.group(0)  # inside a longer word, e.g. `task-...`: not a token
-        return label
+def _escaped(text: str, start: int) -> bool:
+    """Whether an escape sequence (`\\n`, `%3D`, `\\u003d`) ends just before ``start``."""
+    return (
+        (start >= 2 and text[start - 2] == "\\")
+        or (start >= 3 and text[start - 3] == "%" and set(text[start - 2 : start]) <= _HEX)
+        or (start >= 6 and text[start - 6 : start - 4] == "\\u" and set(text[start - 4 : start]) <= _HEX)
+    )
 
-    return pattern.sub(replace, text)
+
+def _inside_word(match: re.Match[str]) -> bool:
+    """Whether ``match`` continues an ASCII word (`task-...`), rather than following a separator or escape."""
+    start = match.start()
+    before = match.string[start - 1 : start]
+    return before.isascii() and before.isalnum() and not _escaped(match.string, start)
+
+
+def _looks_random(tail: str) -> bool:
+    """At least 20 characters mixing two of lower case, upper case and digits, as a generated key does."""
+    kinds = (any(c.islower() for c in tail), any(c.isupper() for c in tail), any(c.isdigit() for c in tail))
+    return len(tail) >= 20 and sum(kinds) >= 2
+
+
+def _git_token(match: re.Match[str]) -> str:
+    if _inside_word(match):
+        return match.group()
+    return "[GITLAB_TOKEN]" if match.group().startswith(("gl", "GR")) else "[GITHUB_TOKEN]"
+
+
+def _openai_key(match: re.Match[str]) -> str:
+    start = match.start()
+    if _inside_word(match):
+        return match.group()  # `task-...`, `disk-...`
+    # Glued to an identifier by `-` or `_` (`x_sk-...`, `-sk-...`), only a random-looking tail is a key:
+    # `--sk-some-long-option-name` is not.
+    if match.string[start - 1 : start] in ("-", "_") and not _looks_random(match.group()[3:]):
+        return match.group()
+    return "[OPENAI_KEY]"
 
 
 _literal_secrets: set[str] = set()
@@ -41,7 +78,7 @@ def mask(text: str) -> str:
     """Return ``text`` with tokens, keys, URL credentials, PEM keys and e-mail addresses replaced.
 
     Every string written goes through here, so the common case (nothing to mask) costs a few
-    single-character scans: each rule runs only when a character its pattern needs is present.
+    substring scans: each rule runs only when a character or literal its pattern needs is present.
     """
     for secret in _literal_secrets:
         if secret in text:
@@ -49,10 +86,11 @@ def mask(text: str) -> str:
     if "-" in text:
         if "-----BEGIN" in text:
             text = _PEM.sub("[PRIVATE_KEY]", text)
-        text = _token(_GITLAB, "[GITLAB_TOKEN]", text)
-        text = _token(_OPENAI, "[OPENAI_KEY]", text, joiners="_-")
-    if "_" in text:
-        text = _token(_GITHUB, "[GITHUB_TOKEN]", text)
+        text = _OPENAI.sub(_openai_key, text)
+    if "_" in text or "-" in text or "%" in text:
+        text = _GIT_TOKEN.sub(_git_token, text)
+    if "GR1348941" in text:
+        text = _GITLAB_RUNNER_REGISTRATION.sub(_git_token, text)
     if "@" in text:
         text = _EMAIL.sub("[EMAIL]", _URL_CREDENTIALS.sub(r"\1[CREDENTIALS]@", text))
     return text

@@ -20,6 +20,9 @@ from tests.helpers.schemas import validate_context_dir
 
 GITHUB = "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 PEM_BODY = "MIIEowIBAAKCAQEAwJ0Yl3pU9nI4a8F1p\nq7D3+/zZq2X0Yw=="
+GITLAB_BODY = "Xy7_Q2-wR9tK4mN8pL3zV"
+OPENAI_TAIL = "T3BlbkFJ" + "q8Wz2Lm4Xc6Vb9Nk1Rt5"
+OPENAI = "sk-proj-" + OPENAI_TAIL
 # (text, what it must become, the part that must never reach a file)
 CASES = [
     *((f"token {p}{GITHUB} end", "token [GITHUB_TOKEN] end", GITHUB) for p in ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
@@ -52,6 +55,27 @@ CASES = [
         "[PRIVATE_KEY]",
         "MIIEowIBAAKCAQEA",
     ),
+    # -- shapes the first rules missed (issue 10 §3) --
+    *(
+        (f"GITLAB_TOKEN={p}{GITLAB_BODY} end", "GITLAB_TOKEN=[GITLAB_TOKEN] end", GITLAB_BODY)
+        for p in ("gldt-", "glrt-", "glrtr-", "glptt-", "glcbt-64_", "glsoat-", "gloas-", "glimt-", "glagent-",
+                  "glft-", "glffct-", "glwt-", "GR1348941")
+    ),
+    (  # routable: the CRC after the second dot is part of the token
+        "PRIVATE-TOKEN: glpat-" + "eyJvIjoiMSIsInUiOiIyIn0Ab3_-Cd4eF5gH6iJ" + ".01.0s9ybcmxl",
+        "PRIVATE-TOKEN: [GITLAB_TOKEN]",
+        "0s9ybcmxl",
+    ),
+    ("export FOO_ghp_" + GITHUB, "export FOO_[GITHUB_TOKEN]", GITHUB),
+    ("x_" + OPENAI, "x_[OPENAI_KEY]", OPENAI_TAIL),
+    ("key=-" + OPENAI, "key=-[OPENAI_KEY]", OPENAI_TAIL),
+    ("?token=ghp%5F" + GITHUB + "&x=1", "?token=[GITHUB_TOKEN]&x=1", GITHUB),
+    ("?q=token%3Dghp_" + GITHUB, "?q=token%3D[GITHUB_TOKEN]", GITHUB),
+    ("pat=github_pat%5F11ABCDEFG0123456789abc%5F" + "k9" * 29, "pat=[GITHUB_TOKEN]", "11ABCDEFG0123456789abc"),
+    ("pat=github%5Fpat%5F11ABCDEFG0123456789abc%5F" + "k9" * 29, "pat=[GITHUB_TOKEN]", "11ABCDEFG0123456789abc"),
+    ('{"log":"cloning\\nghp_' + GITHUB + '\\n"}', '{"log":"cloning\\n[GITHUB_TOKEN]\\n"}', GITHUB),
+    ("トークンはghp_" + GITHUB, "トークンは[GITHUB_TOKEN]", GITHUB),
+    # last: a block cut off masks everything after it
     (
         "-----BEGIN OPENSSH PRIVATE KEY-----\n" + PEM_BODY + "\n(output cut off)",
         "[PRIVATE_KEY]",
@@ -66,6 +90,11 @@ HARMLESS = [
     "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
     "日本語のテキスト",
     "",
+    # -- what the wider rules of issue 10 §3 must still leave alone --
+    "task-1234567890abcdef1234 disk-usage risk-assessment ask-me mask-layer",
+    "--sk-allow-fallback-to-the-default-region lang=sk-SK",  # glued `sk-` with a tail that is no key
+    "0f8e3c2a-9b1d-4e5f-8a7b-6c5d4e3f2a1b b874ff3a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
+    "/home/user/.ssh/id_ed25519.pub src/tasks/disk-usage.py glob-pattern_globals",
 ]
 
 
