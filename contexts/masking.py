@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.DOTALL)
+# PEM (`-----BEGIN RSA PRIVATE KEY-----`) and PGP (`-----BEGIN PGP PRIVATE KEY BLOCK-----`) blocks; a block
+# cut off before its END line is masked to the end of the text.  `( BLOCK|)` always takes part in the match,
+# so that `\2` also matches the empty string for PEM.
+_PRIVATE_KEY = re.compile(
+    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY( BLOCK|)-----.*?(?:-----END \1PRIVATE KEY\2-----|\Z)", re.DOTALL
+)
 # A bare token as a URL's user name (https://TOKEN@host) is masked by the token rules.  The token patterns
 # start with a literal, which the regex engine searches for quickly (an alternation of literals at the start
 # would make it try every position); whether a match stands on its own or sits inside a longer word is
@@ -75,7 +80,7 @@ def register_secrets(values: Iterable[str | None]) -> None:
 
 
 def mask(text: str) -> str:
-    """Return ``text`` with tokens, keys, URL credentials, PEM keys and e-mail addresses replaced.
+    """Return ``text`` with tokens, keys, URL credentials, private-key blocks and e-mail addresses replaced.
 
     Every string written goes through here, so the common case (nothing to mask) costs a few
     substring scans: each rule runs only when a character or literal its pattern needs is present.
@@ -85,7 +90,7 @@ def mask(text: str) -> str:
             text = text.replace(secret, "[SECRET]")
     if "-" in text:
         if "-----BEGIN" in text:
-            text = _PEM.sub("[PRIVATE_KEY]", text)
+            text = _PRIVATE_KEY.sub("[PRIVATE_KEY]", text)
         text = _OPENAI.sub(_openai_key, text)
     if "_" in text or "-" in text or "%" in text:
         text = _GIT_TOKEN.sub(_git_token, text)

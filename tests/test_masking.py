@@ -75,6 +75,11 @@ CASES = [
     ("pat=github%5Fpat%5F11ABCDEFG0123456789abc%5F" + "k9" * 29, "pat=[GITHUB_TOKEN]", "11ABCDEFG0123456789abc"),
     ('{"log":"cloning\\nghp_' + GITHUB + '\\n"}', '{"log":"cloning\\n[GITHUB_TOKEN]\\n"}', GITHUB),
     ("トークンはghp_" + GITHUB, "トークンは[GITHUB_TOKEN]", GITHUB),
+    (
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n" + PEM_BODY + "\n=Xb1q\n-----END PGP PRIVATE KEY BLOCK-----\nok",
+        "[PRIVATE_KEY]\nok",
+        "MIIEowIBAAKCAQEA",
+    ),
     # last: a block cut off masks everything after it
     (
         "-----BEGIN OPENSSH PRIVATE KEY-----\n" + PEM_BODY + "\n(output cut off)",
