@@ -25,7 +25,14 @@ _GIT_TOKEN = re.compile(
 _GITLAB_RUNNER_REGISTRATION = re.compile(r"GR1348941(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
 _OPENAI = re.compile(r"sk-(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
 # Credentials inside URLs go before e-mail addresses, so that `user:secret@host` is not read as an address.
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@:]*:[^\s/@]+@")
+# The password runs to the last `@` that a host follows, so it may hold `@` and `:`, and `/` or `?#` but not
+# a `/` and then a `?#` (that `/` starts the path, that `?` the query: `u:pw@host/p?mail=a@b.c`).  A named
+# host or localhost with a port (`http://localhost:5173/@vite/client`) is no user and password.  Every
+# quantifier stops at a character the next one needs, so a long run of text costs linear time.
+_URL_CREDENTIALS = re.compile(
+    r"://(?!(?:localhost|[^\s/@:.]*\.[^\s/@:]*):\d{1,5}(?:[/?#]|$))"
+    r"[^\s/@:]*:[^\s\"'<>`/?#]*(?:/[^\s\"'<>`?#]*|[?#][^\s\"'<>`/]*)?@(?=[A-Za-z0-9\[])"
+)
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 _HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -97,7 +104,9 @@ def mask(text: str) -> str:
     if "GR1348941" in text:
         text = _GITLAB_RUNNER_REGISTRATION.sub(_git_token, text)
     if "@" in text:
-        text = _EMAIL.sub("[EMAIL]", _URL_CREDENTIALS.sub(r"\1[CREDENTIALS]@", text))
+        if "://" in text:
+            text = _URL_CREDENTIALS.sub("://[CREDENTIALS]@", text)
+        text = _EMAIL.sub("[EMAIL]", text)
     return text
 
 

@@ -80,6 +80,16 @@ CASES = [
         "[PRIVATE_KEY]\nok",
         "MIIEowIBAAKCAQEA",
     ),
+    (
+        "push to https://user:pa/ss@word@git.example.com/o/r.git",
+        "push to https://[CREDENTIALS]@git.example.com/o/r.git",
+        "pa/ss@word",
+    ),
+    (
+        "REDIS_URL=redis://:p@ss/w0rd@cache.internal:6379/0",
+        "REDIS_URL=redis://[CREDENTIALS]@cache.internal:6379/0",
+        "w0rd",
+    ),
     # last: a block cut off masks everything after it
     (
         "-----BEGIN OPENSSH PRIVATE KEY-----\n" + PEM_BODY + "\n(output cut off)",
@@ -98,6 +108,8 @@ HARMLESS = [
     # -- what the wider rules of issue 10 §3 must still leave alone --
     "task-1234567890abcdef1234 disk-usage risk-assessment ask-me mask-layer",
     "--sk-allow-fallback-to-the-default-region lang=sk-SK",  # glued `sk-` with a tail that is no key
+    "http://localhost:5173/@vite/client https://example.com:8443/users/@alice",  # a port, then `@` in the path
+    "https://www.npmjs.com/package/@types/node",
     "0f8e3c2a-9b1d-4e5f-8a7b-6c5d4e3f2a1b b874ff3a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
     "/home/user/.ssh/id_ed25519.pub src/tasks/disk-usage.py glob-pattern_globals",
 ]
