@@ -34,6 +34,8 @@ _URL_CREDENTIALS = re.compile(
     r"[^\s/@:]*:[^\s\"'<>`/?#]*(?:/[^\s\"'<>`?#]*|[?#][^\s\"'<>`/]*)?@(?=[A-Za-z0-9\[])"
 )
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# After `user@host:`, the path of an scp-like remote (`git@github.com:org/r.git`, `deploy@h:/srv`, `u@h:~`).
+_SCP_PATH = re.compile(r"[~/]|[\w.-]+/")
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
@@ -76,6 +78,17 @@ def _openai_key(match: re.Match[str]) -> str:
     return "[OPENAI_KEY]"
 
 
+def _email(match: re.Match[str]) -> str:
+    text, start, end = match.string, match.start(), match.end()
+    if text.startswith(":", end) and _SCP_PATH.match(text, end + 1):
+        return match.group()  # `git@github.com:org/r.git`: a user and a host, not an address
+    if start >= 3 and text.startswith("://", start - 3) and not text.startswith("@", end):
+        return match.group()  # `ssh://git@github.com/...`: a URL's user and host
+    if text[start - 1 : start] == "\\" and match.group()[0] in "nrtbf":
+        return match.group()[0] + "[EMAIL]"  # keep the JSON escape `\n` in front of the address
+    return "[EMAIL]"
+
+
 _literal_secrets: set[str] = set()
 
 
@@ -106,7 +119,7 @@ def mask(text: str) -> str:
     if "@" in text:
         if "://" in text:
             text = _URL_CREDENTIALS.sub("://[CREDENTIALS]@", text)
-        text = _EMAIL.sub("[EMAIL]", text)
+        text = _EMAIL.sub(_email, text)
     return text
 
 

@@ -106,6 +106,10 @@ HARMLESS = [
     "日本語のテキスト",
     "",
     # -- what the wider rules of issue 10 §3 must still leave alone --
+    "git remote add origin git@github.com:org/r.git",  # an SSH remote: `git` is a user, not an address
+    "git@gitlab.example.com:group/sub/project.git",
+    "ssh://git@github.com/org/r.git",
+    "rsync -a dist/ deploy@build.example.com:/srv/app",
     "task-1234567890abcdef1234 disk-usage risk-assessment ask-me mask-layer",
     "--sk-allow-fallback-to-the-default-region lang=sk-SK",  # glued `sk-` with a tail that is no key
     "http://localhost:5173/@vite/client https://example.com:8443/users/@alice",  # a port, then `@` in the path
