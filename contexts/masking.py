@@ -33,7 +33,9 @@ _URL_CREDENTIALS = re.compile(
     r"://(?!(?:localhost|[^\s/@:.]*\.[^\s/@:]*):\d{1,5}(?:[/?#]|$))"
     r"[^\s/@:]*:[^\s\"'<>`/?#]*(?:/[^\s\"'<>`?#]*|[?#][^\s\"'<>`/]*)?@(?=[A-Za-z0-9\[])"
 )
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# The look-behind starts an address only where its run of name characters starts: trying every position of
+# a long run (a hex dump, `a.a.a...`) would cost quadratic time, and a later start finds the same `@` anyway.
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 # After `user@host:`, the path of an scp-like remote (`git@github.com:org/r.git`, `deploy@h:/srv`, `u@h:~`).
 _SCP_PATH = re.compile(r"[~/]|[\w.-]+/")
 _HEX = frozenset("0123456789abcdefABCDEF")
