@@ -24,6 +24,14 @@ _GIT_TOKEN = re.compile(
 )
 _GITLAB_RUNNER_REGISTRATION = re.compile(r"GR1348941(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
 _OPENAI = re.compile(r"sk-(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
+# `Authorization: Basic ...`, `"authorization": "Bearer ..."`, `-H 'Authorization: token ...'`, JSON-escaped
+# quotes and query strings (`?authorization=Bearer%20...`) included: the credential after an optional scheme.
+_AUTH_SCHEMES = ("basic", "bearer", "token", "digest", "negotiate", "ntlm", "dpop", "apikey", "bot", "ssws",
+                 "sso-key", "aws4-hmac-sha256")
+_AUTHORIZATION = re.compile(
+    r"(?i)(authorization\\?[\"']?[ \t]*[:=][ \t]*(?:[bfru]{0,2}\\?[\"'])?[ \t]*)"
+    rf"((?:{'|'.join(_AUTH_SCHEMES)})(?:[ \t]+|%20|\+))?([^\s\"'`,;\\&)]+)"
+)
 # Credentials inside URLs go before e-mail addresses, so that `user:secret@host` is not read as an address.
 # The password runs to the last `@` that a host follows, so it may hold `@` and `:`, and `/` or `?#` but not
 # a `/` and then a `?#` (that `/` starts the path, that `?` the query: `u:pw@host/p?mail=a@b.c`).  A named
@@ -80,6 +88,15 @@ def _openai_key(match: re.Match[str]) -> str:
     return "[OPENAI_KEY]"
 
 
+def _authorization(match: re.Match[str]) -> str:
+    header, scheme, credential = match.group(1, 2, 3)
+    if credential[0] in "[$<{%":
+        return match.group()  # already masked, or a placeholder or template: `f"Bearer {token}"`, `$TOKEN`
+    if scheme is None and (len(credential) < 16 or credential.lower() in _AUTH_SCHEMES):
+        return match.group()  # no scheme: only a key-length word is a credential (`Authorization: required`)
+    return f"{header}{scheme or ''}[CREDENTIALS]"
+
+
 def _email(match: re.Match[str]) -> str:
     text, start, end = match.string, match.start(), match.end()
     if text.startswith(":", end) and _SCP_PATH.match(text, end + 1):
@@ -102,7 +119,7 @@ def register_secrets(values: Iterable[str | None]) -> None:
 
 
 def mask(text: str) -> str:
-    """Return ``text`` with tokens, keys, URL credentials, private-key blocks and e-mail addresses replaced.
+    """Return ``text`` with tokens, keys, credentials, private-key blocks and e-mail addresses replaced.
 
     Every string written goes through here, so the common case (nothing to mask) costs a few
     substring scans: each rule runs only when a character or literal its pattern needs is present.
@@ -118,6 +135,8 @@ def mask(text: str) -> str:
         text = _GIT_TOKEN.sub(_git_token, text)
     if "GR1348941" in text:
         text = _GITLAB_RUNNER_REGISTRATION.sub(_git_token, text)
+    if "thorization" in text or "THORIZATION" in text:
+        text = _AUTHORIZATION.sub(_authorization, text)
     if "@" in text:
         if "://" in text:
             text = _URL_CREDENTIALS.sub("://[CREDENTIALS]@", text)

@@ -90,6 +90,22 @@ CASES = [
         "REDIS_URL=redis://[CREDENTIALS]@cache.internal:6379/0",
         "w0rd",
     ),
+    (
+        "curl -H 'Authorization: Basic dXNlcjpodW50ZXIy' https://api.example.com",
+        "curl -H 'Authorization: Basic [CREDENTIALS]' https://api.example.com",
+        "dXNlcjpodW50ZXIy",
+    ),
+    (
+        "authorization: bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl",
+        "authorization: bearer [CREDENTIALS]",
+        "c2lnbmF0dXJl",
+    ),
+    (
+        "-H 'Authorization: token 0123456789abcdef0123456789abcdef01234567'",
+        "-H 'Authorization: token [CREDENTIALS]'",
+        "0123456789abcdef",
+    ),
+    ('{"AUTHORIZATION": "Bearer abc.def-ghi"}', '{"AUTHORIZATION": "Bearer [CREDENTIALS]"}', "abc.def-ghi"),
     # last: a block cut off masks everything after it
     (
         "-----BEGIN OPENSSH PRIVATE KEY-----\n" + PEM_BODY + "\n(output cut off)",
@@ -114,6 +130,8 @@ HARMLESS = [
     "--sk-allow-fallback-to-the-default-region lang=sk-SK",  # glued `sk-` with a tail that is no key
     "http://localhost:5173/@vite/client https://example.com:8443/users/@alice",  # a port, then `@` in the path
     "https://www.npmjs.com/package/@types/node",
+    "Authorization header is missing; see Authorization: docs",
+    'headers = {"Authorization": f"Bearer {token}"}  # Authorization: Bearer $GITHUB_TOKEN',
     "0f8e3c2a-9b1d-4e5f-8a7b-6c5d4e3f2a1b b874ff3a0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f",
     "/home/user/.ssh/id_ed25519.pub src/tasks/disk-usage.py glob-pattern_globals",
 ]
@@ -159,6 +177,11 @@ def test_registered_literal_secrets_are_masked_too(monkeypatch: pytest.MonkeyPat
 def test_masking_twice_changes_nothing_more(text: str) -> None:
     once = mask(text)
     assert mask(once) == once
+
+
+def test_mask_value_masks_the_new_shapes_in_keys_and_values() -> None:
+    value = {"FOO_ghp_" + GITHUB: ["Authorization: Basic dXNlcjpodW50ZXIy"], "k": ("x_" + OPENAI,)}
+    assert mask_value(value) == {"FOO_[GITHUB_TOKEN]": ["Authorization: Basic [CREDENTIALS]"], "k": ["x_[OPENAI_KEY]"]}
 
 
 @pytest.fixture
