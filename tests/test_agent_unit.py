@@ -241,7 +241,8 @@ def test_a_command_left_running_by_a_dead_attempt_is_killed_before_the_resume_go
         agent.stop_leftover_command()
 
         assert leftover.wait(timeout=10) == -signal.SIGKILL
-        stale = {**workbench.ctx.read_state()["running_command"], "pgid": unrelated.pid}
+        recorded = workbench.ctx.read_state()["running_command"]
+        stale = {**recorded, "pgid": unrelated.pid, "started": recorded["started"] - 1}
         workbench.ctx.update_state(running_command=stale)  # a pid reused by another process: left alone
         agent.stop_leftover_command()
         assert unrelated.poll() is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from replay import ReplayServer
 from replay.rules import conversation_key
 from tests.helpers.beat_process import BeatProcess, children_of
 from tests.helpers.celery_worker import WorkerProcess
+from tests.helpers.ci import cannot_run
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import (
     agent_requests,
@@ -36,6 +38,8 @@ pytestmark = pytest.mark.integration
 
 MONITOR_ENV = {"TASUKI__MONITOR__INTERVAL_S": "1", "TASUKI__MONITOR__BEAT_LOCK_TTL_S": "2"}
 FINISH_TIMEOUT_S = 120.0
+# The tests of a tool call that kills its worker: only possible without the sandbox, where $PPID is the worker.
+UNSANDBOXED = {"TASUKI__SANDBOX__BACKEND": "none"}
 
 
 def sleepy_turns(steps: int, sleep_s: float = 0.4) -> list[dict[str, Any]]:
@@ -217,7 +221,7 @@ def test_a_tool_call_that_killed_its_worker_is_not_run_again_and_the_task_goes_o
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
     entries = [{"content": "Use all the memory.", "tool_calls": [tool("bash", command="kill -9 $PPID")]}, finish_turn()]
-    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, _server):
+    with chaos_stack(tmp_path, redis_url, entries, beat=False, **UNSANDBOXED) as (stack, _server):
         stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
         state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
@@ -231,7 +235,10 @@ def test_task_that_kills_its_pool_child_at_every_step_stops_at_max_attempts(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
     kill = {"content": "Use all the memory.", "tool_calls": [tool("bash", command="kill -9 $PPID")]}
-    with chaos_stack(tmp_path, redis_url, [kill, kill, kill, finish_turn()], beat=False) as (stack, server):
+    with chaos_stack(tmp_path, redis_url, [kill, kill, kill, finish_turn()], beat=False, **UNSANDBOXED) as (
+        stack,
+        server,
+    ):
         stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
         state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
@@ -240,6 +247,20 @@ def test_task_that_kills_its_pool_child_at_every_step_stops_at_max_attempts(
     assert state["error"] == "gave up after 3 attempts"
     assert state["tool_call_count"] == 2  # attempts 2 and 3 each answered the call that killed the one before
     assert asked == {0: 1, 1: 1, 2: 1}  # each deadly call was asked for, and run, once
+
+
+def test_in_the_sandbox_a_tool_call_cannot_kill_its_worker(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    entries = [{"content": "Kill my parent.", "tool_calls": [tool("bash", command="kill -9 $PPID; echo still here")]},
+               finish_turn()]
+    with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, _server):
+        if stack.env().get("TASUKI__SANDBOX__BACKEND") == "none" or shutil.which("bwrap") is None:
+            cannot_run("bubblewrap is not installed")
+        stack.start_worker("w1", queues="tasks")
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+    assert (state["status"], state["attempt"]) == ("completed", 1)  # $PPID is the sandbox's init, not the worker
 
 
 # -- a worker is stopped (rolling restart) -------------------------------------------------------------
