@@ -11,6 +11,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,17 +58,38 @@ def bash(sandbox: Bubblewrap | NoSandbox, checkout: Path, command: str, timeout_
     return result.output
 
 
+PROBE_ENVIRONMENTS = (
+    "env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; tr '\\0' '\\n' < /proc/$PPID/environ"
+)
+WORKER = """
+import sys
+from pathlib import Path
+from worker.sandbox import make_sandbox
+from worker.settings_models import SandboxSettings
+from worker.tools import Workspace, run_tool
+settings = SandboxSettings(backend=sys.argv[2])
+result = run_tool(Workspace(Path(sys.argv[1])), "bash", {"command": sys.argv[3]}, bash_timeout_s=30,
+                  max_output_chars=100000, sandbox=make_sandbox(settings), limits=settings.limits)
+print(result.output)
+"""
+
+
+def _as_a_worker(checkout: Path, backend: str) -> str:
+    """The bash tool run by a process that, like a worker, got its secret in its environment at start."""
+    env = {**os.environ, "OPENAI_API_KEY": SECRET_VALUE, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", WORKER, str(checkout), backend, PROBE_ENVIRONMENTS], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
 def test_the_workers_secrets_are_not_in_any_environment_the_sandbox_can_read(
-    sandbox: Bubblewrap, checkout: Path, monkeypatch: pytest.MonkeyPatch
+    sandbox: Bubblewrap, checkout: Path
 ) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET_VALUE)  # the worker's own environment
-    output = bash(
-        sandbox,
-        checkout,
-        "env; for f in /proc/*/environ; do tr '\\0' '\\n' < $f; done; tr '\\0' '\\n' < /proc/$PPID/environ",
-    )
-    assert SECRET_VALUE not in output
-    assert "exit code: 0" in output
+    assert SECRET_VALUE not in _as_a_worker(checkout, "bubblewrap")
+
+
+def test_unsandboxed_the_hole_is_real_which_is_why_none_is_only_for_trusted_models(checkout: Path) -> None:
+    assert SECRET_VALUE in _as_a_worker(checkout, "none")  # what the sandbox closes: /proc/$PPID/environ
 
 
 def test_the_sandbox_sees_only_its_own_processes_and_cannot_signal_the_worker(
