@@ -9,6 +9,7 @@ Readers (the monitor, the viewer) never take the mutex; the ``.lock`` is always 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -30,6 +31,44 @@ MUTEX_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
+class Incarnation:
+    """What makes a pid name one particular process: the kernel's boot, the PID namespace the pid belongs
+    to, and the process's start time. Containers restarted by Docker, and containers or pods on host
+    networking, share a hostname across PID namespaces where low pids are reused at once (SPEC §4)."""
+
+    boot_id: str
+    pid_namespace: str
+    started: int
+
+
+def process_started(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # the fields after the command name start at field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@functools.cache
+def _this_kernel_and_namespace() -> tuple[str, str] | None:
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return boot_id, os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None  # not Linux: only hostname and pid are known
+
+
+def incarnation_of(pid: int) -> Incarnation | None:
+    """The incarnation of ``pid`` as this process sees it (None where /proc does not tell)."""
+    here, started = _this_kernel_and_namespace(), process_started(pid)
+    if here is None or started is None:
+        return None
+    return Incarnation(here[0], here[1], started)
+
+
+@dataclass(frozen=True)
 class LockInfo:
     """The content of a ``.lock`` file."""
 
@@ -38,26 +77,36 @@ class LockInfo:
     acquired_at: datetime
     heartbeat_at: datetime
     owner: str
+    incarnation: Incarnation | None = None  # None: a lock written before Tasuki recorded it, or off Linux
 
     def to_json(self) -> dict[str, Any]:
         """The record as written to disk (schemas/lock.schema.json plus ``owner``)."""
-        return {
+        data: dict[str, Any] = {
             "process_id": self.process_id,
             "hostname": self.hostname,
             "acquired_at": iso(self.acquired_at),
             "heartbeat_at": iso(self.heartbeat_at),
             "owner": self.owner,
         }
+        if self.incarnation is not None:
+            data["boot_id"] = self.incarnation.boot_id
+            data["pid_namespace"] = self.incarnation.pid_namespace
+            data["process_started"] = self.incarnation.started
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LockInfo:
-        """Parse a ``.lock`` record."""
+        """Parse a ``.lock`` record (old records without the incarnation are read as before)."""
+        incarnation = None
+        if all(data.get(key) is not None for key in ("boot_id", "pid_namespace", "process_started")):
+            incarnation = Incarnation(str(data["boot_id"]), str(data["pid_namespace"]), int(data["process_started"]))
         return cls(
             process_id=int(data["process_id"]),
             hostname=str(data["hostname"]),
             acquired_at=parse_iso(data["acquired_at"]),
             heartbeat_at=parse_iso(data["heartbeat_at"]),
             owner=str(data.get("owner", "")),
+            incarnation=incarnation,
         )
 
     @property
@@ -75,6 +124,17 @@ def is_stale(lock: LockInfo, now: datetime, stale_after_s: float, this_host: str
     if (now - lock.heartbeat_at).total_seconds() <= stale_after_s:
         return False
     return lock.hostname != this_host or not process_alive
+
+
+def holder_alive(lock: LockInfo, this_host: str) -> bool:
+    """True only when the lock's holder is provably a live process of this machine: same hostname, and —
+    when the lock records it — same boot, same PID namespace and same start time; only then does
+    ``kill -0`` decide. Otherwise the heartbeat's age alone decides whether the lock is stale."""
+    if lock.hostname != this_host:
+        return False
+    if lock.incarnation is not None and incarnation_of(lock.process_id) != lock.incarnation:
+        return False  # another boot, another PID namespace, or another process that got the pid since
+    return process_alive(lock.process_id)
 
 
 def heartbeat_age_s(lock: LockInfo, now: datetime) -> float:
@@ -124,6 +184,7 @@ class ContextLock:
         self.mutex_path = mutex_path
         self.hostname = hostname
         self.pid = os.getpid() if pid is None else pid
+        self.incarnation = incarnation_of(self.pid)
         self.owner = secrets.token_hex(16)
         self.info: LockInfo | None = None
         self.fenced = False
@@ -154,10 +215,10 @@ class ContextLock:
         """:meth:`acquire` for a caller that already holds :meth:`mutex` (``create`` renames under it)."""
         current = read_lock(self.path)
         if current is not None:
-            alive = current.hostname == self.hostname and process_alive(current.process_id)
+            alive = holder_alive(current, self.hostname)
             if create_only or not is_stale(current, now, stale_after_s, self.hostname, alive):
                 raise LockHeldError(f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})")
-        self._write(LockInfo(self.pid, self.hostname, now, now, self.owner))
+        self._write(LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation))
         return current
 
     def refresh(self, now: datetime) -> None:
@@ -166,7 +227,7 @@ class ContextLock:
             raise FencedError(f"{self.path}: not the holder")
         with self.mutex():
             self._verify_owner()
-            self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner))
+            self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner, self.incarnation))
 
     @property
     def path(self) -> Path:

@@ -24,7 +24,7 @@ import filelock
 from contexts.atomic import fsync_dir
 from contexts.clock import parse_iso
 from contexts.errors import ContextError
-from contexts.lock import MUTEX_TIMEOUT_S, LockInfo, is_stale, lock_mutex_path, process_alive, read_lock
+from contexts.lock import MUTEX_TIMEOUT_S, LockInfo, holder_alive, is_stale, lock_mutex_path, read_lock
 from contexts.names import FILE_MODE, FINAL_STATUSES, GZIP_SUFFIX, JSONL_FILES, LOCK_FILE, MUTEX_DIR, STAGING_DIR
 from contexts.state import read_state, update_state
 from contexts.store import ContextStore
@@ -47,7 +47,7 @@ def final_status_of(state: dict[str, Any]) -> str:
 
 def holder_is_live(lock: LockInfo, store: ContextStore, now: datetime) -> bool:
     """True unless the lock is stale by SPEC §4's rule (old heartbeat and a holder that cannot be alive)."""
-    alive = lock.hostname == store.hostname and process_alive(lock.process_id)
+    alive = holder_alive(lock, store.hostname)
     return not is_stale(lock, now, store.stale_after_s, store.hostname, alive)
 
 

@@ -228,9 +228,9 @@ class ContextStore:
             return True
         if current is None:
             return False
-        from contexts.lock import is_stale, process_alive
+        from contexts.lock import holder_alive, is_stale
 
-        alive = current.hostname == self.hostname and process_alive(current.process_id)
+        alive = holder_alive(current, self.hostname)
         return not is_stale(current, self.clock(), self.stale_after_s, self.hostname, alive)
 
 

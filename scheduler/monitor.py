@@ -21,7 +21,7 @@ from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, 
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
 from contexts.errors import BAD_DATA_ERRORS, ContextError
-from contexts.lock import process_alive, read_lock
+from contexts.lock import holder_alive, read_lock
 from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
 from contexts.state import read_state
@@ -92,7 +92,7 @@ class Monitor:
         except FileNotFoundError:
             return None  # not there, or moved away between the listing and the read
         lock = read_lock(directory / LOCK_FILE)
-        alive = lock is not None and lock.hostname == self.policy.hostname and process_alive(lock.process_id)
+        alive = lock is not None and holder_alive(lock, self.policy.hostname)
         return Copy(
             status=str(state.get("status")),
             updated_at=parse_iso(state["updated_at"]),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid as uuid_module
@@ -14,7 +16,8 @@ import pytest
 
 from contexts import Context, ContextStore, FencedError, LockHeldError, LockInfo, is_stale
 from contexts.compression import CompressionPolicy
-from contexts.lock import heartbeat_age_s, process_alive
+from contexts.lock import Incarnation, heartbeat_age_s, holder_alive, incarnation_of, process_alive
+from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import (
     CONFIG,
     TASK_KEY,
@@ -241,3 +244,87 @@ def test_the_heartbeat_thread_notices_a_takeover_and_stops(tmp_path: Path) -> No
     with pytest.raises(FencedError):
         holder_a.append_message("assistant", "too late")
     assert holder_b.messages() == []
+
+
+# -- liveness across PID namespaces (SPEC §4) -------------------------------------------------------------
+
+
+def _aged_lock(pid: int, incarnation: Incarnation | None, hostname: str) -> LockInfo:
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    return LockInfo(pid, hostname, long_ago, long_ago, "someone", incarnation)
+
+
+def test_a_lock_naming_a_live_pid_of_another_process_incarnation_is_stale_once_its_heartbeat_is_old() -> None:
+    """A restarted container keeps its hostname and reuses low pids at once: our own pid, another start."""
+    mine = incarnation_of(os.getpid())
+    assert mine is not None
+    host = socket.gethostname()
+    cases = {
+        "another start time": Incarnation(mine.boot_id, mine.pid_namespace, mine.started + 1),
+        "another PID namespace": Incarnation(mine.boot_id, "pid:[1]", mine.started),
+        "another boot": Incarnation("00000000-0000-0000-0000-000000000000", mine.pid_namespace, mine.started),
+    }
+    for why, incarnation in cases.items():
+        lock = _aged_lock(os.getpid(), incarnation, host)
+        assert not holder_alive(lock, host), why
+        assert is_stale(lock, datetime.now(UTC), 60, host, holder_alive(lock, host)), why
+
+
+def test_the_genuine_live_holder_and_an_old_format_lock_are_alive_as_before() -> None:
+    host = socket.gethostname()
+    assert holder_alive(_aged_lock(os.getpid(), incarnation_of(os.getpid()), host), host)
+    old_format = LockInfo.from_json(_aged_lock(os.getpid(), None, host).to_json())
+    assert old_format.incarnation is None
+    assert holder_alive(old_format, host)  # hostname + kill -0, as locks written before this change are read
+
+
+def test_a_holder_in_another_pid_namespace_that_died_is_taken_over_although_its_pid_lives_here(
+    tmp_path: Path,
+) -> None:
+    """The compose failure, for real: the holder ran as pid 1 of its own PID namespace; here pid 1 is init,
+    alive forever, which kept the lock held for good. Now only the heartbeat decides, and it goes stale."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        cannot_run("a new PID namespace needs unshare(1) as root (CI runs as root)")
+    uuid = str(uuid_module.uuid4())
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            "-m",
+            "tests.helpers.context_holder",
+            str(tmp_path),
+            uuid,
+            "0.05",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    store = ContextStore(tmp_path, stale_after_s=0.5, heartbeat_interval_s=0.05, fsync="never")
+    try:
+        lock = wait_for(
+            lambda: store.read_lock(uuid) if (tmp_path / "running" / uuid).is_dir() else None,
+            timeout=30,
+            what="the namespaced holder's lock",
+        )
+        assert lock.process_id == 1  # pid 1 of its namespace; here pid 1 is this machine's init
+        assert lock.incarnation is not None
+        assert process_alive(1)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=10)
+        holder.stderr.close()  # type: ignore[union-attr]
+
+    def try_open() -> Context | None:
+        try:
+            return store.open(uuid)
+        except LockHeldError:
+            return None
+
+    ctx = wait_for(try_open, timeout=15, what="the dead namespaced holder's lock to go stale")
+    assert ctx.read_state()["attempt"] == 2
+    ctx.release()

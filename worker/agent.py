@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from contexts import CompressionPolicy, Context, TasukiError
+from contexts.lock import process_started
 from contexts.tokens import estimate_message_tokens, estimate_tokens
 from worker.checkout import Checkout
 from worker.llm import Provider, Reply, ToolCall
@@ -24,7 +25,7 @@ from worker.prompts import NUDGE
 from worker.sandbox import NoSandbox, Sandbox
 from worker.settings_models import SandboxLimits
 from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
-from worker.tools.shell import start_ticks, stop_leftover
+from worker.tools.shell import stop_leftover
 
 log = structlog.get_logger(__name__)
 
@@ -189,7 +190,7 @@ class Agent:
 
     def _command_started(self, pgid: int) -> None:
         """Record the running command's process group, so a resumed attempt can make sure it is dead."""
-        running = {"pgid": pgid, "host": socket.gethostname(), "started": start_ticks(pgid)}
+        running = {"pgid": pgid, "host": socket.gethostname(), "started": process_started(pgid)}
         self.ctx.update_state(running_command=running)
 
     def _newest_records(self) -> Any:

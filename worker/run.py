@@ -26,7 +26,7 @@ from contexts import (
     TasukiError,
 )
 from contexts.atomic import DiskFullError
-from contexts.lock import heartbeat_age_s, process_alive
+from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
@@ -188,7 +188,8 @@ def vanished_holder_wait(store: ContextStore, uuid: str) -> float | None:
         holder = store.read_lock(uuid)
     except (LockHeldError, InvalidUUIDError):
         return None
-    if holder is None or holder.hostname != store.hostname or process_alive(holder.process_id):
+    # Only a holder of this host that is provably gone (not merely a pid alive in another namespace) defers.
+    if holder is None or holder.hostname != store.hostname or holder_alive(holder, store.hostname):
         return None
     # SPEC §4 keeps a fresh lock even when its process is gone; one heartbeat more covers clock granularity.
     return max(store.stale_after_s - heartbeat_age_s(holder, store.clock()), 0.0) + store.heartbeat_interval_s

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from contexts.lock import process_started
 from worker.sandbox import limited, sandbox_env
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
@@ -220,23 +221,13 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])  # fields after the command name start at field 3
-
-
 def stop_leftover(pgid: int, started: int | None, timeout_s: float = 10.0) -> bool:
     """Kill the process group of a command a dead worker left running, when its leader is provably that
     command (same start time: a reused pid is left alone); True when something was killed."""
-    if started is None or start_ticks(pgid) != started:
+    if started is None or process_started(pgid) != started:
         return False
     _kill_group(pgid)
     deadline = time.monotonic() + timeout_s
-    while start_ticks(pgid) == started and time.monotonic() < deadline:
+    while process_started(pgid) == started and time.monotonic() < deadline:
         time.sleep(_POLL_S)  # the leader is not our child: nothing to wait on but /proc
     return True
