@@ -21,7 +21,6 @@ from worker.submit import send_run_task
 
 log = structlog.get_logger(__name__)
 
-MIN_DEDUPE_S = 300
 
 
 def monitor_for(s: Settings) -> Monitor:
@@ -37,7 +36,8 @@ def monitor_for(s: Settings) -> Monitor:
         resume=s.monitor.resume,
         hostname=store.hostname,
     )
-    dedupe_s = max(MIN_DEDUPE_S, 10 * s.monitor.interval_s)
+    # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
+    dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
     return Monitor(store, redis_client(), policy, send=partial(send_run_task, app), forget=forget, dedupe_s=dedupe_s)
 
 

@@ -26,8 +26,9 @@ from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
 from contexts.state import read_state
 from scheduler.plan import Action, Copy, Policy, Seen, plan
-from worker.names import HEARTBEATS_KEY, REAPED_PREFIX
+from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX
 
+RESENT_TTL_S = 8 * 24 * 3600  # longer than any task may live (visibility timeout x attempts at the defaults)
 UNREADABLE: tuple[type[Exception], ...] = (ContextError, OSError, *BAD_DATA_ERRORS)
 log = structlog.get_logger(__name__)
 
@@ -150,12 +151,17 @@ class Monitor:
         request = _request(self.store.running_path(action.uuid))
         if request is None:
             return self._fail(action, "no task request recorded in metadata.json")
-        # One re-enqueue per lost attempt, however many monitors saw it (the lock drops any duplicate anyway).
+        # One re-enqueue per lost attempt at a time, however many monitors saw it; the guard expires, so a
+        # delivery that was dropped, lost or never consumed is sent again while the context stays stale.
         key = f"{REAPED_PREFIX}{action.uuid}:{action.attempt}"
         if not self.client.set(key, "1", nx=True, ex=self.dedupe_s):
             return Outcome(action, False, "already re-enqueued")
+        sent = int(self.client.incr(RESENT_PREFIX + action.uuid))
+        self.client.expire(RESENT_PREFIX + action.uuid, RESENT_TTL_S)
+        if sent > self.policy.max_attempts:  # bounded: a task no worker ever takes up ends failed, reported
+            return self._fail(action, f"{sent - 1} re-enqueued deliveries were not taken up")
         self.send(action.uuid, request)
-        return Outcome(action, True, f"re-enqueued for attempt {action.attempt + 1}")
+        return Outcome(action, True, f"re-enqueued for attempt {action.attempt + 1} (delivery {sent})")
 
     def _fail(self, action: Action, why: str | None = None) -> Outcome:
         error = action.error or f"worker lost: {action.reason}"

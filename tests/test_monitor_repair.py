@@ -62,7 +62,9 @@ class Fleet:
         ctx.finish("completed")
         return ctx.uuid
 
-    def monitor(self, *, resume: bool = True, max_attempts: int = 3, shift_s: float = 0) -> Monitor:
+    def monitor(
+        self, *, resume: bool = True, max_attempts: int = 3, shift_s: float = 0, dedupe_s: int = 300
+    ) -> Monitor:
         clock = lambda: utc_now() + timedelta(seconds=shift_s)  # noqa: E731 - a one-line clock
         store = ContextStore(self.base, heartbeat_interval_s=1, stale_after_s=STALE_S, clock=clock)
         client = redis.Redis.from_url(self.redis_url, decode_responses=True)
@@ -73,6 +75,7 @@ class Fleet:
             policy,
             send=lambda uuid, request: client.rpush(SENT_KEY, json.dumps([uuid, request])) and None,
             forget=lambda uuid, task_key, status: client.rpush(FORGOTTEN_KEY, f"{uuid} {status}") and None,
+            dedupe_s=dedupe_s,
         )
 
     def reap(self, **kwargs: Any) -> list[Outcome]:
@@ -116,6 +119,32 @@ def test_a_second_monitor_run_does_not_reenqueue_the_same_attempt(fleet: Fleet) 
     assert fleet.sent_uuids() == [uuid]
 
 
+def test_a_delivery_nobody_took_up_is_sent_again_once_the_guard_expires(fleet: Fleet) -> None:
+    """A resume whose delivery was dropped, lost or never consumed: the monitor does not give up silently."""
+    uuid = fleet.lost()
+    fleet.reap(dedupe_s=1)
+    assert [o.detail for o in fleet.reap(dedupe_s=1)] == ["already re-enqueued"]  # within the guard: once
+
+    again = wait_for(lambda: done(fleet.reap(dedupe_s=1)) or None, timeout=10, what="the guard to expire")
+
+    assert again == [(uuid, "resume")]
+    assert fleet.sent_uuids() == [uuid, uuid]
+
+
+def test_a_task_whose_deliveries_are_never_taken_up_ends_failed_after_max_attempts(fleet: Fleet) -> None:
+    uuid = fleet.lost()
+
+    def reaped_to_the_end() -> bool | None:
+        fleet.reap(dedupe_s=1, max_attempts=3)
+        return (fleet.base / "completed" / uuid).is_dir() or None
+
+    wait_for(reaped_to_the_end, timeout=20, what="the monitor to give up")
+    assert fleet.sent_uuids() == [uuid] * 3
+    state = fleet.state("completed", uuid)
+    assert state["status"] == "failed"
+    assert state["error"].endswith("3 re-enqueued deliveries were not taken up")
+
+
 def test_task_lost_at_max_attempts_is_failed_with_the_error_and_moved_to_completed(fleet: Fleet) -> None:
     uuid = fleet.lost(attempt=3)
     assert done(fleet.reap()) == [(uuid, "fail")]
@@ -157,8 +186,14 @@ def test_live_holder_process_is_never_touched(fleet: Fleet, tmp_path: Path) -> N
         cwd=Path(__file__).resolve().parents[1],
     )
     try:
-        wait_for(lambda: (fleet.base / "running" / uuid / "messages.jsonl").stat().st_size
-                 if (fleet.base / "running" / uuid / "messages.jsonl").exists() else 0, what="holder ready")
+        wait_for(
+            lambda: (
+                (fleet.base / "running" / uuid / "messages.jsonl").stat().st_size
+                if (fleet.base / "running" / uuid / "messages.jsonl").exists()
+                else 0
+            ),
+            what="holder ready",
+        )
         fleet.client.zadd(HEARTBEATS_KEY, {uuid: 0})  # the index claims it is ancient
         outcomes = fleet.reap(resume=False, shift_s=600)  # and the monitor's clock is ten minutes ahead
         assert [(o.action.kind, o.done) for o in outcomes] == [("skip", False)]

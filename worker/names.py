@@ -29,3 +29,4 @@ TASK_PREFIX: Final = "tasuki:task:"  # + UUID, the task key of a task the HTTP i
 STATS_KEY: Final = "tasuki:stats"  # hash: finished tasks per final status, compressions of finished tasks
 ALERTS_KEY: Final = "tasuki:alerts"  # hash: each alert gauge's latest value (tasuki.alerts writes, /metrics reads)
 REAPED_PREFIX: Final = "tasuki:reaped:"  # + UUID:attempt, SET NX EX by the monitor: one re-enqueue per lost attempt
+RESENT_PREFIX: Final = "tasuki:resent:"  # + UUID, INCR by the monitor: re-enqueues so far, bounded by max_attempts
