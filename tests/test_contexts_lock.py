@@ -135,6 +135,14 @@ def store_lock_owner(store: ContextStore, uuid: str) -> str:
     return lock.owner
 
 
+def opened_unless_held(store: ContextStore, uuid: str) -> Context | None:
+    """The context, opened (taken over), or None while a live holder still has it."""
+    try:
+        return store.open(uuid)
+    except LockHeldError:
+        return None
+
+
 def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path: Path) -> None:
     uuid = str(uuid_module.uuid4())
     holder = subprocess.Popen(
@@ -169,13 +177,7 @@ def test_a_holder_killed_with_sigkill_is_taken_over_after_stale_after_s(tmp_path
     assert holder.returncode == -signal.SIGKILL
     assert not process_alive(holder.pid)
 
-    def try_open() -> Context | None:
-        try:
-            return store.open(uuid)
-        except LockHeldError:
-            return None
-
-    ctx = wait_for(try_open, timeout=15, what="the stale lock to be taken over")
+    ctx = wait_for(lambda: opened_unless_held(store, uuid), timeout=15, what="the stale lock to be taken over")
     assert ctx.previous_holder is not None
     assert ctx.previous_holder.process_id == holder.pid
     state = ctx.read_state()
@@ -319,12 +321,8 @@ def test_a_holder_in_another_pid_namespace_that_died_is_taken_over_although_its_
         holder.wait(timeout=10)
         holder.stderr.close()  # type: ignore[union-attr]
 
-    def try_open() -> Context | None:
-        try:
-            return store.open(uuid)
-        except LockHeldError:
-            return None
-
-    ctx = wait_for(try_open, timeout=15, what="the dead namespaced holder's lock to go stale")
+    ctx = wait_for(
+        lambda: opened_unless_held(store, uuid), timeout=15, what="the dead namespaced holder's lock to go stale"
+    )
     assert ctx.read_state()["attempt"] == 2
     ctx.release()
