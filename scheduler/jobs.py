@@ -26,6 +26,7 @@ log = structlog.get_logger(__name__)
 def monitor_for(s: Settings) -> Monitor:
     """A monitor on the configured store and Redis; it re-enqueues through the Celery app."""
     from worker.celery import app
+    from worker.forges.reporter import report_outcome
     from worker.tasks import forget
 
     # No heartbeat hook: a monitor that takes a lock to fail a task must not put it back in the index.
@@ -38,7 +39,8 @@ def monitor_for(s: Settings) -> Monitor:
     )
     # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
     dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
-    return Monitor(store, redis_client(), policy, send=partial(send_run_task, app), forget=forget, dedupe_s=dedupe_s)
+    return Monitor(store, redis_client(), policy, send=partial(send_run_task, app), forget=forget, dedupe_s=dedupe_s,
+                   report=partial(report_outcome, s))
 
 
 def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:

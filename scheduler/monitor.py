@@ -22,6 +22,7 @@ from contexts.atomic import read_json
 from contexts.clock import parse_iso
 from contexts.errors import BAD_DATA_ERRORS, ContextError
 from contexts.lock import holder_alive, read_lock
+from contexts.masking import mask
 from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
 from contexts.state import read_state
@@ -36,6 +37,12 @@ Send = Callable[[str, dict[str, Any]], None]
 """Enqueue ``tasuki.run_task(uuid, request)`` under ``task_id=uuid``."""
 Forget = Callable[[str, dict[str, str], str], None]
 """A finished task (uuid, task key, final status) leaves the heartbeat index, frees its task key, is counted."""
+Report = Callable[[str, Path], None]
+"""Tell the task's forge how a task ended that no worker could report (uuid, its completed directory)."""
+
+
+def no_report(uuid: str, directory: Path) -> None:
+    """Local tasks, and monitors run without a forge: nobody to tell."""
 
 REPAIRS = {
     "finish_move": finish_move,
@@ -64,6 +71,7 @@ class Monitor:
     send: Send
     forget: Forget
     dedupe_s: int = 300
+    report: Report = no_report
 
     # -- observe ------------------------------------------------------------------------------------
 
@@ -141,7 +149,7 @@ class Monitor:
         assert action.repair is not None  # noqa: S101 - carry_out checked it
         detail = REPAIRS[action.repair](self.store, action.uuid, now)
         if action.repair in ("finish_move", "finish_status"):
-            self._forget(action.uuid, self.store.completed_path(action.uuid))  # the finisher never got to it
+            self._ended(action.uuid, self.store.completed_path(action.uuid))  # the finisher never got to it
         return Outcome(action, True, detail)
 
     def _resume(self, action: Action) -> Outcome:
@@ -175,8 +183,16 @@ class Monitor:
             return Outcome(action, False, f"finished meanwhile: {exc}")
         ctx.update_state(last_activity="monitor:failed")
         target = ctx.finish("failed", error=error)
-        self._forget(action.uuid, target)
+        self._ended(action.uuid, target)
         return Outcome(action, True, f"failed: {error}")
+
+    def _ended(self, uuid: str, directory: Path) -> None:
+        """A task the monitor ended: forgotten in Redis, then reported — only once its end is on disk."""
+        self._forget(uuid, directory)
+        try:
+            self.report(uuid, directory)
+        except Exception as exc:  # the forge being down must not stop the pass; the state on disk is final
+            log.warning("monitor: outcome not reported to the forge", uuid=uuid, error=mask(str(exc))[:300])
 
     def _forget(self, uuid: str, directory: Path) -> None:
         try:

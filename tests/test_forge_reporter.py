@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
+import fakeredis
 import pytest
 
 from contexts import ContextStore
+from contexts.clock import utc_now
+from contexts.state import read_state
+from scheduler.jobs import monitor_for
+from scheduler.monitor import Monitor
+from scheduler.plan import Policy
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
@@ -181,3 +189,72 @@ def test_outcome_of_a_task_failed_by_the_monitor_reaches_the_issue(
     item = forge.item(OWNER, REPO, number)
     assert item.labels == [LABELS.failed]
     assert "worker lost" in item.comments[-1].body
+
+
+def test_a_task_the_monitor_fails_is_reported_on_its_issue_after_its_end_is_on_disk(
+    forge: FakeForge, make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis
+) -> None:
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "lost for good", labels=[LABELS.processing])
+    settings = make_settings({"TASUKI__GITLAB__API_URL": forge.gitlab_api_url, "GITLAB_TOKEN": TOKEN})
+    key = {"task_source": "gitlab", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    long_ago = utc_now() - timedelta(minutes=10)
+    ghost = ContextStore(settings.contexts.base_dir, hostname="ghost-host", clock=lambda: long_ago)
+    ctx = ghost.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
+                             "compression_threshold": 0.7}, heartbeat=False,
+                       extra_metadata={"request": {"task_key": key, "prompt": "fix it"}})
+    ctx.update_state(status="processing", attempt=settings.monitor.max_attempts)
+    ctx.detach()
+    seen_on_disk: list[bool] = []
+
+    def report(uuid: str, directory: Path) -> None:
+        seen_on_disk.append(read_state(directory)["status"] == "failed")
+        report_outcome(settings, uuid, directory)
+
+    store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
+    policy = Policy(stale_after_s=settings.contexts.stale_after_s, max_attempts=settings.monitor.max_attempts,
+                    resume=True, hostname=store.hostname)
+    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None, report=report)
+
+    [outcome] = [o for o in monitor.run(utc_now()) if o.action.uuid == ctx.uuid]
+
+    assert (outcome.action.kind, outcome.done) == ("fail", True)
+    assert seen_on_disk == [True]
+    item = forge.item(OWNER, REPO, number)
+    assert item.labels == [LABELS.failed]
+    assert "worker lost" in item.comments[-1].body
+
+
+def test_a_forge_that_cannot_be_told_does_not_stop_the_monitor(
+    make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis
+) -> None:
+    settings = make_settings()
+    long_ago = utc_now() - timedelta(minutes=10)
+    ghost = ContextStore(settings.contexts.base_dir, hostname="ghost-host", clock=lambda: long_ago)
+    uuids = []
+    for _ in range(2):
+        ctx = ghost.create({"task_source": "local", "owner": "o", "repo": "r", "task_type": "prompt", "task_id": "1"},
+                           {"llm_provider": "openai", "model": "m", "context_length": 1000,
+                            "compression_threshold": 0.7}, heartbeat=False)
+        ctx.update_state(status="processing", attempt=settings.monitor.max_attempts)
+        ctx.detach()
+        uuids.append(ctx.uuid)
+
+    def unreachable(uuid: str, directory: Path) -> None:
+        raise ConnectionError("forge down")
+
+    store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
+    policy = Policy(stale_after_s=settings.contexts.stale_after_s, max_attempts=settings.monitor.max_attempts,
+                    resume=True, hostname=store.hostname)
+    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None, report=unreachable)
+
+    outcomes = monitor.run(utc_now())
+
+    assert sorted(o.action.uuid for o in outcomes if o.done and o.action.kind == "fail") == sorted(uuids)
+
+
+def test_the_beat_s_monitor_reports_through_the_forge_reporter(make_settings: Callable[..., Settings]) -> None:
+    monitor = monitor_for(make_settings())
+
+    assert isinstance(monitor.report, partial)
+    assert monitor.report.func is report_outcome

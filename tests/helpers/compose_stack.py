@@ -32,6 +32,7 @@ UNIQUE_NODE = (
     'node="tasuki@$$(hostname)-$$(head -c 8 /proc/sys/kernel/random/uuid)"; echo "$$node" > /tmp/celery-node; '
     'exec celery -A worker "$$@" -n "$$node"'
 )
+PING_OWN_NODE = 'celery -A worker inspect ping -d "$$(cat /tmp/celery-node)" -t 10'
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,7 @@ def override(ports: Ports, settings: Mapping[str, str]) -> dict[str, Any]:
             "worker": {
                 **tasuki,
                 "entrypoint": ["sh", "-c", UNIQUE_NODE, "celery"],
-                "healthcheck": {"test": ["CMD-SHELL", 'celery -A worker inspect ping -d "$$(cat /tmp/celery-node)" -t 10'],
-                                **HEALTHCHECK_INTERVAL},
+                "healthcheck": {"test": ["CMD-SHELL", PING_OWN_NODE], **HEALTHCHECK_INTERVAL},
             },
             "maintenance": {**tasuki, "healthcheck": HEALTHCHECK_INTERVAL},
             "beat": {**tasuki, "healthcheck": HEALTHCHECK_INTERVAL},

@@ -103,7 +103,7 @@ def _start_dockerd() -> None:
     if os.geteuid() != 0:
         raise DockerUnavailable("no Docker engine answers and only root can start dockerd here")
     log = DOCKERD_LOG.open("ab")
-    subprocess.Popen(  # noqa: S603 - a fixed program; it outlives the test run like a system service
+    subprocess.Popen(
         [dockerd, "--bridge=none", "--iptables=false", "--ip6tables=false"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
@@ -181,7 +181,7 @@ def _base_image(engine: Engine) -> None:
             shutil.copyfile(HOST_CA_BUNDLE, rootfs / "etc" / "ssl" / "certs" / "ca-certificates.crt")
             (rootfs / "etc" / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        assert tar.stdout is not None  # noqa: S101 - PIPE above
+        assert tar.stdout is not None
         imported = subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True,
                                   text=True, timeout=600, check=False)
         tar.stdout.close()
