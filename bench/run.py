@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import (
     bench_appends,
+    bench_compose_failover,
     bench_failover,
     bench_memory,
     bench_monitor,
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
+    "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
 }
 
 

@@ -28,6 +28,11 @@ TEST_KEY_PATTERNS = ("tasuki:*", "celery-task-meta-*")
 SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(f"{q}*" for q in names.QUEUES))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first)."""
+    items.sort(key=lambda item: item.get_closest_marker("compose") is not None)  # stable: the rest keep their order
+
+
 
 def delete_keys(client: redis.Redis, patterns: tuple[str, ...]) -> None:
     """Delete keys matching `patterns` in the database `client` points at, sparing the claim marker."""

@@ -1,0 +1,147 @@
+"""A compose fleet for tests and benchmarks: the stack of :mod:`tests.helpers.compose_stack` with its fakes.
+
+The model (the replay server, pausing before its second answer so a worker can be killed mid-task), GitHub's
+API and the git remote (the fake forge) run in this process on the loopback, which host-networked containers
+reach; ``tasuki submit`` runs inside a container, as an operator would run it.
+
+    with compose_fleet(root, TEST_TIMINGS) as fleet:
+        uuid = fleet.submit(fleet.new_issue())
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from replay import ReplayServer
+from tests.helpers.compose_stack import ComposeStack, Ports
+from tests.helpers.docker_host import build_images, docker_engine
+from tests.helpers.fake_forge import FakeForge
+from tests.helpers.model_server import model_server
+from tests.helpers.redis_server import free_port
+from tests.helpers.stack import fix_calc_trajectory, make_buggy_repo
+
+OWNER, REPO = "Codertocat", "Hello-World"
+FORGE_TOKEN = "compose-forge-token-8e1f0c"
+GITHUB_SECRET = "compose-github-webhook-secret"
+FLOWER_AUTH = ("operator", "compose-flower-password")
+PAUSE_S = 6.0  # the model's pause before its second answer: the window in which a worker is killed mid-task
+TURNS = 5
+MARKER = re.compile(r"\[tasuki-replay turn=(\d+)\]")
+TEST_TIMINGS = {
+    "TASUKI__CONTEXTS__HEARTBEAT_INTERVAL_S": "2",
+    "TASUKI__CONTEXTS__STALE_AFTER_S": "8",
+    "TASUKI__MONITOR__INTERVAL_S": "2",
+}
+FINISH_TIMEOUT_S = 180.0
+
+
+@dataclass
+class Fleet:
+    stack: ComposeStack
+    forge: FakeForge
+    model: ReplayServer
+    issues: Iterator[int]
+
+    @property
+    def contexts(self) -> Path:
+        return self.stack.volume_path("tasuki-data") / "contexts"
+
+    def new_issue(self) -> int:
+        number = next(self.issues)
+        self.forge.add_item(OWNER, REPO, number, f"add() is wrong ({number})", "The calc test fails.")
+        return number
+
+    def submit(self, number: int) -> str:
+        """``tasuki submit`` as an operator runs it: inside a container of the stack."""
+        done = self.stack.compose("exec", "-T", "webhook", "tasuki", "submit", "--repo", f"{OWNER}/{REPO}",
+                                  "--issue", str(number))
+        return done.stdout.strip().split()[0]
+
+    def running_file(self, uuid: str, name: str) -> Path:
+        return self.contexts / "running" / uuid / name
+
+    def messages(self, uuid: str) -> list[dict[str, Any]]:
+        for where in ("running", "completed"):
+            path = self.contexts / where / uuid / "messages.jsonl"
+            if path.exists():
+                return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+        return []
+
+    def completed_state(self, uuid: str) -> dict[str, Any] | None:
+        path = self.contexts / "completed" / uuid / "state.json"
+        if not path.exists():
+            return None
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state if state["status"] in ("completed", "failed", "timeout", "cancelled") else None
+
+    def wait_finished(self, uuid: str) -> dict[str, Any]:
+        state: dict[str, Any] = self.stack.wait(lambda: self.completed_state(uuid), FINISH_TIMEOUT_S,
+                                                f"task {uuid} to finish")
+        return state
+
+    def mid_task(self, uuid: str) -> bool:
+        """The task's first tool result is on disk: the model now pauses before its second answer."""
+        return any(m.get("role") == "tool" for m in self.messages(uuid))
+
+    def holder_container(self, uuid: str) -> str:
+        """The worker container whose process holds the context (by the PID namespace the lock records)."""
+        lock = json.loads(self.running_file(uuid, ".lock").read_text())
+        by_namespace = {self.stack.pid_namespace(c): c for c in self.stack.containers("worker")}
+        container = by_namespace.get(lock["pid_namespace"])
+        assert container, f"no worker container has the lock's PID namespace {lock['pid_namespace']}"
+        return container
+
+    def answered_turns(self, uuid: str) -> list[int]:
+        """The scripted model's answers in the context, in order (each once: no step repeated)."""
+        return [int(n) for m in self.messages(uuid) if m["role"] == "assistant"
+                for n in MARKER.findall(m.get("content") or "")]
+
+    def first_step_after(self, uuid: str, moment: float) -> float:
+        """Seconds from ``moment`` (a Unix time) to the first message written after it."""
+        later = [datetime.fromisoformat(m["timestamp"]).timestamp() for m in self.messages(uuid)]
+        return min(t for t in later if t > moment) - moment
+
+
+@contextmanager
+def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -> Iterator[Fleet]:
+    """Build the images (stand-ins once per machine), start the stack and its fakes; stop and remove it all.
+
+    Raises :class:`tests.helpers.docker_host.DockerUnavailable` when no Docker engine can be had.
+    """
+    engine = docker_engine()
+    build_images(engine)
+    trajectory = fix_calc_trajectory()
+    # The first answer proves the sandbox: in bubblewrap's PID namespace, process 1 is bwrap itself.
+    trajectory[0]["tool_calls"][0]["arguments"]["command"] = "cat /proc/1/comm; python -m unittest -q"
+    trajectory.insert(1, {"delay_s": PAUSE_S})
+    with model_server(trajectory) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
+        forge.add_repo(OWNER, REPO, make_buggy_repo(root / "source"))
+        settings = {
+            **timings,
+            "TASUKI__LLM__PROVIDER": "openai",
+            "TASUKI__LLM__OPENAI__BASE_URL": f"{model.url}/v1",
+            "TASUKI__LLM__OPENAI__MODEL": "scripted",
+            "TASUKI__GITHUB__API_URL": forge.github_api_url,
+            "TASUKI__GITHUB__LABELS__TRIGGER": "bug",  # the label of the published example payload
+        }
+        variables = {
+            "GITHUB_TOKEN": FORGE_TOKEN,
+            "OPENAI_API_KEY": "sk-compose-test-not-a-real-key",
+            "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET,
+            "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH),
+        }
+        stack = ComposeStack(engine, root, Ports(free_port(), free_port(), free_port()), settings, variables,
+                             workers=workers)
+        try:
+            stack.up()
+            yield Fleet(stack, forge, model, iter(range(100, 1000)))
+        finally:
+            print(stack.logs(tail=100)[-6000:])  # pytest shows it only for a failed test
+            stack.down(volumes=True)
