@@ -1,8 +1,9 @@
 """docker-compose.yml and the Dockerfile (SPEC §12): scalable workers, one beat, healthchecks, no secrets.
 
-No container engine runs here, so every service command is run for real by a named test, which reads its
-command line from docker-compose.yml itself (:data:`REAL_RUNS`); the file is validated with
-``docker compose config`` (or Debian's ``docker-compose``) when one is installed — always in CI.
+The whole stack runs in containers in tests/test_compose_stack.py. Here, without Docker, every service command
+is also run for real by a named test, which reads its command line from docker-compose.yml itself
+(:data:`REAL_RUNS`); the file is validated with ``docker compose config`` (or Debian's ``docker-compose``)
+when one is installed — always in CI.
 """
 
 from __future__ import annotations
