@@ -142,6 +142,8 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -
         try:
             stack.up()
             yield Fleet(stack, forge, model, iter(range(100, 1000)))
+        except BaseException:
+            print(stack.logs(tail=100)[-6000:])  # what the services said, for whoever reads the failure
+            raise
         finally:
-            print(stack.logs(tail=100)[-6000:])  # pytest shows it only for a failed test
             stack.down(volumes=True)
