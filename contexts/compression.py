@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -12,7 +12,17 @@ from contexts.errors import ContextError
 from contexts.tokens import estimate_tokens
 
 Stage = Literal["ok", "warn", "compress", "emergency"]
-Summarizer = Callable[[str | None, list[dict[str, Any]]], str]
+
+
+@dataclass(frozen=True)
+class Summarized:
+    """A summary with facts about how it was made (``via``, ``queue_wait_ms``, ``run_ms``), kept in its record."""
+
+    text: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+Summarizer = Callable[[str | None, list[dict[str, Any]]], "str | Summarized"]
 """Receives the previous summary (or None) and the span of message records; returns the new summary."""
 
 

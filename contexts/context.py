@@ -233,10 +233,12 @@ class Context:
         if not span:
             return None
         previous = self.latest_summary
-        text = summarizer(previous["summary"] if previous else None, span)
-        record = compression.make_summary_record(
-            span=span, previous=previous, text=mask(text), now=self.store.clock()
-        )
+        made = summarizer(previous["summary"] if previous else None, span)
+        text, facts = (made.text, dict(made.facts)) if isinstance(made, compression.Summarized) else (made, {})
+        record = {
+            **compression.make_summary_record(span=span, previous=previous, text=mask(text), now=self.store.clock()),
+            **facts,
+        }
         with self._write_guard:
             self._check()
             summary_id = self._summaries.append(record)
@@ -244,7 +246,8 @@ class Context:
         self.latest_summary = {"summary_id": summary_id, **record}
         self.unsummarized_tokens -= sum(int(r.get("token_count", 0)) for r in span)
         self.unsummarized_count -= len(span)
-        self.update_state(add={"compression_count": 1})
+        timings = {f"compression_{k}": int(facts[k]) for k in ("queue_wait_ms", "run_ms") if k in facts}
+        self.update_state(add={"compression_count": 1, **timings})
         return self.latest_summary
 
     # -- completion ------------------------------------------------------------------------------

@@ -30,3 +30,4 @@ STATS_KEY: Final = "tasuki:stats"  # hash: finished tasks per final status, comp
 ALERTS_KEY: Final = "tasuki:alerts"  # hash: each alert gauge's latest value (tasuki.alerts writes, /metrics reads)
 REAPED_PREFIX: Final = "tasuki:reaped:"  # + UUID:attempt, SET NX EX by the monitor: one re-enqueue per lost attempt
 RESENT_PREFIX: Final = "tasuki:resent:"  # + UUID, INCR by the monitor: re-enqueues so far, bounded by max_attempts
+COMPRESSORS_KEY: Final = "tasuki:compressors"  # sorted set: Celery node consuming `compression`, scored by heartbeat
