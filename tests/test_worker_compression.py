@@ -18,7 +18,11 @@ from typing import Any
 import pytest
 import redis
 
+from cli.viewer import format_detail
+from contexts import ContextStore
+from contexts.clock import utc_now
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from contexts.queries import show_context
 from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
@@ -198,6 +202,10 @@ def test_tasuki_worker_with_one_task_process_compresses_on_its_own_compression_w
         assert INLINE_NOTE not in worker_logs(stack)
         assert state["compression_run_ms"] == sum(s["run_ms"] for s in summaries)
         assert int(redis_client.hget(STATS_KEY, "compressions_via:queue") or 0) == len(summaries)
+        shown = format_detail(show_context(ContextStore(stack.contexts_dir), uuid), now=utc_now(), width=200,
+                              all_summaries=True)
+        assert f"Compressions: {len(summaries)} (waited " in shown
+        assert shown.count("via queue, waited ") == len(summaries)
 
 
 def test_with_no_compression_worker_alive_a_task_summarizes_in_its_own_process_without_waiting(
