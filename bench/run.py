@@ -13,6 +13,7 @@ from bench import (
     bench_appends,
     bench_compose_failover,
     bench_compression,
+    bench_compression_span,
     bench_failover,
     bench_memory,
     bench_monitor,
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
+    "compression-span": bench_compression_span.run,  # issue 13 §4: a compression reads only its span
     "compression": bench_compression.run,  # issue 13: compression on a worker whose task process is busy
     "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from itertools import takewhile
 from typing import Any, cast
 
 import redis
@@ -112,9 +113,8 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
     try:
         store = context_store(index=False)
         directory = store.running_path(uuid)
-        span = [
-            r for r in jsonl.iter_records(directory / MESSAGES_FILE) if start_seq <= int(r["seq"]) <= end_seq
-        ]
+        span = list(takewhile(lambda r: int(r["seq"]) <= end_seq, jsonl.iter_from_id(directory / MESSAGES_FILE,
+                                                                                     start_seq)))
         previous = jsonl.last_record(directory / SUMMARIES_FILE)
         config = jsonl_metadata_config(directory)
         text = summarize(provider_for(config), previous["summary"] if previous else None, span)
