@@ -18,6 +18,7 @@ from bench import (
     bench_memory,
     bench_monitor,
     bench_prompt,
+    bench_resume,
     bench_sandbox,
     bench_throughput,
     bench_webhook,
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
+    "resume": bench_resume.run,  # issue 13 §4: a resume does not re-read unsummarized history
     "compression-span": bench_compression_span.run,  # issue 13 §4: a compression reads only its span
     "compression": bench_compression.run,  # issue 13: compression on a worker whose task process is busy
     "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
