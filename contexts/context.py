@@ -207,6 +207,19 @@ class Context:
             newest.append(record)
         return newest[::-1]
 
+    def _oldest_unsummarized(self, keep_recent: int, max_tokens: int | None) -> tuple[list[dict[str, Any]], bool]:
+        """The oldest unsummarized messages, as many as a span can take (and whether that was all of them): a
+        retry after failed summaries reads what it may summarize, not all of history since the latest summary."""
+        limit = max(self.unsummarized_count - keep_recent, 0)
+        read: list[dict[str, Any]] = []
+        tokens = 0
+        for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, self.boundary_seq + 1):
+            if compression.span_prefix_done(read, tokens, limit, max_tokens):
+                return read, False
+            read.append(record)
+            tokens += int(record.get("token_count", 0))
+        return read, True
+
     # -- state ---------------------------------------------------------------------------------
 
     def update_state(self, add: dict[str, int] | None = None, **fields: Any) -> dict[str, Any]:
@@ -256,7 +269,9 @@ class Context:
     ) -> dict[str, Any] | None:
         """Summarize the oldest unsummarized span (at most ``max_span_tokens``) into ``summaries.jsonl``;
         ``None`` if there is nothing to summarize."""
-        span = compression.select_span(self.unsummarized(), policy.keep_recent, max_span_tokens)
+        oldest, whole = self._oldest_unsummarized(policy.keep_recent, max_span_tokens)
+        count = len(oldest) if whole else self.unsummarized_count  # read to the end: the count it saw is exact
+        span = compression.select_span(oldest, policy.keep_recent, max_span_tokens, count=count)
         if not span:
             return None
         previous = self.latest_summary

@@ -324,3 +324,34 @@ def test_counters_that_do_not_fit_the_files_are_not_trusted(tmp_path: Path, mark
                            clock=lambda: datetime(2100, 1, 1, tzinfo=UTC)).open(ctx.uuid, heartbeat=False)
 
     assert (resumed.unsummarized_tokens, resumed.unsummarized_count) == counted(resumed)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    spec=st.lists(st.one_of(st.just("a"), st.integers(min_value=1, max_value=3)), min_size=1, max_size=40),
+    keep_recent=st.integers(min_value=1, max_value=6),
+    cap=st.one_of(st.none(), st.integers(min_value=1, max_value=400)),
+    sizes=st.lists(st.integers(min_value=1, max_value=120), min_size=120, max_size=120),
+)
+def test_a_compression_reads_only_the_oldest_messages_yet_picks_the_span_a_full_read_would(
+    tmp_path_factory: pytest.TempPathFactory, spec: list[str | int], keep_recent: int, cap: int | None,
+    sizes: list[int],
+) -> None:
+    ctx = ContextStore(tmp_path_factory.mktemp("span"), fsync="never").create(TASK_KEY, CONFIG, heartbeat=False)
+    ctx.append_message("system", "you are a coding agent")
+    ctx.append_message("user", "fix the failing test")
+    for n, record in enumerate(flatten(spec)):  # assistant calls and their tool results, of varied sizes
+        role = record["role"]
+        extra = {"tool_call_id": f"c{n}", "tool_name": "bash"} if role == "tool" else {}
+        ctx.append_message(role, "x" * sizes[n % len(sizes)] * 4, **extra)
+    expected = select_span(ctx.unsummarized(), keep_recent, cap)
+    summarizer = RecordingSummarizer()
+
+    try:
+        ctx.compress(summarizer, CompressionPolicy(keep_recent=keep_recent), cap)
+    except SummaryRejectedError:
+        pass  # a span too small for a shorter summary: what matters is which span it was given
+    ctx.release()
+
+    given_span = summarizer.calls[0][1] if summarizer.calls else []
+    assert given_span == [m["seq"] for m in expected]
