@@ -23,7 +23,7 @@ import apsw
 from memory.errors import EmbeddingError, MemoryUnavailable
 from memory.records import Episode, Memory, RepositoryCount, StoreStatus
 
-BUSY_TIMEOUT_MS = 30_000
+BUSY_TIMEOUT_MS = 10_000  # writers queue this long; a task gives up on memory after it
 MAX_QUERY_TERMS = 64  # a long Q2 keeps its first distinct words; BM25 over hundreds of terms is slow
 _WORD = re.compile(r"[^\W_]+")
 
@@ -91,12 +91,12 @@ def create_private(path: Path) -> None:
 class SQLiteMemoryStore:
     """:class:`memory.store.MemoryStore` on one SQLite file (SPEC §13's embedded default)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
         try:
             create_private(self.path)
             self._db = apsw.Connection(str(self.path))
-            self._db.set_busy_timeout(BUSY_TIMEOUT_MS)
+            self._db.set_busy_timeout(busy_timeout_ms)
             self.vectors_available = self._load_vectors()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
