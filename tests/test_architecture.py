@@ -63,7 +63,11 @@ def test_every_package_is_checked() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["contexts, contexts.queries, contexts.retention, contexts.schemas", "memory, memory.sqlite, memory.search", "replay"],
+    [
+        "contexts, contexts.queries, contexts.retention, contexts.schemas",
+        "memory, memory.sqlite, memory.search",
+        "replay",
+    ],
 )
 def test_importing_pure_packages_loads_neither_celery_nor_redis(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(BROKERS)!r}))"
