@@ -32,3 +32,45 @@ def embed_text(text: str, dimensions: int = DIMENSIONS) -> list[float]:
         vector[0] = 1.0
         return vector
     return [x / norm for x in vector]
+
+
+def dimensions_for(model: str) -> int:
+    """Vectors have :data:`DIMENSIONS` floats, or N for a model named ``...-N`` (tests change dimension so)."""
+    tail = model.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() and 0 < int(tail) <= 4096 else DIMENSIONS
+
+
+def embedding_inputs(body: object) -> list[str] | None:
+    """The texts of an embeddings request (``input``, a string or a list of strings); None if malformed."""
+    if not isinstance(body, dict):
+        return None
+    given = body.get("input")
+    if isinstance(given, str):
+        return [given]
+    if isinstance(given, list) and all(isinstance(t, str) for t in given):
+        return list(given)
+    return None
+
+
+def openai_embeddings(texts: list[str], model: str) -> dict[str, object]:
+    """A ``/v1/embeddings`` answer as the OpenAI API gives it (``encoding_format`` float)."""
+    size = dimensions_for(model)
+    tokens = sum(max(len(t.encode()) // 4, 1) for t in texts)
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": embed_text(t, size)} for i, t in enumerate(texts)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def ollama_embeddings(texts: list[str], model: str) -> dict[str, object]:
+    """An ``/api/embed`` answer as Ollama gives it."""
+    size = dimensions_for(model)
+    return {
+        "model": model,
+        "embeddings": [embed_text(t, size) for t in texts],
+        "total_duration": 0,
+        "load_duration": 0,
+        "prompt_eval_count": sum(max(len(t.encode()) // 4, 1) for t in texts),
+    }
