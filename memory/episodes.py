@@ -22,7 +22,7 @@ from memory.records import Episode, repository_key, thread_key
 FILE_TOOLS = ("write_file", "edit_file")
 ERROR_TAIL_CHARS = 600  # of a failed command's output: the end is where the error is
 MAX_FAILED_COMMANDS = 10
-_TASK = re.compile(r"<task>\n?(.*?)\n?</task>", re.DOTALL)
+_TASK = re.compile(r"<task>\n(.*?)\n</task>", re.DOTALL)  # the preamble names "<task> tags" without a newline
 _EXIT = re.compile(r"exit code: (-?\d+)")
 
 
