@@ -146,3 +146,22 @@ def select(scored: Sequence[tuple[Hit, set[str]]], limit: int) -> list[Hit]:
             continue
         taken.append((hit, grams))
     return [hit for hit, _ in taken]
+
+
+def rank_messages(
+    query: str, records: Sequence[Mapping[str, object]], limit: int
+) -> list[tuple[float, Mapping[str, object]]]:
+    """A task's own messages best matching ``query`` by character n-gram Dice (a word found verbatim counts
+    as a full match), best first; those with nothing in common are left out."""
+    q = char_ngrams(query)
+    needle = query.strip().lower()
+    scored = []
+    for record in records:
+        content = str(record.get("content") or "")
+        if not content:
+            continue
+        score = 1.0 if needle and needle in content.lower() else dice(q, char_ngrams(content, max_chars=4000))
+        if score > 0.05:
+            scored.append((score, record))
+    scored.sort(key=lambda item: -item[0])
+    return scored[:limit]

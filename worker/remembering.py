@@ -21,6 +21,7 @@ from memory import EmbeddingError, Episode, Memory, MemoryStore, MemoryUnavailab
 from memory.episodes import episode_from_context, episode_without_context
 from memory.instructions import read_instructions
 from memory.prompt import MemoryUse, memory_block
+from memory.recall import rank_messages
 from memory.search import Embedder, embed_checked, recall
 from memory.update import REPOSITORY_SYSTEM, THREAD_SYSTEM, episode_material, judge, update_messages
 from worker.llm.embeddings import embedder_for
@@ -164,3 +165,49 @@ def _embed(settings: Settings, store: MemoryStore, episode: Episode) -> bool:
         store.note_problem(f"episode {episode.uuid} not embedded: {exc}")
         return False
     return True
+
+
+# -- the recall tool -------------------------------------------------------------------------------
+
+RECALLED_MESSAGES = 5
+RECALLED_CHARS = 1500
+
+
+def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query: str, in_prompt: set[str]) -> str:
+    """The recall tool's answer: this task's messages no longer in the prompt, then the repository's episodes."""
+    from contexts import jsonl
+    from contexts.names import MESSAGES_FILE
+
+    own = [
+        r for r in jsonl.iter_records(ctx.path / MESSAGES_FILE)
+        if r.get("role") in ("user", "assistant", "tool") and str(r.get("content")) not in in_prompt
+    ]
+    lines = []
+    for _, record in rank_messages(query, own, RECALLED_MESSAGES):
+        content = str(record.get("content"))[:RECALLED_CHARS]
+        lines.append(f"[message {record.get('seq')}, {record.get('role')}]\n{content}")
+    episodes = _recall_episodes(settings, request, query, ctx.uuid)
+    parts = ["Earlier messages of this task (no longer in the prompt):", *(lines or ["(none match)"])]
+    parts += ["", "Earlier tasks on this repository:", *(episodes or ["(none match)"])]
+    return "\n".join(parts)
+
+
+def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, own_uuid: str) -> list[str]:
+    try:
+        store = open_memory(settings)
+    except MEMORY_ERRORS as exc:
+        return [f"(memory unavailable: {exc})"]
+    try:
+        repository = repository_key(request["task_key"], request.get("repo_path"))
+        found = recall(store, repository, query, embedder=_embedder(settings), now=utc_now(),
+                       limit=settings.memory.recall_k)
+    except MEMORY_ERRORS as exc:
+        return [f"(memory unavailable: {exc})"]
+    finally:
+        store.close()
+    return [
+        f"task {h.episode.uuid} ({h.episode.status}, {h.episode.ended_at.date()}): {h.episode.task[:300]}\n"
+        f"  outcome: {h.episode.final_summary[:500] or '-'}"
+        for h in found.hits
+        if h.episode.uuid != own_uuid
+    ]

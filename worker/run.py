@@ -211,6 +211,8 @@ class TaskRun:
     reporter: Reporter | None = None
     # (context, checkout path, task text) -> what memory adds to the first prompt ("" for nothing)
     recollect: Callable[[Context, Path, str], str] | None = None
+    # (context, query, contents now in the prompt) -> the recall tool's answer; None: no memory in this task
+    recall: Callable[[Context, str, set[str]], str] | None = None
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -323,6 +325,7 @@ class TaskRun:
             sandbox=make_sandbox(s.sandbox),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
+            recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
         )
 
     def _after_step(self, ctx: Context) -> None:

@@ -25,7 +25,7 @@ from worker.forges.reporter import reporter_for
 from worker.llm import Provider
 from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, MAINTENANCE_QUEUE, RUN_TASK, STATS_KEY, UPDATE_MEMORY
 from worker.prompts import summarizer_messages
-from worker.remembering import first_prompt_memory, record_episode, update_memories
+from worker.remembering import first_prompt_memory, record_episode, task_recall, update_memories
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
 from worker.stores import open_memory
@@ -83,6 +83,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 recollect=lambda ctx, checkout, task: first_prompt_memory(
                     s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"])
                 ),
+                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt),
             ).execute(config)
         finally:
             if reporter is not None:
