@@ -24,6 +24,7 @@ from memory.prompt import MemoryUse, memory_block
 from memory.recall import rank_messages
 from memory.search import Embedder, embed_checked, recall
 from memory.update import REPOSITORY_SYSTEM, THREAD_SYSTEM, episode_material, judge, update_messages
+from memory.upkeep import prune_old
 from worker.llm.embeddings import embedder_for
 from worker.settings_models import Settings
 from worker.stores import open_memory
@@ -106,6 +107,21 @@ def record_episode(settings: Settings, uuid: str, request: dict[str, Any], statu
         return None
     log.info("memory: episode recorded", repository=episode.repository, thread=episode.thread)
     return episode
+
+
+def prune_memory(settings: Settings, now: datetime, *, dry_run: bool = False) -> list[str]:
+    """The retention job's share: episodes older than memory.prune_after_days (none when no store exists)."""
+    if not settings.memory.database(settings.contexts).is_file():
+        return []
+    try:
+        store = open_memory(settings, must_exist=True)
+        try:
+            return prune_old(store, now, settings.memory.prune_after_days, dry_run=dry_run)
+        finally:
+            store.close()
+    except MemoryUnavailable as exc:
+        log.warning("memory not pruned", error=str(exc))
+        return []
 
 
 # -- the maintenance task --------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         parsed = TaskRequest.from_json(request)
         config = {**resolve_llm_config(s, redis_client(), parsed.user), **parsed.config}
         reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
-        on_finish = lambda u, status: task_ended(u, request, status)  # noqa: E731 - passed twice below
+        on_finish = lambda u, status: task_ended(u, parsed.task_key, status, request)  # noqa: E731 - passed twice
         try:
             store = context_store(s)
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
@@ -129,15 +129,16 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
         structlog.contextvars.unbind_contextvars("uuid")
 
 
-def task_ended(uuid: str, request: dict[str, Any], status: str) -> None:
-    """Whoever ends a task: free its key, count it, record its episode and have memory updated off the task."""
-    forget(uuid, request["task_key"], status)
+def task_ended(uuid: str, task_key: dict[str, str], status: str, request: dict[str, Any] | None = None) -> None:
+    """Whoever ends a task (its worker, or the monitor): free its key, count it, record its episode and have
+    memory updated off the task. ``request`` stands in for a context the task never got."""
+    forget(uuid, task_key, status)
     s = settings()
     try:
         directory: Path | None = context_store(s, index=False).completed_path(uuid)
     except (OSError, TasukiError):  # no contexts root at all (cannot_start): an episode from the request alone
         directory = None
-    if record_episode(s, uuid, request, status, directory) is None:
+    if record_episode(s, uuid, request or {"task_key": task_key}, status, directory) is None:
         return
     try:
         update_memory.apply_async(args=[uuid], queue=MAINTENANCE_QUEUE)
