@@ -181,3 +181,10 @@ def test_outcome_of_a_task_failed_by_the_monitor_reaches_the_issue(
     item = forge.item(OWNER, REPO, number)
     assert item.labels == [LABELS.failed]
     assert "worker lost" in item.comments[-1].body
+
+
+def test_progress_body_says_which_instruction_files_and_how_many_memories_were_used() -> None:
+    memory = {"instruction_files": ["AGENTS.md"], "repository_memory": True, "thread_memory": False,
+              "episodes": ["u1", "u2"], "note": None}
+    body = progress_body(UUID, {**STATE, "memory": memory}, LABELS)
+    assert "| Memory | instruction files: `AGENTS.md`; 3 memories used |" in body
