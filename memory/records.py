@@ -52,6 +52,12 @@ class Episode:
     failed_commands: tuple[dict[str, str], ...] = ()  # {"command": ..., "error": ...}
     error: str | None = None
 
+    @property
+    def learned(self) -> bool:
+        """Whether the task left anything to learn from (a task cancelled before it ran did not)."""
+        return bool(self.final_summary or self.latest_summary or self.files_changed or self.failed_commands
+                    or self.error)
+
     def text(self) -> str:
         """What recall searches and embeds: the task, what came of it, the files and the failures."""
         parts = [self.task, self.final_summary, self.latest_summary, self.error or ""]

@@ -118,7 +118,7 @@ def test_record_episode_then_update_thread_and_repository_memory_through_the_rep
 def test_a_junk_answer_leaves_memory_unchanged_and_logs_why(tmp_path: Path) -> None:
     s = settings_for(tmp_path)
     store = SQLiteMemoryStore(tmp_path / "memory.db")
-    e = episode("u1", task="Fix the login ImportError " * 5, thread="github:acme/web#issue/1")
+    e = episode("u1", task="Fix the login ImportError " * 5, thread="github:acme/web#issue/1", final_summary="fixed")
     store.add_episode(e)
     before = Memory("thread", e.thread, "- kept", NOW)
     store.put_memory(before, e.repository)
@@ -180,3 +180,13 @@ def test_episode_ended_at_comes_from_the_context(tmp_path: Path) -> None:
     path = finished_context(tmp_path / "contexts")
     e = episode_from_context(path, datetime(2000, 1, 1, tzinfo=UTC))
     assert e.ended_at.year >= 2024
+
+
+def test_an_episode_with_nothing_learned_asks_no_model(tmp_path: Path) -> None:
+    store = SQLiteMemoryStore(tmp_path / "memory.db")
+    store.add_episode(episode("u1", task="cancelled before it ran", status="cancelled"))
+    asked: list[object] = []
+    outcome = update_memories(settings_for(tmp_path), store, "u1", lambda m: asked.append(m) or "x", NOW)
+    assert outcome["thread"] == outcome["repository"] == "nothing to learn"
+    assert asked == []
+    store.close()

@@ -133,6 +133,8 @@ def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Cha
     if episode is None:
         return {"uuid": uuid, "status": "no episode"}
     outcome: dict[str, Any] = {"uuid": uuid, "embedded": _embed(settings, store, episode)}
+    if not episode.learned:  # nothing to merge: the model is not asked
+        return {**outcome, "thread": "nothing to learn", "repository": "nothing to learn"}
     bound = settings.memory.repo_max_tokens
     material = episode_material(episode)
     thread = store.memory("thread", episode.thread)
