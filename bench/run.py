@@ -15,6 +15,7 @@ from bench import (
     bench_memory,
     bench_monitor,
     bench_prompt,
+    bench_recall,
     bench_sandbox,
     bench_throughput,
     bench_webhook,
@@ -32,6 +33,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
+    "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
 }
 
 

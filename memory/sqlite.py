@@ -25,6 +25,13 @@ from memory.records import Episode, Memory, RepositoryCount, StoreStatus
 
 BUSY_TIMEOUT_MS = 10_000  # writers queue this long; a task gives up on memory after it
 MAX_QUERY_TERMS = 64  # a long Q2 keeps its first distinct words; BM25 over hundreds of terms is slow
+# BM25's cost is the length of the posting lists it walks (FTS5's bm25() counts every document of each
+# phrase for its IDF). So only words in at most RARE_DOCS episodes are searched by BM25; commoner words add
+# little to a ranking anyway. A query with no such word gets the newest COMMON_WINDOW episodes' matches,
+# newest first. A search then costs about the same at 1,000 episodes as at 100,000. Document frequencies
+# are kept in term_docs as episodes come and go (FTS5's own vocabulary table counts them by walking lists).
+RARE_DOCS = 1000
+COMMON_WINDOW = 2000
 _WORD = re.compile(r"[^\W_]+")
 
 SCHEMA = """
@@ -37,9 +44,11 @@ CREATE TABLE IF NOT EXISTS episodes (
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS episodes_by_repository ON episodes (repository, ended_at);
+CREATE INDEX IF NOT EXISTS episodes_by_repository_id ON episodes (repository, id);
 CREATE INDEX IF NOT EXISTS episodes_by_thread ON episodes (thread);
 CREATE INDEX IF NOT EXISTS episodes_by_age ON episodes (ended_at);
 CREATE VIRTUAL TABLE IF NOT EXISTS episode_text USING fts5(scope, body, tokenize='unicode61');
+CREATE TABLE IF NOT EXISTS term_docs (term TEXT PRIMARY KEY, docs INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS memories (
     scope TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -58,9 +67,13 @@ def scope_token(repository: str) -> str:
     return "r" + hashlib.sha256(repository.encode()).hexdigest()[:24]
 
 
-def match_expression(repository: str, text: str) -> str | None:
-    """An FTS5 query: the repository's token AND any of the text's words (quoted, so none is an operator)."""
-    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_QUERY_TERMS]
+def query_words(text: str) -> list[str]:
+    """The distinct words of ``text`` as the tokenizer sees them (lower case), at most MAX_QUERY_TERMS."""
+    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_QUERY_TERMS]
+
+
+def match_expression(repository: str, words: Sequence[str]) -> str | None:
+    """An FTS5 query: the repository's token AND any of ``words`` (quoted, so none is an operator)."""
     if not words:
         return None
     return f"scope : {scope_token(repository)} AND (" + " OR ".join(f'"{w}"' for w in words) + ")"
@@ -172,6 +185,7 @@ class SQLiteMemoryStore:
                 "INSERT INTO episode_text (rowid, scope, body) VALUES (?, ?, ?)",
                 (rowid, scope_token(episode.repository), episode.text()),
             )
+            self._count_terms(episode.text(), +1)
             if vector is not None:
                 self._db.execute(
                     "INSERT INTO episode_vectors (id, repository, embedding) VALUES (?, ?, ?)",
@@ -200,6 +214,8 @@ class SQLiteMemoryStore:
         """Delete episodes by row id: the row, its full-text entry, its vector (inside a write)."""
         vectors = self._has_vectors()
         for rowid in ids:
+            for (body,) in self._db.execute("SELECT body FROM episode_text WHERE rowid = ?", (rowid,)):
+                self._count_terms(str(body), -1)
             self._db.execute("DELETE FROM episode_text WHERE rowid = ?", (rowid,))
             if vectors:
                 self._db.execute("DELETE FROM episode_vectors WHERE id = ?", (rowid,))
@@ -224,25 +240,67 @@ class SQLiteMemoryStore:
             return {}
         marks = ",".join("?" * len(uuids))
         rows = self._rows(
-            f"SELECT uuid, data FROM episodes WHERE repository = ? AND uuid IN ({marks})",  # noqa: S608 - only ?s
-            (repository, *uuids),
+            f"SELECT uuid, repository, data FROM episodes WHERE uuid IN ({marks})",  # noqa: S608 - only ?s
+            tuple(uuids),
         )
-        return {row[0]: Episode.from_json(json.loads(row[1])) for row in rows}
+        # Filtered here, not in SQL: the planner would walk the repository's index instead of the uuids'.
+        return {uuid: Episode.from_json(json.loads(data)) for uuid, repo, data in rows if repo == repository}
 
     # -- search ----------------------------------------------------------------------------------
 
     def bm25(self, repository: str, query: str, k: int) -> list[str]:
-        """BM25 over the repository's episodes (the scope column weighs nothing), best first."""
-        expression = match_expression(repository, query)
-        if expression is None:
+        """The repository's episodes best matching ``query``, best first: BM25 over its rare words (the scope
+        column weighs nothing), else the newest matches of its common words (see RARE_DOCS)."""
+        words = query_words(query)
+        if not words:
             return []
+        frequency = dict(self._rows(
+            f"SELECT term, docs FROM term_docs WHERE term IN ({','.join('?' * len(words))})",  # noqa: S608
+            words,
+        ))
+        rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
+        if rare:
+            sql = ("SELECT rowid FROM episode_text WHERE episode_text MATCH ? "
+                   "ORDER BY bm25(episode_text, 0.0, 1.0), rowid DESC LIMIT ?")
+            rows = self._rows(sql, (match_expression(repository, rare), k))
+        else:
+            common = [w for w in words if w in frequency]
+            if not common:
+                return []
+            sql = "SELECT rowid FROM episode_text WHERE episode_text MATCH ? AND rowid >= ? ORDER BY rowid DESC LIMIT ?"
+            rows = self._rows(sql, (match_expression(repository, common), self._window_start(repository), k))
+        best = [int(row[0]) for row in rows]
+        found = self._uuids(repository, best)
+        return [found[rowid] for rowid in best if rowid in found]
+
+    def _count_terms(self, text: str, change: int) -> None:
+        """Add ``change`` to the document frequency of each distinct word of ``text`` (inside a write)."""
+        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+        if change > 0:
+            self._db.executemany(
+                "INSERT INTO term_docs (term, docs) VALUES (?, 1) ON CONFLICT (term) DO UPDATE SET docs = docs + 1",
+                [(w,) for w in words],
+            )
+        else:
+            self._db.executemany("UPDATE term_docs SET docs = docs - 1 WHERE term = ?", [(w,) for w in words])
+
+    def _window_start(self, repository: str) -> int:
+        """The row id from which the repository's newest COMMON_WINDOW episodes start (0: it has fewer)."""
         rows = self._rows(
-            "SELECT e.uuid FROM (SELECT rowid, bm25(episode_text, 0.0, 1.0) AS score FROM episode_text "
-            "WHERE episode_text MATCH ? ORDER BY score LIMIT ?) AS m JOIN episodes AS e ON e.id = m.rowid "
-            "WHERE e.repository = ? ORDER BY m.score",
-            (expression, k, repository),
+            "SELECT id FROM episodes WHERE repository = ? ORDER BY id DESC LIMIT 1 OFFSET ?",
+            (repository, COMMON_WINDOW - 1),
         )
-        return [row[0] for row in rows]
+        return int(rows[0][0]) if rows else 0
+
+    def _uuids(self, repository: str, rowids: Sequence[int]) -> dict[int, str]:
+        """UUIDs of episode rows, only those of ``repository``."""
+        if not rowids:
+            return {}
+        rows = self._rows(
+            f"SELECT id, uuid, repository FROM episodes WHERE id IN ({','.join('?' * len(rowids))})",  # noqa: S608
+            rowids,
+        )
+        return {rowid: uuid for rowid, uuid, repo in rows if repo == repository}
 
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
         """Cosine KNN within the repository's partition of the vector index, nearest first."""
