@@ -16,6 +16,7 @@ from bench import (
     bench_monitor,
     bench_prompt,
     bench_recall,
+    bench_recall_quality,
     bench_sandbox,
     bench_throughput,
     bench_webhook,
@@ -34,6 +35,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
     "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
+    "recall-quality": bench_recall_quality.run,  # issue 11: recall@5 hybrid vs BM25 vs vectors on a real history
 }
 
 
