@@ -190,3 +190,52 @@ def test_an_episode_with_nothing_learned_asks_no_model(tmp_path: Path) -> None:
     assert outcome["thread"] == outcome["repository"] == "nothing to learn"
     assert asked == []
     store.close()
+
+
+def running_context(base: Path) -> object:
+    store = ContextStore(base, fsync="never")
+    return store.create(KEY, {"model": "m", "context_length": 8000}, user="u", heartbeat=False)
+
+
+def test_a_damaged_store_gives_a_first_prompt_without_memory_and_says_so_once(tmp_path: Path) -> None:
+    from worker.remembering import first_prompt_memory
+
+    (tmp_path / "memory.db").write_bytes(b"junk" * 500)
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "AGENTS.md").write_text("Run make test.")
+    ctx = running_context(tmp_path / "contexts")
+    with capture_logs() as logs:
+        text = first_prompt_memory(settings_for(tmp_path), ctx, checkout, {"task_key": KEY}, "Fix login", 8000)
+    assert "quoted from AGENTS.md" in text  # the instruction files do not need the store
+    note = ctx.read_state()["memory"]["note"]
+    assert note.startswith("memory unavailable, the task goes on without it") and "damaged" in note
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["memory"]
+    ctx.detach()
+
+
+def test_an_embedding_endpoint_that_refuses_leaves_bm25_recall_and_the_status_names_it(tmp_path: Path) -> None:
+    import socket
+
+    from worker.remembering import first_prompt_memory
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    settings = settings_for(tmp_path, embedding_model="tasuki-replay-embed")
+    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={
+        "openai": settings.llm.openai.model_copy(update={"base_url": dead})})})
+    store = SQLiteMemoryStore(tmp_path / "memory.db")
+    store.add_episode(episode("old1", "github:acme/web", task="Fix login ImportError in auth/login.py",
+                              final_summary="fixed the import"))
+    store.close()
+    ctx = running_context(tmp_path / "contexts")
+    text = first_prompt_memory(settings, ctx, tmp_path, {"task_key": KEY}, "login ImportError", 8000)
+    memory = ctx.read_state()["memory"]
+    assert memory["episodes"] == ["old1"]  # BM25 still found it
+    assert "old1" in text
+    assert memory["note"].startswith("embedding failed, BM25 only")
+    store = SQLiteMemoryStore(tmp_path / "memory.db")
+    assert store.status().last_error is not None and "embedding failed" in store.status().last_error
+    store.close()
+    ctx.detach()
