@@ -209,7 +209,8 @@ def test_a_damaged_store_gives_a_first_prompt_without_memory_and_says_so_once(tm
         text = first_prompt_memory(settings_for(tmp_path), ctx, checkout, {"task_key": KEY}, "Fix login", 8000)
     assert "quoted from AGENTS.md" in text  # the instruction files do not need the store
     note = ctx.read_state()["memory"]["note"]
-    assert note.startswith("memory unavailable, the task goes on without it") and "damaged" in note
+    assert note.startswith("memory unavailable, the task goes on without it")
+    assert "damaged" in note
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["memory"]
     ctx.detach()
 
@@ -236,6 +237,7 @@ def test_an_embedding_endpoint_that_refuses_leaves_bm25_recall_and_the_status_na
     assert "old1" in text
     assert memory["note"].startswith("embedding failed, BM25 only")
     store = SQLiteMemoryStore(tmp_path / "memory.db")
-    assert store.status().last_error is not None and "embedding failed" in store.status().last_error
+    assert store.status().last_error is not None
+    assert "embedding failed" in store.status().last_error
     store.close()
     ctx.detach()
