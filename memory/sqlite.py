@@ -32,6 +32,10 @@ MAX_QUERY_TERMS = 64  # a long Q2 keeps its first distinct words; BM25 over hund
 # are kept in term_docs as episodes come and go (FTS5's own vocabulary table counts them by walking lists).
 RARE_DOCS = 1000
 COMMON_WINDOW = 2000
+# sqlite-vec's KNN is an exact scan of a partition. A repository's vectors go into shards of SHARD_SIZE in the
+# order they were recorded, and KNN searches its two newest shards: 5,000 to 10,000 episodes, whatever the
+# repository's size (older episodes are still found by BM25).
+SHARD_SIZE = 5000
 _WORD = re.compile(r"[^\W_]+")
 
 SCHEMA = """
@@ -58,6 +62,7 @@ CREATE TABLE IF NOT EXISTS memories (
     sources TEXT NOT NULL,
     PRIMARY KEY (scope, key)
 );
+CREATE TABLE IF NOT EXISTS vector_counts (repository TEXT PRIMARY KEY, recorded INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -77,6 +82,11 @@ def match_expression(repository: str, words: Sequence[str]) -> str | None:
     if not words:
         return None
     return f"scope : {scope_token(repository)} AND (" + " OR ".join(f'"{w}"' for w in words) + ")"
+
+
+def shard_key(repository: str, ordinal: int) -> str:
+    """The vector partition of a repository's ``ordinal``-th recorded vector."""
+    return f"{scope_token(repository)}:{ordinal // SHARD_SIZE}"
 
 
 def pack(vector: Sequence[float]) -> bytes:
@@ -188,8 +198,8 @@ class SQLiteMemoryStore:
             self._count_terms(episode.text(), +1)
             if vector is not None:
                 self._db.execute(
-                    "INSERT INTO episode_vectors (id, repository, embedding) VALUES (?, ?, ?)",
-                    (rowid, episode.repository, pack(vector)),
+                    "INSERT INTO episode_vectors (id, shard, embedding) VALUES (?, ?, ?)",
+                    (rowid, shard_key(episode.repository, self._next_vector(episode.repository)), pack(vector)),
                 )
 
     def _check_dimension(self, dimension: int) -> None:
@@ -200,12 +210,22 @@ class SQLiteMemoryStore:
         if known is None:
             self._db.execute(
                 "CREATE VIRTUAL TABLE IF NOT EXISTS episode_vectors USING vec0("
-                f"id INTEGER PRIMARY KEY, repository TEXT PARTITION KEY, embedding FLOAT[{int(dimension)}] "
+                f"id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, embedding FLOAT[{int(dimension)}] "
                 "distance_metric=cosine)"
             )
             self._set_meta("vector_dimension", str(dimension))
         elif known != dimension:
             raise EmbeddingError(f"embedding has {dimension} dimensions; the memory store holds {known}")
+
+    def _next_vector(self, repository: str) -> int:
+        """The repository's count of recorded vectors before this one (inside a write); it never goes down."""
+        self._db.execute(
+            "INSERT INTO vector_counts (repository, recorded) VALUES (?, 1) "
+            "ON CONFLICT (repository) DO UPDATE SET recorded = recorded + 1",
+            (repository,),
+        )
+        rows = list(self._db.execute("SELECT recorded FROM vector_counts WHERE repository = ?", (repository,)))
+        return int(rows[0][0]) - 1
 
     def _has_vectors(self) -> bool:
         return self.vectors_available and self.vector_dimension() is not None
@@ -303,18 +323,25 @@ class SQLiteMemoryStore:
         return {rowid: uuid for rowid, uuid, repo in rows if repo == repository}
 
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
-        """Cosine KNN within the repository's partition of the vector index, nearest first."""
+        """Cosine KNN over the repository's two newest vector shards (see SHARD_SIZE), nearest first."""
         known = self.vector_dimension() if self.vectors_available else None
         if known is None:
             return []
         if len(vector) != known:
             raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
-        rows = self._rows(
-            "SELECT e.uuid FROM (SELECT id, distance FROM episode_vectors WHERE embedding MATCH ? AND k = ? "
-            "AND repository = ?) AS v JOIN episodes AS e ON e.id = v.id WHERE e.repository = ? ORDER BY v.distance",
-            (pack(vector), k, repository, repository),
-        )
-        return [row[0] for row in rows]
+        recorded = self._rows("SELECT recorded FROM vector_counts WHERE repository = ?", (repository,))
+        if not recorded:
+            return []
+        newest = (int(recorded[0][0]) - 1) // SHARD_SIZE
+        nearest: list[tuple[float, int]] = []
+        for shard in range(newest, max(newest - 2, -1), -1):
+            nearest += [(float(distance), int(rowid)) for rowid, distance in self._rows(
+                "SELECT id, distance FROM episode_vectors WHERE embedding MATCH ? AND k = ? AND shard = ?",
+                (pack(vector), k, shard_key(repository, shard * SHARD_SIZE)),
+            )]
+        best = [rowid for _, rowid in sorted(nearest)[:k]]
+        found = self._uuids(repository, best)
+        return [found[rowid] for rowid in best if rowid in found]
 
     # -- thread and repository memories ----------------------------------------------------------
 
@@ -390,6 +417,7 @@ class SQLiteMemoryStore:
             ids = [row[0] for row in self._db.execute("SELECT id FROM episodes WHERE repository = ?", (repository,))]
             self._delete_ids(ids)
             self._db.execute("DELETE FROM memories WHERE repository = ?", (repository,))
+            self._db.execute("DELETE FROM vector_counts WHERE repository = ?", (repository,))
         return len(ids)
 
     def prune(self, before: datetime, *, dry_run: bool = False) -> list[str]:

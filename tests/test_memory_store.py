@@ -166,3 +166,15 @@ def test_repository_and_thread_names() -> None:
     assert parse_repository("acme/web") == "github:acme/web"
     assert parse_repository("acme/web", "gitlab") == "gitlab:acme/web"
     assert parse_repository("/srv/demo") == "/srv/demo"
+
+
+def test_knn_searches_the_newest_two_shards_and_bm25_still_finds_older_episodes(
+    store: SQLiteMemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("memory.sqlite.SHARD_SIZE", 3)
+    for n in range(10):  # shards 0-2, 3-5, 6-8, 9: the newest two hold episodes 6 to 9
+        e = episode(f"e{n}", task=f"unique{n} shared words")
+        store.add_episode(e, embed_text(e.text()))
+    near = store.knn("github:acme/web", embed_text("shared words"), 20)
+    assert sorted(near) == ["e6", "e7", "e8", "e9"]
+    assert store.bm25("github:acme/web", "unique0", 20) == ["e0"]
