@@ -72,3 +72,14 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
     assert "/v1/embeddings" in paths
     first_state = json.loads((stack.contexts_dir / "completed" / first / "state.json").read_text())
     assert first_state["memory"]["episodes"] == []  # the first task had nothing to recall
+
+    # The follow-up's first prompt carries the earlier task's facts, for a measured number of tokens more.
+    assert "Fix add(): it subtracted." in prompt  # the first task's finish summary
+    assert "Fix add(): it subtracted." not in first_user_message(stack, first)
+    openers = {}
+    for r in stack.model.requests:  # type: ignore[attr-defined]
+        if r["kind"] == "agent" and r["turn"] == 0:
+            task = next(m["content"] for m in r["body"]["messages"] if m["role"] == "user")
+            openers[second if "Memory of this thread" in task else first] = r["prompt_tokens"]
+    print(f"first prompt tokens: without memory {openers[first]}, with memory {openers[second]}")
+    assert openers[second] > openers[first]
