@@ -18,6 +18,8 @@ from bench import (
     bench_memory,
     bench_monitor,
     bench_prompt,
+    bench_recall,
+    bench_recall_quality,
     bench_resume,
     bench_sandbox,
     bench_throughput,
@@ -40,6 +42,8 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "compression-span": bench_compression_span.run,  # issue 13 §4: a compression reads only its span
     "compression": bench_compression.run,  # issue 13: compression on a worker whose task process is busy
     "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
+    "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
+    "recall-quality": bench_recall_quality.run,  # issue 11: recall@5 hybrid vs BM25 vs vectors on a real history
 }
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, reading
+from cli import commands, memory, reading
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -58,7 +58,10 @@ class Command:
 
 # -- the table and the parser ----------------------------------------------------------------------
 
-GROUPS: dict[tuple[str, ...], str] = {("context",): "look into the context directories of tasks"}
+GROUPS: dict[tuple[str, ...], str] = {
+    ("context",): "look into the context directories of tasks",
+    ("memory",): "memory that outlives a task: episodes, thread and repository memories, recall",
+}
 
 COMMANDS: list[Command] = [
     Command(("context", "list"), "contexts, newest first", reading.cmd_context_list, reading.list_arguments),
@@ -68,6 +71,18 @@ COMMANDS: list[Command] = [
         reading.cmd_context_show,
         reading.show_arguments,
     ),
+    Command(("memory", "status"), "the memory store: counts, embedding model, last error", memory.cmd_status,
+            memory.status_arguments),
+    Command(("memory", "list"), "repositories with memory; with --repo, its episodes", memory.cmd_list,
+            memory.list_arguments),
+    Command(("memory", "show"), "a repository's memory and its thread memories", memory.cmd_show,
+            memory.show_arguments),
+    Command(("memory", "search"), "recall as a task would, with every score", memory.cmd_search,
+            memory.search_arguments),
+    Command(("memory", "forget"), "delete an episode, a thread or a repository from memory", memory.cmd_forget,
+            memory.forget_arguments),
+    Command(("memory", "prune"), "delete episodes older than memory.prune_after_days", memory.cmd_prune,
+            memory.prune_arguments),
     Command(
         ("stats",),
         "statistics of the context store, optionally of matching tasks",
@@ -189,7 +204,9 @@ def _report(exc: Exception, *, debug: bool) -> int:
         traceback.print_exc()
     if isinstance(exc, TasukiError):
         _error(str(exc))
-        return EXIT_NOT_FOUND if isinstance(exc, ContextNotFoundError) else EXIT_USAGE
+        from memory.errors import MemoryUnavailable
+
+        return EXIT_NOT_FOUND if isinstance(exc, ContextNotFoundError | MemoryUnavailable) else EXIT_USAGE
     if _broker_down(exc):
         _error(f"Redis does not answer ({_first_line(exc)}); check broker.url, or run `tasuki up`, which starts one")
         return EXIT_UNAVAILABLE

@@ -1,4 +1,5 @@
-"""The replay model's HTTP face: OpenAI ``/v1/chat/completions`` and Ollama ``/api/chat``, non-streaming."""
+"""The replay model's HTTP face: OpenAI ``/v1/chat/completions`` and ``/v1/embeddings``, Ollama ``/api/chat``
+and ``/api/embed``; non-streaming."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from contexts.tokens import estimate_tokens
+from replay.embeddings import embedding_inputs, ollama_embeddings, openai_embeddings
 
 if TYPE_CHECKING:
     from replay.model import Answer, ReplayModel
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
 MODEL_NAME = "tasuki-replay"
 OPENAI_CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 OLLAMA_CHAT_PATH = "/api/chat"
+OPENAI_EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
+OLLAMA_EMBED_PATH = "/api/embed"
 _OPENAI_ERROR_TYPES = {429: "rate_limit_error", 400: "invalid_request_error"}
 
 
@@ -96,6 +100,15 @@ def error_body(protocol: str, status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def embeddings_answer(protocol: str, body: object) -> tuple[int, dict[str, Any]]:
+    """Status and body of an embeddings request in either API (vectors from :mod:`replay.embeddings`)."""
+    texts = embedding_inputs(body)
+    if texts is None:
+        return 400, error_body(protocol, 400, "the body must be JSON with an 'input' string or list of strings")
+    model = str(body.get("model") or MODEL_NAME) if isinstance(body, dict) else MODEL_NAME
+    return 200, (ollama_embeddings(texts, model) if protocol == "ollama" else openai_embeddings(texts, model))
+
+
 class ReplayHandler(BaseHTTPRequestHandler):
     """Routes one HTTP request to the replay model and shapes its answer for the API that was called."""
 
@@ -137,8 +150,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
             body = None
         model = self.server.replay_model
         entry = model.record("POST", path, body)
-        protocol = "ollama" if path == OLLAMA_CHAT_PATH else "openai"
-        if path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
+        protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
+        if path in (*OPENAI_EMBEDDING_PATHS, OLLAMA_EMBED_PATH):
+            status, payload = embeddings_answer(protocol, body)
+        elif path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
             status, payload = 404, error_body(protocol, 404, f"no route {path}")
         elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             status, payload = 400, error_body(protocol, 400, "the body must be JSON with a 'messages' list")
@@ -155,8 +170,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
             else:
                 payload = openai_completion(answer, name, entry["prompt_tokens"])
         model.note(entry, status=status)
-        # Ollama streams unless told not to; a replay answer is then one final NDJSON chunk.
-        streamed = protocol == "ollama" and status == 200 and isinstance(body, dict) and body.get("stream", True)
+        # Ollama streams chat unless told not to; a replay answer is then one final NDJSON chunk.
+        chat = path == OLLAMA_CHAT_PATH
+        streamed = chat and status == 200 and isinstance(body, dict) and body.get("stream", True)
         self._send_json(status, payload, ndjson=bool(streamed))
 
     def _send_json(self, status: int, payload: Any, *, ndjson: bool = False) -> None:

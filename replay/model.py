@@ -25,9 +25,11 @@ from typing import Any
 from replay.rules import (
     call_id,
     conversation_key,
+    is_memory_request,
     is_summary_request,
     next_turn_index,
     prompt_token_estimate,
+    replay_memory,
     replay_summary,
     turn_marker,
 )
@@ -40,7 +42,7 @@ __all__ = ["Answer", "ReplayModel"]
 class Answer:
     """What the replay model says to one chat request: a turn, a summary, or an HTTP error."""
 
-    kind: str  # "agent" or "summary"
+    kind: str  # "agent", "summary" or "memory"
     status: int = 200
     turn: int | None = None
     content: str | None = None
@@ -92,6 +94,9 @@ class ReplayModel:
         if is_summary_request(messages):
             self.note(entry, kind="summary")
             return self._answer_summary(messages)
+        if is_memory_request(messages):
+            self.note(entry, kind="memory")
+            return Answer("memory", content=replay_memory(messages))
         index = next_turn_index(messages)
         self.note(entry, kind="agent", turn=index)
         if index >= len(self.trajectory):

@@ -11,6 +11,7 @@ from contexts.tokens import estimate_message_tokens, estimate_tokens
 from replay.trajectory import MARKER_PATTERN
 
 SUMMARY_SYSTEM_PREFIX = "You summarize"
+MEMORY_SYSTEM_PREFIX = "You keep the memory"  # the memory updater's requests (SPEC §13)
 SUMMARY_SHARE = 0.35  # a summary is at most this share of its input (SPEC §6: 30-40 %)
 _CALL_ID_PATTERN = re.compile(r"^call_t(\d+)_\d+$")
 _EXTENSIONS = "py|md|rst|txt|toml|ya?ml|json|cfg|ini|js|ts|tsx|go|rs|java|rb|sh|c|h|cpp|html|css|lock"
@@ -47,6 +48,35 @@ def is_summary_request(messages: list[dict[str, Any]]) -> bool:
         if message.get("role") == "system":
             return text_of(message.get("content")).lstrip().startswith(SUMMARY_SYSTEM_PREFIX)
     return False
+
+
+def is_memory_request(messages: list[dict[str, Any]]) -> bool:
+    """True for a memory update (existing memory + new material): its system prompt starts "You keep the memory"."""
+    system = next((m for m in messages if m.get("role") == "system"), None)
+    return system is not None and text_of(system.get("content")).lstrip().startswith(MEMORY_SYSTEM_PREFIX)
+
+
+_MEMORY = re.compile(r"<memory>\n?(.*?)\n?</memory>", re.DOTALL)
+_MATERIAL = re.compile(r"<material>\n?(.*?)\n?</material>", re.DOTALL)
+_BOUND = re.compile(r"at most (\d+) tokens")
+
+
+def replay_memory(messages: list[dict[str, Any]]) -> str:
+    """A deterministic memory update: the existing memory's lines plus one bullet condensing the new material
+    (its first 35 %), oldest lines dropped to stay within the bound the request names."""
+    system = next((text_of(m.get("content")) for m in messages if m.get("role") == "system"), "")
+    user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    existing = _MEMORY.search(user)
+    material = _MATERIAL.search(user)
+    lines = [] if existing is None or existing.group(1).strip() == "(empty)" else existing.group(1).splitlines()
+    flat = " ".join((material.group(1) if material else "").split())
+    if flat:
+        lines.append("- " + flat[: max(int(len(flat) * SUMMARY_SHARE), 1)].rstrip() + " (replay)")
+    bound = _BOUND.search(system)
+    limit = int(bound.group(1)) if bound else 2000
+    while len(lines) > 1 and estimate_tokens("\n".join(lines)) > limit:
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def latest_replayed_turn(messages: list[dict[str, Any]], *, include_tool_output: bool = False) -> int | None:

@@ -15,6 +15,7 @@ from contexts.clock import iso, utc_now
 from contexts.retention import RetentionAction, apply_retention
 from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy
+from worker.remembering import prune_memory
 from worker.runtime import context_store, redis_client, settings
 from worker.settings_models import Settings
 from worker.submit import send_run_task
@@ -27,7 +28,7 @@ def monitor_for(s: Settings) -> Monitor:
     """A monitor on the configured store and Redis; it re-enqueues through the Celery app."""
     from worker.celery import app
     from worker.forges.reporter import report_outcome
-    from worker.tasks import forget
+    from worker.tasks import task_ended
 
     # No heartbeat hook: a monitor that takes a lock to fail a task must not put it back in the index.
     store = context_store(s, index=False)
@@ -39,7 +40,10 @@ def monitor_for(s: Settings) -> Monitor:
     )
     # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
     dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
-    return Monitor(store, redis_client(), policy, send=partial(send_run_task, app), forget=forget, dedupe_s=dedupe_s,
+    send = partial(send_run_task, app)
+    # A task the monitor ends is one ending like any other (task_ended: key freed, counted, its episode
+    # recorded), and its forge is told, as no worker will.
+    return Monitor(store, redis_client(), policy, send=send, forget=task_ended, dedupe_s=dedupe_s,
                    report=partial(report_outcome, s))
 
 
@@ -74,7 +78,8 @@ def format_reap(outcomes: list[Outcome], *, dry_run: bool = False) -> list[str]:
 
 
 def retention(dry_run: bool = False) -> list[RetentionAction]:
-    """``tasuki retention``: gzip and delete old completed contexts (a full repair pass goes first)."""
+    """``tasuki retention``: gzip and delete old completed contexts (a full repair pass goes first), and prune
+    memory's episodes older than memory.prune_after_days."""
     s = settings()
     now = utc_now()
     if not dry_run:
@@ -86,6 +91,8 @@ def retention(dry_run: bool = False) -> list[RetentionAction]:
     )
     for action in actions:
         log.info("retention " + action.action, uuid=action.uuid, completed_at=iso(action.completed_at), dry_run=dry_run)
+    pruned = prune_memory(s, now, dry_run=dry_run)
+    log.info("retention pruned memory", episodes=len(pruned), dry_run=dry_run)
     return actions
 
 

@@ -61,7 +61,14 @@ def test_every_package_is_checked() -> None:
     assert on_disk <= set(PACKAGES)
 
 
-@pytest.mark.parametrize("module", ["contexts, contexts.queries, contexts.retention, contexts.schemas", "replay"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "contexts, contexts.queries, contexts.retention, contexts.schemas",
+        "memory, memory.sqlite, memory.search",
+        "replay",
+    ],
+)
 def test_importing_pure_packages_loads_neither_celery_nor_redis(module: str) -> None:
     code = f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(BROKERS)!r}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout

@@ -85,3 +85,15 @@ def test_the_sandbox_benchmark_prints_its_ratio(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     printed = r"^sandbox: (bash tool call unsandboxed .* ratio \d+\.\d\d|skipped, )"
     assert re.search(printed, run.stdout, re.M), run.stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_recall_benchmark_prints_its_ratios(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "recall", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^recall p95 1,000/100 +\d+\.\d\d +<= 2 +info$", run.stdout, re.MULTILINE), run.stdout
+    assert re.search(r"^recall p95 at 1,000 \(ms\) +\d+\.\d +<= 50 +info$", run.stdout, re.MULTILINE), run.stdout
+    assert list(tmp_path.iterdir()) == []

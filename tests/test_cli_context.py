@@ -20,6 +20,7 @@ import pytest
 
 from contexts import CompressionPolicy, Context, ContextStore
 from contexts.retention import gzip_context
+from tests.helpers.cli_process import ok, one_line_error
 
 TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # what a tool output might leak; masked on disk
 RUN_TIMEOUT_S = 60
@@ -144,21 +145,6 @@ def tasuki(base: Path, *args: str, **env: str) -> subprocess.CompletedProcess[st
         timeout=RUN_TIMEOUT_S,
         check=False,
     )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
-    return result.stdout
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
-    assert result.returncode == code, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tasuki: error: ")
-    return lines[0]
 
 
 # -- context show ----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""Building the prompt (SPEC §6): pinned task, latest summary, the newest messages that fit, never more."""
+"""Building the prompt (SPEC §6, §13): pinned task, latest summary, the newest step and the most important
+messages that fit, a marker for every gap, never more than the budget."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from tests.helpers.context_support import (
 from tests.helpers.schemas import validate_context_dir
 
 SUMMARY_PREFIX = "Summary of the work so far"
+MARKER = re.compile(r"\[(\d+) (?:earlier messages omitted|messages omitted here); the recall tool finds them\]")
 
 
 def message_cost(message: dict[str, Any], factor: float) -> int:
@@ -100,7 +103,9 @@ def test_the_prompt_never_exceeds_the_budget_and_keeps_its_shape(
         fixed += message_cost(
             {"content": f"{SUMMARY_PREFIX} (messages 3-{end}, condensed by Tasuki):\n\n{summary['summary']}"}, factor
         )
-    marker_reserve = message_cost({"content": f"[{len(after)} earlier messages omitted]"}, factor)
+    marker_reserve = message_cost(
+        {"content": f"[{len(after)} earlier messages omitted; the recall tool finds them]"}, factor
+    )
     budget = fixed + marker_reserve + prompt_cost(after, factor) * share // 100  # from nothing to all of it
 
     prompt = build_prompt(
@@ -120,27 +125,48 @@ def test_the_prompt_never_exceeds_the_budget_and_keeps_its_shape(
         assert rest[0]["role"] == "user"
         assert rest[0]["content"].startswith(SUMMARY_PREFIX)
         rest = rest[1:]
-    omitted = 0
-    if rest and rest[0]["content"] and rest[0]["content"].endswith("earlier messages omitted]"):
-        omitted = int(rest[0]["content"][1:].split()[0])
-        rest = rest[1:]
-    # The newest messages, contiguous up to the last one; the marker counts exactly the ones left out.
-    assert rest == [to_prompt_message(r) for r in after[len(after) - len(rest) :]]
-    assert omitted == len(after) - len(rest)
+    # The kept messages in their order, a marker counting exactly each run of left-out ones between them.
+    kept: list[dict[str, Any]] = []
+    position = 0
+    for message in rest:
+        found = MARKER.fullmatch(message.get("content") or "")
+        if found:
+            assert position == 0 or kept[-1] is not None  # never two markers in a row
+            position += int(found.group(1))
+            kept.append(None)  # type: ignore[arg-type]
+            continue
+        assert message == to_prompt_message(after[position])
+        position += 1
+        kept.append(message)
+    assert position == len(after)
     # Never a tool result without the assistant message that called it.
     called: set[str] = set()
     for message in rest:
         called |= {c["id"] for c in message.get("tool_calls") or []}
         if message["role"] == "tool":
             assert message["tool_call_id"] in called
-    # As many as fit: the next older group (back to its assistant message) would not have fitted.
-    if omitted:
-        group_cost = 0
-        for older in reversed(after[: len(after) - len(rest)]):
-            group_cost += message_cost(older, factor)
-            if older["role"] != "tool":
-                break
-        assert prompt_cost(prompt, factor) + group_cost > budget - marker_reserve
+    # The newest step is kept whenever it fits on its own beside one marker.
+    newest: list[dict[str, Any]] = []
+    for older in reversed(after):
+        newest.insert(0, older)
+        if older["role"] != "tool":
+            break
+    if newest and newest[0]["role"] != "tool" and fixed + marker_reserve + prompt_cost(newest, factor) <= budget:
+        assert rest[-len(newest):] == [to_prompt_message(r) for r in newest]
+
+
+def test_when_not_all_fit_errors_are_kept_over_plain_chatter_with_a_marker_per_gap() -> None:
+    error = "FAILED test_parse - AssertionError: 3 != 4"
+    records = [record(1, "system", 40), record(2, "user", 120), record(3, "assistant", 0, tool_calls=[call("c1")])]
+    records.append({"seq": 4, "role": "tool", "content": error, "tool_call_id": "c1", "tool_name": "bash",
+                    "token_count": estimate_message_tokens(error)})
+    records += [record(seq, "assistant", 100) for seq in range(5, 13)]
+    markers = message_cost({"content": "[12 messages omitted here; the recall tool finds them]"}, 1.0)  # one gap
+    budget = prompt_cost([to_prompt_message(r) for r in records[:4]]) + prompt_cost([records[4], records[-1]]) + markers
+    prompt = build_prompt(records[:2], None, reversed(records), boundary_seq=2, last_seq=12, budget_tokens=budget)
+    contents = [m["content"] for m in prompt[2:]]
+    assert contents == [None, error, "[7 messages omitted here; the recall tool finds them]", "w" * 100]
+    assert prompt_cost(prompt) <= budget
 
 
 def test_everything_fits_in_a_large_budget_without_a_marker() -> None:
@@ -165,14 +191,14 @@ def test_a_tool_group_that_does_not_fit_is_left_out_whole() -> None:
         records[:2], None, reversed(records), boundary_seq=2, last_seq=len(records), budget_tokens=budget
     )
     assert [m["role"] for m in prompt] == ["system", "user", "user", "assistant"]
-    assert prompt[2]["content"] == "[3 earlier messages omitted]"
+    assert prompt[2]["content"] == "[3 earlier messages omitted; the recall tool finds them]"
 
 
 def test_the_pinned_task_is_kept_even_when_nothing_else_fits() -> None:
     records, _ = history([("user", [100])] * 5)
     prompt = build_prompt(records[:2], None, reversed(records), boundary_seq=2, last_seq=len(records), budget_tokens=1)
     assert prompt[:2] == [to_prompt_message(r) for r in records[:2]]
-    assert prompt[2:] == [{"role": "user", "content": "[5 earlier messages omitted]"}]
+    assert prompt[2:] == [{"role": "user", "content": "[5 earlier messages omitted; the recall tool finds them]"}]
 
 
 def test_a_context_builds_its_prompt_from_the_files_after_the_latest_summary(tmp_path: Path) -> None:
@@ -193,7 +219,7 @@ def test_a_context_builds_its_prompt_from_the_files_after_the_latest_summary(tmp
     assert prompt[2]["content"].endswith("did steps up to 10")
     assert [m["content"][:7] for m in prompt[3:]] == ["step 8 ", "step 9 ", "step 10", "step 11", "after t"]
     tight = ctx.build_prompt(prompt_cost(prompt[:3]) + 12 + 20)
-    assert tight[3]["content"] == "[4 earlier messages omitted]"  # seq 11-14
+    assert tight[3]["content"] == "[4 earlier messages omitted; the recall tool finds them]"  # seq 11-14
     assert tight[4:] == [{"role": "assistant", "content": "after the summary"}]
     assert prompt_cost(tight) <= prompt_cost(prompt[:3]) + 12 + 20
     ctx.release()

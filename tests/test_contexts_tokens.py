@@ -82,4 +82,4 @@ def test_a_context_keeps_its_calibration_across_resumes_and_uses_it_for_the_prom
     assert resumed.read_state()["token_calibration"] == 1.5
     prompt = resumed.build_prompt(budget)
     assert [m["role"] for m in prompt] == ["system", "user", "user"]
-    assert prompt[-1]["content"] == "[1 earlier messages omitted]"
+    assert prompt[-1]["content"] == "[1 earlier messages omitted; the recall tool finds them]"

@@ -258,3 +258,8 @@ def test_the_beat_s_monitor_reports_through_the_forge_reporter(make_settings: Ca
 
     assert isinstance(monitor.report, partial)
     assert monitor.report.func is report_outcome
+def test_progress_body_says_which_instruction_files_and_how_many_memories_were_used() -> None:
+    memory = {"instruction_files": ["AGENTS.md"], "repository_memory": True, "thread_memory": False,
+              "episodes": ["u1", "u2"], "note": None}
+    body = progress_body(UUID, {**STATE, "memory": memory}, LABELS)
+    assert "| Memory | instruction files: `AGENTS.md`; 3 memories used |" in body

@@ -410,6 +410,7 @@ def test_tool_schemas_are_the_contract() -> None:
         "read_file": ({"path"}, ["path"]),
         "write_file": ({"path", "content"}, ["path", "content"]),
         "edit_file": ({"path", "old_string", "new_string"}, ["path", "old_string", "new_string"]),
+        "recall": ({"query"}, ["query"]),
         "finish": ({"summary"}, ["summary"]),
     }
     assert set(by_name) == set(expected)

@@ -179,7 +179,8 @@ def test_failed_summaries_never_lose_the_task_and_every_request_fits_the_window(
         assert statuses[: failures + 1] == [500] * failures + [200]
         # While no summary could be made, the oldest messages were left out of the prompt (not the files).
         prompts = [m["content"] for r in agent_requests(server.requests) for m in r["body"]["messages"]]
-        assert any(re.fullmatch(r"\[\d+ earlier messages omitted\]", text or "") for text in prompts)
+        marker = r"\[\d+ earlier messages omitted; the recall tool finds them\]"
+        assert any(re.fullmatch(marker, text or "") for text in prompts)
 
 
 def test_tasuki_worker_with_one_task_process_compresses_on_its_own_compression_worker(

@@ -89,8 +89,10 @@ class Agent:
         should_stop: Callable[[], bool] | None = None,
         sandbox: Sandbox | None = None,
         sandbox_limits: SandboxLimits | None = None,
+        recall: Callable[[str, set[str]], str] | None = None,
     ) -> None:
         self.sandbox = sandbox or NoSandbox()
+        self.recall = recall  # (query, contents now in the prompt) -> the recall tool's answer
         self.sandbox_limits = sandbox_limits
         self.ctx = ctx
         self.provider = provider
@@ -262,6 +264,7 @@ class Agent:
                 sandbox=self.sandbox,
                 limits=self.sandbox_limits,
                 on_start=self._command_started if call.name == "bash" else None,
+                recall=self._recall if self.recall is not None else None,
             )
             if call.name == "bash":
                 self.ctx.update_state(running_command=None)
@@ -269,6 +272,12 @@ class Agent:
                 summary = result.summary
             self._record_result(call, result.output, result.status, result.error, result.duration_ms)
         return summary
+
+    def _recall(self, query: str) -> str:
+        """The recall tool's search, told what the prompt holds now (so it returns only what is gone)."""
+        assert self.recall is not None  # noqa: S101 - only handed to run_tool when set
+        prompt = self.ctx.build_prompt(self.limits.context_length, self.limits.reserve_tokens)
+        return self.recall(query, {str(m.get("content")) for m in prompt if m.get("content")})
 
     def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int) -> None:
         """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt)."""

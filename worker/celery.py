@@ -23,6 +23,7 @@ from worker.names import (
     RETENTION,
     RUN_TASK,
     TASKS_QUEUE,
+    UPDATE_MEMORY,
 )
 from worker.runtime import settings
 from worker.settings import ConfigError
@@ -59,6 +60,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
             REAP_STALE: {"queue": MAINTENANCE_QUEUE},
             RETENTION: {"queue": MAINTENANCE_QUEUE},
             ALERTS: {"queue": MAINTENANCE_QUEUE},
+            UPDATE_MEMORY: {"queue": MAINTENANCE_QUEUE},
         },
         "task_soft_time_limit": s.agent.soft_time_limit_s,
         "task_time_limit": s.agent.time_limit_s,

@@ -16,6 +16,7 @@ COMPRESS_CONTEXT: Final = "tasuki.compress_context"
 REAP_STALE: Final = "tasuki.reap_stale"
 RETENTION: Final = "tasuki.retention"
 ALERTS: Final = "tasuki.alerts"
+UPDATE_MEMORY: Final = "tasuki.update_memory"  # thread and repository memory from a finished task's episode
 
 # Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them
 KEY_PREFIX: Final = "tasuki:"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from contexts.importance import most_important
+
 SYSTEM_PROMPT = """\
 You are Tasuki, a careful software engineer working alone in a git checkout of a repository.
 Work in small steps with the tools you are given: bash, read_file, write_file, edit_file and finish.
@@ -72,4 +74,13 @@ def summarizer_messages(previous_summary: str | None, span: list[dict[str, Any]]
         else ""
     )
     user = f"{SUMMARIZER_INSTRUCTIONS}\n{previous}=== Messages to summarize ===\n" + "\n".join(lines)
+    keep = [str(r.get("content") or "")[:KEEP_VERBATIM_CHARS] for r in most_important(span, KEEP_VERBATIM)]
+    keep = [text for text in keep if text.strip()]
+    if keep:
+        heading = "=== Keep these verbatim in the summary (the most important items, seed 000) ==="
+        user += f"\n\n{heading}\n" + "\n---\n".join(keep)
     return [{"role": "system", "content": SUMMARIZER_SYSTEM}, {"role": "user", "content": user}]
+
+
+KEEP_VERBATIM = 3  # the span's most important messages the summarizer is asked to quote as they are
+KEEP_VERBATIM_CHARS = 600

@@ -209,6 +209,10 @@ class TaskRun:
     cancel_flagged: Callable[[], bool] = lambda: False
     on_finish: Callable[[str, str], None] | None = None
     reporter: Reporter | None = None
+    # (context, checkout path, task text) -> what memory adds to the first prompt ("" for nothing)
+    recollect: Callable[[Context, Path, str], str] | None = None
+    # (context, query, contents now in the prompt) -> the recall tool's answer; None: no memory in this task
+    recall: Callable[[Context, str, set[str]], str] | None = None
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -273,7 +277,9 @@ class TaskRun:
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
                 ctx.append_message("system", SYSTEM_PROMPT)
-            ctx.append_message("user", task_message(self.request.prompt, workplace.issue))
+            task = task_message(self.request.prompt, workplace.issue)
+            remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
+            ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done()
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
         summary = mask(self._agent(ctx, checkout, ctx.metadata["config"]).run())
@@ -319,6 +325,7 @@ class TaskRun:
             sandbox=make_sandbox(s.sandbox),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
+            recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
         )
 
     def _after_step(self, ctx: Context) -> None:

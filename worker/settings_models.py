@@ -320,6 +320,27 @@ class LocalSettings(Section):
     """This machine's own files: the embedded Redis of up and demo (and its URL), the beat schedule, the demo."""
 
 
+class MemorySettings(Section):
+    path: Path | None = None
+    """The memory database (SQLite, WAL); null: memory.db beside the contexts root."""
+    embedding_model: Name | None = None
+    """Embedding model of the configured provider (OpenAI /v1/embeddings, Ollama embed); null: BM25 only."""
+    embedding_timeout_s: PositiveFloat = 10.0
+    """Seconds one embedding request may take; then recall goes on with BM25 alone."""
+    recall_k: PositiveInt = 5
+    """Most past episodes recall returns (and the first prompt gets)."""
+    prompt_share: Fraction = 0.15
+    """Share of context_length the first prompt gives to instructions, memories and recalled episodes."""
+    repo_max_tokens: PositiveInt = 2000
+    """Bound of a repository memory (and of a thread memory) in tokens; a longer update is refused."""
+    prune_after_days: PositiveInt = 90
+    """Episodes older than this many days are deleted (tasuki memory prune, the daily retention job)."""
+
+    def database(self, contexts: ContextsSettings) -> Path:
+        """Where the memory database is: ``path``, else ``memory.db`` beside the contexts root."""
+        return self.path if self.path is not None else Path(contexts.base_dir).parent / "memory.db"
+
+
 class UserConfigAPISettings(Section):
     url: HttpUrl | None = None
     """Base URL answering GET {url}/config/{user} with per-user LLM overrides; null disables it."""
@@ -367,6 +388,8 @@ class Settings(Section):
     """Isolation of the agent's tool commands."""
     local: LocalSettings = LocalSettings()
     """Files kept on this machine."""
+    memory: MemorySettings = MemorySettings()
+    """Memory that outlives a task: episodes, thread and repository memories, recall."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)

@@ -1,4 +1,5 @@
-"""One way to build the context store from settings (SPEC §3): every command, task and server uses it."""
+"""One way to build the context store (SPEC §3) and the memory store (§13) from settings: every command,
+task and server uses these."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 from contexts.errors import ContextNotFoundError
 from contexts.store import ContextStore
+from memory.errors import MemoryUnavailable
+from memory.sqlite import SQLiteMemoryStore
 from worker.settings_models import Settings
 
 
@@ -29,3 +32,12 @@ def open_store(
         fsync=config.fsync,
         on_heartbeat=on_heartbeat,
     )
+
+
+def open_memory(settings: Settings, *, must_exist: bool = False) -> SQLiteMemoryStore:
+    """The configured memory store (SPEC §13); MemoryUnavailable when it cannot be opened. Readers pass
+    ``must_exist`` so that looking never creates a database."""
+    path = settings.memory.database(settings.contexts)
+    if must_exist and not path.is_file():
+        raise MemoryUnavailable(f"no memory store at {path} (memory.path)")
+    return SQLiteMemoryStore(path)

@@ -1,9 +1,11 @@
-"""Celery tasks of the worker: ``tasuki.run_task`` and ``tasuki.compress_context`` (SPEC §5, §6)."""
+"""Celery tasks of the worker: ``tasuki.run_task``, ``tasuki.compress_context`` and ``tasuki.update_memory``
+(SPEC §5, §6, §13)."""
 
 from __future__ import annotations
 
 import time
 from itertools import takewhile
+from pathlib import Path
 from typing import Any, cast
 
 import redis
@@ -14,18 +16,22 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
+from contexts.clock import utc_now
 from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from contexts.state import read_state
+from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
 from worker.forges.reporter import reporter_for
 from worker.llm import Provider
-from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, RUN_TASK, STATS_KEY
+from worker.names import COMPRESS_CONTEXT, COMPRESSION_QUEUE, MAINTENANCE_QUEUE, RUN_TASK, STATS_KEY, UPDATE_MEMORY
 from worker.prompts import summarizer_messages
+from worker.remembering import first_prompt_memory, record_episode, task_recall, update_memories
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
-from worker.runtime import context_store, provider_for, redis_client, settings, unindex
+from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
+from worker.stores import open_memory
 from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
 
@@ -60,7 +66,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         parsed = TaskRequest.from_json(request)
         config = {**resolve_llm_config(s, redis_client(), parsed.user), **parsed.config}
         reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
-        on_finish = lambda u, status: forget(u, parsed.task_key, status)  # noqa: E731 - passed twice below
+        on_finish = lambda u, status: task_ended(u, parsed.task_key, status, request)  # noqa: E731 - passed twice
         try:
             store = context_store(s)
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
@@ -78,6 +84,10 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
                 on_finish=on_finish,
                 reporter=reporter,
+                recollect=lambda ctx, checkout, task: first_prompt_memory(
+                    s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"])
+                ),
+                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt),
             ).execute(config)
         finally:
             if reporter is not None:
@@ -120,6 +130,54 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
         text = summarize(provider_for(config), previous["summary"] if previous else None, span)
         run_ms = int((time.monotonic() - started) * 1000)
         return {"summary": text, "start_seq": start_seq, "end_seq": end_seq, "started_at": started_at, "run_ms": run_ms}
+    finally:
+        structlog.contextvars.unbind_contextvars("uuid")
+
+
+def task_ended(uuid: str, task_key: dict[str, str], status: str, request: dict[str, Any] | None = None) -> None:
+    """Whoever ends a task (its worker, or the monitor): free its key, count it, record its episode and have
+    memory updated off the task. ``request`` stands in for a context the task never got."""
+    forget(uuid, task_key, status)
+    s = settings()
+    try:
+        directory: Path | None = context_store(s, index=False).completed_path(uuid)
+    except (OSError, TasukiError):  # no contexts root at all (cannot_start): an episode from the request alone
+        directory = None
+    if record_episode(s, uuid, request or {"task_key": task_key}, status, directory) is None:
+        return
+    try:
+        update_memory.apply_async(args=[uuid], queue=MAINTENANCE_QUEUE)
+    except Exception as exc:  # a broker blip: the episode is stored; only the memory update is skipped
+        log.warning("memory update not enqueued", error=mask(str(exc))[:300])
+
+
+@app.task(name=UPDATE_MEMORY, bind=True)
+def update_memory(self: Task, uuid: str) -> dict[str, Any]:
+    """Update the thread and repository memory from the episode of task ``uuid`` (on ``maintenance``)."""
+    structlog.contextvars.bind_contextvars(uuid=uuid)
+    try:
+        s = settings()
+        try:
+            config = jsonl_metadata_config(context_store(s, index=False).completed_path(uuid))
+        except (OSError, KeyError, ValueError):
+            config = llm_config(s)  # a task that never had a context: the configured model
+        provider = provider_for(config)
+
+        def chat(messages: list[dict[str, str]]) -> str | None:
+            return provider.chat(messages, None).content
+
+        try:
+            store = open_memory(s)
+        except MemoryUnavailable as exc:
+            log.warning("memory update skipped", error=str(exc))
+            return {"uuid": uuid, "status": "memory unavailable"}
+        try:
+            return update_memories(s, store, uuid, chat, utc_now())
+        except MemoryUnavailable as exc:
+            log.warning("memory update stopped", error=str(exc))
+            return {"uuid": uuid, "status": "memory unavailable"}
+        finally:
+            store.close()
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
 

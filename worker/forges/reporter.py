@@ -50,6 +50,9 @@ def progress_body(uuid: str, state: dict[str, Any], labels: LabelSettings, chang
         f"| Attempt | {int(state.get('attempt', 1))} |",
         f"| Task | `{uuid}` |",
     ]
+    memory = state.get("memory")
+    if isinstance(memory, dict):
+        lines.append(f"| Memory | {memory_line(memory)} |")
     if state.get("error"):
         lines.append(f"| Error | {mask(str(state['error'])).replace('|', '/')[:300]} |")
     if change_url:
@@ -57,6 +60,15 @@ def progress_body(uuid: str, state: dict[str, Any], labels: LabelSettings, chang
     elif status not in ("completed", "failed", "timeout", "cancelled"):
         lines += ["", f"To stop it, comment `/tasuki cancel` or remove the label `{labels.processing}`."]
     return "\n".join(lines)
+
+
+def memory_line(memory: dict[str, Any]) -> str:
+    """What the first prompt got from memory (SPEC §13): instruction files and how many memories."""
+    files = ", ".join(f"`{name}`" for name in memory.get("instruction_files") or []) or "none"
+    count = int(bool(memory.get("repository_memory"))) + int(bool(memory.get("thread_memory")))
+    count += len(memory.get("episodes") or [])
+    note = f" ({mask(str(memory['note'])).replace('|', '/')[:120]})" if memory.get("note") else ""
+    return f"instruction files: {files}; {count} memories used{note}"
 
 
 def summary_body(uuid: str, status: str, result: dict[str, Any] | None, error: str | None) -> str:

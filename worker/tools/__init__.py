@@ -1,4 +1,4 @@
-"""The agent's tools (SPEC §5): bash, read_file, write_file, edit_file, finish, confined to the checkout."""
+"""The agent's tools (SPEC §5, §13): bash, read_file, write_file, edit_file, recall, finish, in the checkout."""
 
 from worker.tools.dispatch import TOOL_SCHEMAS, TOOLS, FinishTool, ToolResult, check_arguments, run_tool
 from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool

@@ -12,6 +12,7 @@ from worker.sandbox import NoSandbox, Sandbox
 from worker.settings_models import SandboxLimits
 from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
+from worker.tools.recall import RecallTool
 from worker.tools.shell import BashTool
 from worker.tools.workspace import ToolError, Workspace
 
@@ -55,7 +56,8 @@ class FinishTool:
 
 
 TOOLS: dict[str, Tool] = {
-    tool.name: tool for tool in (BashTool(), ReadFileTool(), WriteFileTool(), EditFileTool(), FinishTool())
+    tool.name: tool
+    for tool in (BashTool(), ReadFileTool(), WriteFileTool(), EditFileTool(), RecallTool(), FinishTool())
 }
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
@@ -114,6 +116,7 @@ def run_tool(
     sandbox: Sandbox | None = None,
     limits: SandboxLimits | None = None,
     on_start: Callable[[int], None] | None = None,
+    recall: Callable[[str], str] | None = None,
 ) -> ToolResult:
     """Run tool ``name`` with the model's decoded JSON ``arguments``; every failure becomes an error result.
 
@@ -122,7 +125,7 @@ def run_tool(
     """
     started = time.monotonic()
     options = ToolOptions(bash_timeout_s=bash_timeout_s, max_output_chars=max_output_chars, env=env,
-                          sandbox=sandbox or NoSandbox(), limits=limits, on_start=on_start)
+                          sandbox=sandbox or NoSandbox(), limits=limits, on_start=on_start, recall=recall)
     try:
         tool = TOOLS.get(name)
         if tool is None:

@@ -21,6 +21,7 @@ class ToolOptions:
     sandbox: Sandbox = field(default_factory=NoSandbox)
     limits: SandboxLimits | None = None
     on_start: Callable[[int], None] | None = None  # told the process group of a command once it runs
+    recall: Callable[[str], str] | None = None  # the task's memory search, for the recall tool
 
 
 @dataclass(frozen=True)

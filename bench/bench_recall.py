@@ -1,0 +1,104 @@
+"""Recall latency against the size of one repository's memory: p95 at 10k and 100k episodes over p95 at 1k.
+
+Each size is its own SQLite store (WAL, FTS5, sqlite-vec) filled with episodes of one repository, every one
+with a 64-dimension vector from the replay model's embedding; a second repository of the same size sits
+beside it, so the repository filter is part of what is timed.  One recall is SPEC §13's whole pipeline as a
+task runs it (two queries, BM25 and KNN k = 20 each, RRF, rerank) with the embedding computed in process.
+Episode and query texts mix common prose and code with file and function names that recur in about 20
+episodes each, as real tasks do; the sizes are timed alternately, round by round.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bench.common import Result, standalone, text_pool
+from memory import Episode
+from memory.search import recall
+from memory.sqlite import SQLiteMemoryStore
+from replay.embeddings import embed_text
+
+SIZES = (1_000, 10_000, 100_000)
+QUICK_SIZES = (100, 300, 1_000)
+ROUNDS = 40
+QUICK_ROUNDS = 5
+RATIO_TARGET = 2.0
+ABSOLUTE_TARGET_MS = 50.0
+REPO = "github:bench/one"
+OTHER = "github:bench/two"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class HashEmbedder:
+    """The replay model's vectors, without HTTP: what is timed is memory, not the model."""
+
+    model = "bench"
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return [embed_text(t) for t in texts]
+
+
+def identifier(rng: random.Random, size: int) -> str:
+    """A file and function name as tasks mention them; each one recurs in about 20 episodes at any size."""
+    k = rng.randrange(max(size // 20, 1))
+    return f"src/module{k % 97}/part{k}.py handle_part{k}"
+
+
+def fill(path: Path, size: int) -> SQLiteMemoryStore:
+    """A store with ``size`` episodes in each of two repositories: common prose and code, plus names."""
+    store = SQLiteMemoryStore(path)
+    texts = text_pool(400, 64, seed=size)
+    rng = random.Random(size)
+    for n in range(size):
+        for repository in (REPO, OTHER):
+            task = f"fix {identifier(rng, size)}: {rng.choice(texts)}"
+            e = Episode(f"{repository[-3:]}-{n}", repository, f"{repository}#issue/{n % 500}",
+                        NOW - timedelta(hours=n), "completed", task, final_summary=rng.choice(texts)[:200])
+            store.add_episode(e, embed_text(e.text()))
+    return store
+
+
+def p95(samples: list[float]) -> float:
+    return statistics.quantiles(samples, n=20)[-1] if len(samples) >= 2 else samples[0]
+
+
+def run(scratch: Path, *, quick: bool = False) -> list[Result]:
+    """Time recall at each size; ratios of p95 against the smallest size."""
+    sizes, rounds = (QUICK_SIZES, QUICK_ROUNDS) if quick else (SIZES, ROUNDS)
+    scratch.mkdir(parents=True, exist_ok=True)
+    stores = {}
+    for size in sizes:
+        started = time.perf_counter()
+        stores[size] = fill(scratch / f"memory-{size}.db", size)
+        print(f"  filled {size:,} + {size:,} episodes in {time.perf_counter() - started:.1f}s", flush=True)
+    rng = random.Random(99)
+    queries = [f"{identifier(rng, sizes[0])} {' '.join(t.split()[:6])}" for t in text_pool(120, rounds, seed=99)]
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    embedder = HashEmbedder()
+    for query in queries:
+        for size in sizes:
+            started = time.perf_counter()
+            recall(stores[size], REPO, query, recent_messages=[query[::-1]], embedder=embedder, now=NOW, limit=5)
+            samples[size].append((time.perf_counter() - started) * 1000)
+    for store in stores.values():
+        store.close()
+    base = p95(samples[sizes[0]])
+    results = []
+    for size in sizes:
+        print(f"  {size:>7,} episodes: p50 {statistics.median(samples[size]):.1f} ms, p95 {p95(samples[size]):.1f} ms")
+    for size in sizes[1:]:
+        ratio = p95(samples[size]) / base
+        results.append(Result(f"recall p95 {size:,}/{sizes[0]:,}", f"{ratio:.2f}", f"<= {RATIO_TARGET:g}",
+                              None if quick else ratio <= RATIO_TARGET))
+    largest = p95(samples[sizes[-1]])
+    results.append(Result(f"recall p95 at {sizes[-1]:,} (ms)", f"{largest:.1f}", f"<= {ABSOLUTE_TARGET_MS:g}",
+                          None if quick else largest <= ABSOLUTE_TARGET_MS))
+    return results
+
+
+if __name__ == "__main__":
+    standalone(run, __doc__)

@@ -1,0 +1,71 @@
+"""Recall as a task (and ``tasuki memory search``) runs it: the store's searches, then :mod:`memory.recall`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from memory.errors import EmbeddingError
+from memory.recall import BM25_K, KNN_K, Hit, fuse, queries, rerank
+from memory.store import MemoryStore
+
+
+class Embedder(Protocol):
+    """Turns texts into vectors (the worker's providers: OpenAI ``/v1/embeddings``, Ollama's embed API)."""
+
+    model: str
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text; raises EmbeddingError when the model cannot answer."""
+        ...
+
+
+@dataclass(frozen=True)
+class Recall:
+    """What recall found, and how: ``mode`` is ``hybrid`` or ``bm25``; ``note`` says why BM25 only."""
+
+    hits: list[Hit]
+    mode: str
+    note: str | None = None
+
+
+def embed_checked(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """The embedder's vectors, refused unless one per text, all of one non-zero dimension, all finite."""
+    vectors = embedder.embed(list(texts))
+    if len(vectors) != len(texts):
+        raise EmbeddingError(f"embedding model answered {len(vectors)} vectors for {len(texts)} texts")
+    sizes = {len(v) for v in vectors}
+    if len(sizes) != 1 or 0 in sizes:
+        raise EmbeddingError(f"embedding model answered vectors of dimensions {sorted(sizes)}")
+    if not all(math.isfinite(x) for v in vectors for x in v):
+        raise EmbeddingError("embedding model answered a vector that is not finite")
+    return vectors
+
+
+def recall(
+    store: MemoryStore,
+    repository: str,
+    text: str,
+    *,
+    recent_messages: Sequence[str] = (),
+    embedder: Embedder | None = None,
+    now: datetime,
+    limit: int = 5,
+) -> Recall:
+    """SPEC §13's pipeline over one repository's episodes; with no (working) embedder, BM25 + rerank."""
+    asked = queries(text, recent_messages)
+    bm25_lists = [store.bm25(repository, q, BM25_K) for q in asked]
+    vector_lists: list[list[str]] = []
+    note: str | None = None if embedder is not None else "no embedding model configured: BM25 only"
+    if embedder is not None:
+        try:
+            vector_lists = [store.knn(repository, v, KNN_K) for v in embed_checked(embedder, asked)]
+        except EmbeddingError as exc:
+            note = f"embedding failed, BM25 only: {exc}"
+    candidates = fuse(bm25_lists, vector_lists)
+    episodes = store.fetch(repository, list(candidates))
+    hits = rerank(text, candidates, episodes, now, limit)
+    return Recall(hits, "bm25" if note else "hybrid", note)

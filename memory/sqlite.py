@@ -1,0 +1,462 @@
+"""The embedded memory store: one SQLite database in WAL mode, FTS5 for BM25, sqlite-vec for vectors.
+
+SQLite is used through ``apsw``: the interpreter's own ``sqlite3`` module may be built without extension
+loading, which sqlite-vec needs.  Every write is one ``BEGIN IMMEDIATE`` transaction, so writers from
+many processes queue on SQLite's lock (with a busy timeout) instead of failing or interleaving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from memory.errors import EmbeddingError, MemoryUnavailable
+from memory.records import Episode, Memory, RepositoryCount, StoreStatus
+
+BUSY_TIMEOUT_MS = 10_000  # writers queue this long; a task gives up on memory after it
+MAX_QUERY_TERMS = 64  # a long Q2 keeps its first distinct words; BM25 over hundreds of terms is slow
+# BM25's cost is the length of the posting lists it walks (FTS5's bm25() counts every document of each
+# phrase for its IDF). So only words in at most RARE_DOCS episodes are searched by BM25; commoner words add
+# little to a ranking anyway. A query with no such word gets the newest COMMON_WINDOW episodes' matches,
+# newest first. A search then costs about the same at 1,000 episodes as at 100,000. Document frequencies
+# are kept in term_docs as episodes come and go (FTS5's own vocabulary table counts them by walking lists).
+RARE_DOCS = 1000
+COMMON_WINDOW = 2000
+# sqlite-vec's KNN is an exact scan of a partition. A repository's vectors go into shards of SHARD_SIZE in the
+# order they were recorded, and KNN searches its two newest shards: 5,000 to 10,000 episodes, whatever the
+# repository's size (older episodes are still found by BM25).
+SHARD_SIZE = 5000
+_WORD = re.compile(r"[^\W_]+")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS episodes (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    repository TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    ended_at REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_repository ON episodes (repository, ended_at);
+CREATE INDEX IF NOT EXISTS episodes_by_repository_id ON episodes (repository, id);
+CREATE INDEX IF NOT EXISTS episodes_by_thread ON episodes (thread);
+CREATE INDEX IF NOT EXISTS episodes_by_age ON episodes (ended_at);
+CREATE VIRTUAL TABLE IF NOT EXISTS episode_text USING fts5(scope, body, tokenize='unicode61');
+CREATE TABLE IF NOT EXISTS term_docs (term TEXT PRIMARY KEY, docs INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS memories (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    repository TEXT NOT NULL,
+    text TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    sources TEXT NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE TABLE IF NOT EXISTS vector_counts (repository TEXT PRIMARY KEY, recorded INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def scope_token(repository: str) -> str:
+    """One FTS token standing for a repository, so a BM25 search is confined to it by the index itself."""
+    return "r" + hashlib.sha256(repository.encode()).hexdigest()[:24]
+
+
+def query_words(text: str) -> list[str]:
+    """The distinct words of ``text`` as the tokenizer sees them (lower case), at most MAX_QUERY_TERMS."""
+    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_QUERY_TERMS]
+
+
+def match_expression(repository: str, words: Sequence[str]) -> str | None:
+    """An FTS5 query: the repository's token AND any of ``words`` (quoted, so none is an operator)."""
+    if not words:
+        return None
+    return f"scope : {scope_token(repository)} AND (" + " OR ".join(f'"{w}"' for w in words) + ")"
+
+
+def shard_key(repository: str, ordinal: int) -> str:
+    """The vector partition of a repository's ``ordinal``-th recorded vector."""
+    return f"{scope_token(repository)}:{ordinal // SHARD_SIZE}"
+
+
+def pack(vector: Sequence[float]) -> bytes:
+    """A vector as sqlite-vec's float32 blob."""
+    return struct.pack(f"{len(vector)}f", *vector)
+
+
+def _time(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _moment(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def create_private(path: Path) -> None:
+    """Create the database file 0600 (its directory 0700 when new) before SQLite opens it; SQLite gives
+    its -wal and -shm files the database file's permissions."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+class SQLiteMemoryStore:
+    """:class:`memory.store.MemoryStore` on one SQLite file (SPEC §13's embedded default)."""
+
+    def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+        self.path = Path(path)
+        try:
+            create_private(self.path)
+            self._db = apsw.Connection(str(self.path))
+            self._db.set_busy_timeout(busy_timeout_ms)
+            self.vectors_available = self._load_vectors()
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._write():
+                self._db.execute(SCHEMA)
+        except (apsw.Error, OSError) as exc:
+            raise MemoryUnavailable(f"memory store {self.path}: {_describe(exc)}") from None
+
+    def _load_vectors(self) -> bool:
+        try:
+            import sqlite_vec
+
+            self._db.enable_load_extension(True)
+            self._db.load_extension(sqlite_vec.loadable_path())
+            self._db.enable_load_extension(False)
+        except (ImportError, apsw.Error, AttributeError):
+            return False
+        return True
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """One immediate transaction: the write lock is taken first, so concurrent writers wait, not fail."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except apsw.Error as exc:
+            raise MemoryUnavailable(f"memory store {self.path}: {_describe(exc)}") from None
+
+    def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._db.execute(sql, params))
+        except apsw.Error as exc:
+            raise MemoryUnavailable(f"memory store {self.path}: {_describe(exc)}") from None
+
+    # -- meta ------------------------------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def _set_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        else:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    def vector_dimension(self) -> int | None:
+        """The dimension of the stored vectors (fixed by the first one), or None before any."""
+        value = self._meta("vector_dimension")
+        return int(value) if value else None
+
+    # -- episodes --------------------------------------------------------------------------------
+
+    def add_episode(self, episode: Episode, vector: Sequence[float] | None = None) -> None:
+        """Record (or replace) an episode with its full-text entry and, when given, its vector."""
+        with self._write():
+            if vector is not None:
+                self._check_dimension(len(vector))
+            self._delete_ids([row[0] for row in self._db.execute("SELECT id FROM episodes WHERE uuid = ?",
+                                                                  (episode.uuid,))])
+            self._db.execute(
+                "INSERT INTO episodes (uuid, repository, thread, ended_at, data) VALUES (?, ?, ?, ?, ?)",
+                (episode.uuid, episode.repository, episode.thread, _time(episode.ended_at),
+                 json.dumps(episode.to_json(), ensure_ascii=False)),
+            )
+            rowid = self._db.last_insert_rowid()
+            self._db.execute(
+                "INSERT INTO episode_text (rowid, scope, body) VALUES (?, ?, ?)",
+                (rowid, scope_token(episode.repository), episode.text()),
+            )
+            self._count_terms(episode.text(), +1)
+            if vector is not None:
+                self._db.execute(
+                    "INSERT INTO episode_vectors (id, shard, embedding) VALUES (?, ?, ?)",
+                    (rowid, shard_key(episode.repository, self._next_vector(episode.repository)), pack(vector)),
+                )
+
+    def _check_dimension(self, dimension: int) -> None:
+        """The first vector fixes the dimension (and creates the vector index); any other is refused."""
+        if not self.vectors_available:
+            raise EmbeddingError("sqlite-vec could not be loaded: vectors are not stored")
+        known = self.vector_dimension()
+        if known is None:
+            self._db.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS episode_vectors USING vec0("
+                f"id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, embedding FLOAT[{int(dimension)}] "
+                "distance_metric=cosine)"
+            )
+            self._set_meta("vector_dimension", str(dimension))
+        elif known != dimension:
+            raise EmbeddingError(f"embedding has {dimension} dimensions; the memory store holds {known}")
+
+    def _next_vector(self, repository: str) -> int:
+        """The repository's count of recorded vectors before this one (inside a write); it never goes down."""
+        self._db.execute(
+            "INSERT INTO vector_counts (repository, recorded) VALUES (?, 1) "
+            "ON CONFLICT (repository) DO UPDATE SET recorded = recorded + 1",
+            (repository,),
+        )
+        rows = list(self._db.execute("SELECT recorded FROM vector_counts WHERE repository = ?", (repository,)))
+        return int(rows[0][0]) - 1
+
+    def _has_vectors(self) -> bool:
+        return self.vectors_available and self.vector_dimension() is not None
+
+    def _delete_ids(self, ids: Sequence[int]) -> None:
+        """Delete episodes by row id: the row, its full-text entry, its vector (inside a write)."""
+        vectors = self._has_vectors()
+        for rowid in ids:
+            for (body,) in self._db.execute("SELECT body FROM episode_text WHERE rowid = ?", (rowid,)):
+                self._count_terms(str(body), -1)
+            self._db.execute("DELETE FROM episode_text WHERE rowid = ?", (rowid,))
+            if vectors:
+                self._db.execute("DELETE FROM episode_vectors WHERE id = ?", (rowid,))
+            self._db.execute("DELETE FROM episodes WHERE id = ?", (rowid,))
+
+    def episode(self, uuid: str) -> Episode | None:
+        """One episode by UUID."""
+        rows = self._rows("SELECT data FROM episodes WHERE uuid = ?", (uuid,))
+        return Episode.from_json(json.loads(rows[0][0])) if rows else None
+
+    def episodes(self, repository: str, limit: int = 100) -> list[Episode]:
+        """A repository's episodes, newest first."""
+        rows = self._rows(
+            "SELECT data FROM episodes WHERE repository = ? ORDER BY ended_at DESC, id DESC LIMIT ?",
+            (repository, limit),
+        )
+        return [Episode.from_json(json.loads(row[0])) for row in rows]
+
+    def fetch(self, repository: str, uuids: Sequence[str]) -> dict[str, Episode]:
+        """The episodes of ``uuids`` that belong to ``repository`` (never another repository's)."""
+        if not uuids:
+            return {}
+        marks = ",".join("?" * len(uuids))
+        rows = self._rows(
+            f"SELECT uuid, repository, data FROM episodes WHERE uuid IN ({marks})",  # noqa: S608 - only ?s
+            tuple(uuids),
+        )
+        # Filtered here, not in SQL: the planner would walk the repository's index instead of the uuids'.
+        return {uuid: Episode.from_json(json.loads(data)) for uuid, repo, data in rows if repo == repository}
+
+    # -- search ----------------------------------------------------------------------------------
+
+    def bm25(self, repository: str, query: str, k: int) -> list[str]:
+        """The repository's episodes best matching ``query``, best first: BM25 over its rare words (the scope
+        column weighs nothing), else the newest matches of its common words (see RARE_DOCS)."""
+        words = query_words(query)
+        if not words:
+            return []
+        frequency = dict(self._rows(
+            f"SELECT term, docs FROM term_docs WHERE term IN ({','.join('?' * len(words))})",  # noqa: S608
+            words,
+        ))
+        rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
+        if rare:
+            sql = ("SELECT rowid FROM episode_text WHERE episode_text MATCH ? "
+                   "ORDER BY bm25(episode_text, 0.0, 1.0), rowid DESC LIMIT ?")
+            rows = self._rows(sql, (match_expression(repository, rare), k))
+        else:
+            common = [w for w in words if w in frequency]
+            if not common:
+                return []
+            sql = "SELECT rowid FROM episode_text WHERE episode_text MATCH ? AND rowid >= ? ORDER BY rowid DESC LIMIT ?"
+            rows = self._rows(sql, (match_expression(repository, common), self._window_start(repository), k))
+        best = [int(row[0]) for row in rows]
+        found = self._uuids(repository, best)
+        return [found[rowid] for rowid in best if rowid in found]
+
+    def _count_terms(self, text: str, change: int) -> None:
+        """Add ``change`` to the document frequency of each distinct word of ``text`` (inside a write)."""
+        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+        if change > 0:
+            self._db.executemany(
+                "INSERT INTO term_docs (term, docs) VALUES (?, 1) ON CONFLICT (term) DO UPDATE SET docs = docs + 1",
+                [(w,) for w in words],
+            )
+        else:
+            self._db.executemany("UPDATE term_docs SET docs = docs - 1 WHERE term = ?", [(w,) for w in words])
+
+    def _window_start(self, repository: str) -> int:
+        """The row id from which the repository's newest COMMON_WINDOW episodes start (0: it has fewer)."""
+        rows = self._rows(
+            "SELECT id FROM episodes WHERE repository = ? ORDER BY id DESC LIMIT 1 OFFSET ?",
+            (repository, COMMON_WINDOW - 1),
+        )
+        return int(rows[0][0]) if rows else 0
+
+    def _uuids(self, repository: str, rowids: Sequence[int]) -> dict[int, str]:
+        """UUIDs of episode rows, only those of ``repository``."""
+        if not rowids:
+            return {}
+        rows = self._rows(
+            f"SELECT id, uuid, repository FROM episodes WHERE id IN ({','.join('?' * len(rowids))})",  # noqa: S608
+            rowids,
+        )
+        return {rowid: uuid for rowid, uuid, repo in rows if repo == repository}
+
+    def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
+        """Cosine KNN over the repository's two newest vector shards (see SHARD_SIZE), nearest first."""
+        known = self.vector_dimension() if self.vectors_available else None
+        if known is None:
+            return []
+        if len(vector) != known:
+            raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
+        recorded = self._rows("SELECT recorded FROM vector_counts WHERE repository = ?", (repository,))
+        if not recorded:
+            return []
+        newest = (int(recorded[0][0]) - 1) // SHARD_SIZE
+        nearest: list[tuple[float, int]] = []
+        for shard in range(newest, max(newest - 2, -1), -1):
+            nearest += [(float(distance), int(rowid)) for rowid, distance in self._rows(
+                "SELECT id, distance FROM episode_vectors WHERE embedding MATCH ? AND k = ? AND shard = ?",
+                (pack(vector), k, shard_key(repository, shard * SHARD_SIZE)),
+            )]
+        best = [rowid for _, rowid in sorted(nearest)[:k]]
+        found = self._uuids(repository, best)
+        return [found[rowid] for rowid in best if rowid in found]
+
+    # -- thread and repository memories ----------------------------------------------------------
+
+    def memory(self, scope: str, key: str) -> Memory | None:
+        """A thread or repository memory."""
+        rows = self._rows(
+            "SELECT text, updated_at, sources FROM memories WHERE scope = ? AND key = ?", (scope, key)
+        )
+        if not rows:
+            return None
+        text, updated_at, sources = rows[0]
+        return Memory(scope, key, text, _moment(updated_at), tuple(json.loads(sources)))
+
+    def thread_memories(self, repository: str) -> list[Memory]:
+        """A repository's thread memories, newest first."""
+        rows = self._rows(
+            "SELECT key, text, updated_at, sources FROM memories WHERE scope = 'thread' AND repository = ? "
+            "ORDER BY updated_at DESC",
+            (repository,),
+        )
+        return [Memory("thread", key, text, _moment(at), tuple(json.loads(src))) for key, text, at, src in rows]
+
+    def put_memory(self, memory: Memory, repository: str) -> None:
+        """Replace a thread or repository memory."""
+        with self._write():
+            self._db.execute(
+                "INSERT OR REPLACE INTO memories (scope, key, repository, text, updated_at, sources) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (memory.scope, memory.key, repository, memory.text, _time(memory.updated_at),
+                 json.dumps(list(memory.sources))),
+            )
+
+    # -- listing, forgetting, pruning -----------------------------------------------------------
+
+    def repositories(self) -> list[RepositoryCount]:
+        """Repositories with episodes or memories, by name."""
+        counts = {
+            repo: (n, threads, last)
+            for repo, n, threads, last in self._rows(
+                "SELECT repository, COUNT(*), COUNT(DISTINCT thread), MAX(ended_at) FROM episodes GROUP BY repository"
+            )
+        }
+        with_memory = {row[0] for row in self._rows("SELECT DISTINCT repository FROM memories")}
+        return [
+            RepositoryCount(
+                repo,
+                counts.get(repo, (0, 0, None))[0],
+                counts.get(repo, (0, 0, None))[1],
+                repo in with_memory,
+                _moment(counts[repo][2]) if repo in counts else None,
+            )
+            for repo in sorted(set(counts) | with_memory)
+        ]
+
+    def forget_episode(self, uuid: str) -> int:
+        """Delete one episode."""
+        with self._write():
+            ids = [row[0] for row in self._db.execute("SELECT id FROM episodes WHERE uuid = ?", (uuid,))]
+            self._delete_ids(ids)
+        return len(ids)
+
+    def forget_thread(self, thread: str) -> int:
+        """Delete a thread's episodes and its memory."""
+        with self._write():
+            ids = [row[0] for row in self._db.execute("SELECT id FROM episodes WHERE thread = ?", (thread,))]
+            self._delete_ids(ids)
+            self._db.execute("DELETE FROM memories WHERE scope = 'thread' AND key = ?", (thread,))
+        return len(ids)
+
+    def forget_repository(self, repository: str) -> int:
+        """Delete a repository's episodes, thread memories and repository memory."""
+        with self._write():
+            ids = [row[0] for row in self._db.execute("SELECT id FROM episodes WHERE repository = ?", (repository,))]
+            self._delete_ids(ids)
+            self._db.execute("DELETE FROM memories WHERE repository = ?", (repository,))
+            self._db.execute("DELETE FROM vector_counts WHERE repository = ?", (repository,))
+        return len(ids)
+
+    def prune(self, before: datetime, *, dry_run: bool = False) -> list[str]:
+        """Episodes that ended before ``before``: listed, and deleted unless ``dry_run``."""
+        if dry_run:
+            return [row[0] for row in self._rows("SELECT uuid FROM episodes WHERE ended_at < ?", (_time(before),))]
+        with self._write():
+            rows = list(self._db.execute("SELECT id, uuid FROM episodes WHERE ended_at < ?", (_time(before),)))
+            self._delete_ids([row[0] for row in rows])
+        return [row[1] for row in rows]
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def note_problem(self, problem: str | None) -> None:
+        """Remember the latest problem (None clears it)."""
+        with self._write():
+            self._set_meta("last_error", problem)
+
+    def status(self) -> StoreStatus:
+        """Counts and the latest problem."""
+        episodes, repositories, threads = self._rows(
+            "SELECT COUNT(*), COUNT(DISTINCT repository), COUNT(DISTINCT thread) FROM episodes"
+        )[0]
+        vectors = self._rows("SELECT COUNT(*) FROM episode_vectors")[0][0] if self._has_vectors() else 0
+        problem = self._meta("last_error")
+        if not self.vectors_available:
+            problem = problem or "sqlite-vec could not be loaded: BM25 only"
+        return StoreStatus(str(self.path), episodes, repositories, threads, vectors, self.vector_dimension(),
+                           None, problem)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an operator: what SQLite said, in words."""
+    if isinstance(exc, apsw.BusyError):
+        return "database is locked by another process"
+    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        return f"database is damaged ({exc})"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

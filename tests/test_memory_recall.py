@@ -1,0 +1,176 @@
+"""002's recall: pure functions with a given ``now``, then the whole pipeline over a real store."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from memory.recall import (
+    HIGH_THRESHOLD,
+    MAX_CANDIDATES,
+    MEDIUM_THRESHOLD,
+    Hit,
+    Ranks,
+    char_ngrams,
+    dice,
+    fuse,
+    lexical,
+    queries,
+    recency,
+    rerank,
+    select,
+)
+from memory.search import recall
+from memory.sqlite import SQLiteMemoryStore
+from replay.embeddings import embed_text
+from tests.helpers.memory_support import NOW, BrokenEmbedder, HashEmbedder, episode
+
+REPO = "github:acme/web"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SQLiteMemoryStore:
+    s = SQLiteMemoryStore(tmp_path / "memory.db")
+    yield s
+    s.close()
+
+
+def test_two_queries_the_second_with_the_last_six_messages() -> None:
+    recent = [f"m{i}" for i in range(8)]
+    assert queries("fix login", recent) == ["fix login", "m2\nm3\nm4\nm5\nm6\nm7\n---\nfix login"]
+    assert queries("fix login", []) == ["fix login"]
+
+
+def test_rrf_uses_k_60_and_keeps_each_methods_best_rank() -> None:
+    fused = fuse([["a", "b"], ["b"]], [["b", "c"]])
+    assert fused["a"] == Ranks(1 / 61, bm25_rank=1, vector_rank=None)
+    assert fused["b"].rrf == pytest.approx(1 / 62 + 1 / 61 + 1 / 61)
+    assert (fused["b"].bm25_rank, fused["b"].vector_rank) == (1, 1)
+    assert fused["c"] == Ranks(1 / 62, bm25_rank=None, vector_rank=2)
+    assert list(fused) == ["b", "a", "c"]
+
+
+def test_at_most_sixty_candidates() -> None:
+    lists = [[f"q{q}-{i}" for i in range(20)] for q in range(4)]
+    assert len(fuse(lists[:2], lists[2:])) == MAX_CANDIDATES == 60
+
+
+def test_character_trigram_dice_and_the_short_text_correction() -> None:
+    assert char_ngrams("abcd") == {"abc", "bcd"}
+    assert char_ngrams("ab") == {"ab"}
+    assert dice({"a", "b"}, {"b", "c"}) == 0.5
+    short = char_ngrams("hi there")  # 6 trigrams: counts 6/30 of its Dice
+    assert lexical(short, short) == pytest.approx(6 / 30)
+    long = char_ngrams("a query long enough to count fully in the lexical score")
+    assert lexical(long, long) == 1.0
+    assert char_ngrams("テストが失敗") == {"テスト", "ストが", "トが失", "が失敗"}
+
+
+def test_recency_decays_with_tau_45_days_from_the_given_now() -> None:
+    assert recency(NOW, NOW) == 1.0
+    assert recency(NOW - timedelta(days=45), NOW) == pytest.approx(math.exp(-1))
+    assert recency(NOW + timedelta(days=1), NOW) == 1.0
+
+
+def test_rerank_weights_and_threshold() -> None:
+    query = "pytest fails in tests/test_auth.py with ImportError on the login module"
+    best = episode("best", task=query, days_ago=0)
+    other = episode("other", task="rename the docs folder and update mkdocs navigation", days_ago=0)
+    candidates = {"best": Ranks(1 / 61, 1, None), "other": Ranks(1 / 62, 2, None)}
+    hits = rerank(query, candidates, {"best": best, "other": other}, NOW, 5)
+    top = hits[0]
+    assert top.episode.uuid == "best"
+    assert (top.rrf_norm, top.lexical, top.recency) == (1.0, 1.0, 1.0)
+    assert top.score == pytest.approx(0.55 + 0.35 + 0.10)
+    assert all(h.score >= MEDIUM_THRESHOLD for h in hits)
+    assert top.reason.startswith("heuristic rerank: score=1.000")
+
+
+def scored(score: float, uuid: str, text: str) -> tuple[Hit, set[str]]:
+    return Hit(episode(uuid, task=text), 1, None, 0.01, 1.0, 0.0, 0.0, score), char_ngrams(text)
+
+
+def test_nothing_is_recalled_when_the_best_is_below_the_high_threshold() -> None:
+    assert select([scored(HIGH_THRESHOLD - 0.001, "a", "alpha beta")], 5) == []
+    assert rerank("q", {}, {}, NOW, 5) == []
+
+
+def test_further_hits_need_the_medium_threshold() -> None:
+    hits = select([scored(0.36, "a", "alpha"), scored(0.29, "b", "beta"), scored(0.27, "c", "gamma")], 5)
+    assert [h.episode.uuid for h in hits] == ["a", "b"]
+    assert MEDIUM_THRESHOLD == 0.28
+
+
+def test_near_duplicates_are_dropped_and_at_most_limit_returned() -> None:
+    text = "pytest fails in tests/test_auth.py with ImportError on the login module, fixed the import"
+    episodes = {f"d{i}": episode(f"d{i}", task=text, days_ago=i) for i in range(4)}
+    episodes |= {f"x{i}": episode(f"x{i}", task=f"{text} variant {i} " + "other words " * i * 9) for i in range(1, 8)}
+    candidates = {key: Ranks(1 / (61 + n), n + 1) for n, key in enumerate(episodes)}
+    hits = rerank(text, candidates, episodes, NOW, 3)
+    assert len(hits) <= 3
+    assert sum(h.episode.uuid.startswith("d") for h in hits) == 1
+
+
+def fill(store: SQLiteMemoryStore) -> None:
+    tasks = {
+        "login": "Fix ImportError in auth/login.py: the login view imported a removed helper; pytest now passes",
+        "docs": "Rewrite the README installation section for Windows users",
+        "ci": "CI fails on Python 3.12 because distutils is gone; switched setup.py to setuptools",
+        "cache": "Add an LRU cache to the avatar thumbnail service to cut S3 requests",
+    }
+    for n, (uuid, task) in enumerate(tasks.items()):
+        e = episode(uuid, REPO, task=task, days_ago=n)
+        store.add_episode(e, embed_text(e.text()))
+    twin = episode("twin", "github:evil/web", task=tasks["login"], days_ago=0)  # a look-alike elsewhere
+    store.add_episode(twin, embed_text(twin.text()))
+
+
+def test_hybrid_recall_finds_the_episode_and_reports_every_figure(store: SQLiteMemoryStore) -> None:
+    fill(store)
+    result = recall(store, REPO, "ImportError in login.py", embedder=HashEmbedder(), now=NOW, limit=5)
+    assert result.mode == "hybrid"
+    assert result.note is None
+    top = result.hits[0]
+    assert top.episode.uuid == "login"
+    assert top.bm25_rank == 1
+    assert top.vector_rank is not None
+    assert top.rrf > 0
+    assert 0 < top.lexical <= 1
+    assert 0 < top.recency <= 1
+    assert all(h.episode.repository == REPO for h in result.hits)
+
+
+def test_without_an_embedder_recall_is_bm25_and_says_so(store: SQLiteMemoryStore) -> None:
+    fill(store)
+    result = recall(store, REPO, "distutils Python 3.12", now=NOW)
+    assert (result.mode, result.note) == ("bm25", "no embedding model configured: BM25 only")
+    assert result.hits[0].episode.uuid == "ci"
+    assert result.hits[0].vector_rank is None
+
+
+def test_a_failing_embedder_falls_back_to_bm25(store: SQLiteMemoryStore) -> None:
+    fill(store)
+    result = recall(store, REPO, "distutils Python 3.12", embedder=BrokenEmbedder(), now=NOW)
+    assert result.mode == "bm25"
+    assert result.note is not None
+    assert "timed out" in result.note
+    assert result.hits[0].episode.uuid == "ci"
+
+
+def test_wrong_dimension_from_the_embedder_falls_back_to_bm25(store: SQLiteMemoryStore) -> None:
+    fill(store)
+    result = recall(store, REPO, "distutils Python 3.12", embedder=HashEmbedder(dimensions=16), now=NOW)
+    assert result.mode == "bm25"
+    assert result.note is not None
+    assert "16 dimensions" in result.note
+
+
+def test_look_alike_content_of_another_repository_never_comes_back(store: SQLiteMemoryStore) -> None:
+    fill(store)
+    for text in ("ImportError in login.py", "login", "Fix ImportError in auth/login.py"):
+        result = recall(store, "github:acme/web", text, embedder=HashEmbedder(), now=NOW, limit=5)
+        assert "twin" not in {h.episode.uuid for h in result.hits}
+    assert recall(store, "github:nobody/x", "login", embedder=HashEmbedder(), now=NOW).hits == []

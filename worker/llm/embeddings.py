@@ -1,0 +1,72 @@
+"""Embeddings for memory's recall (SPEC §13): OpenAI-compatible ``/v1/embeddings`` and Ollama's embed API.
+
+One attempt, a short timeout: recall that cannot embed goes on with BM25 alone, so waiting and retrying
+would only delay the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+import ollama
+import openai
+
+from memory.errors import EmbeddingError
+from memory.search import Embedder
+from worker.llm.openai_provider import LOCAL_API_KEY
+from worker.llm.retry import one_line
+from worker.settings_models import Settings
+
+
+class OpenAIEmbedder:
+    """``POST {base_url}/embeddings`` through the official client."""
+
+    def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float) -> None:
+        if not api_key and not base_url:
+            raise EmbeddingError(f"embedding model {model!r}: no API key (set OPENAI_API_KEY) and no base_url")
+        self.model = model
+        self._client = openai.OpenAI(
+            api_key=api_key or LOCAL_API_KEY, base_url=base_url, timeout=timeout_s, max_retries=0
+        )
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order."""
+        try:
+            answer = self._client.embeddings.create(model=self.model, input=list(texts), encoding_format="float")
+        except (openai.OpenAIError, httpx.HTTPError) as exc:
+            raise EmbeddingError(f"embedding model {self.model!r}: {one_line(str(exc))}") from None
+        return [list(item.embedding) for item in sorted(answer.data, key=lambda d: d.index)]
+
+
+class OllamaEmbedder:
+    """``POST {host}/api/embed`` through the official client."""
+
+    def __init__(self, model: str, *, host: str, timeout_s: float) -> None:
+        self.model = model
+        self._client = ollama.Client(host=host, timeout=timeout_s)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order."""
+        try:
+            answer = self._client.embed(model=self.model, input=list(texts))
+        except (ollama.ResponseError, httpx.HTTPError, ConnectionError) as exc:
+            raise EmbeddingError(f"embedding model {self.model!r}: {one_line(str(exc))}") from None
+        return [list(v) for v in answer.embeddings]
+
+
+def embedder_for(settings: Settings) -> Embedder | None:
+    """The configured embedder on the selected provider's endpoint; None when no embedding model is set."""
+    model = settings.memory.embedding_model
+    if model is None:
+        return None
+    timeout = settings.memory.embedding_timeout_s
+    if settings.llm.provider == "ollama":
+        return OllamaEmbedder(model, host=settings.llm.ollama.host, timeout_s=timeout)
+    key = settings.secrets.openai_api_key
+    return OpenAIEmbedder(
+        model,
+        base_url=settings.llm.openai.base_url,
+        api_key=key.get_secret_value() if key is not None else None,
+        timeout_s=timeout,
+    )
