@@ -41,6 +41,7 @@ class Checkout:
     remote: str
     branch: str
     git_env: Mapping[str, str] | None = None  # credentials passed out of band (never in the remote URL)
+    continues: bool = False  # the branch exists on the remote (a follow-up): start from it, not from the default
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True) -> str:
         """Run ``git args`` in the checkout; return stdout."""
@@ -68,18 +69,18 @@ class Checkout:
         run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                 extra_env=self.git_env)
         if fresh:
-            self.git("checkout", "-q", "-b", self.branch)
+            self.git("checkout", "-q", "-b", self.branch, *self._start_point())
             return False
         heads = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch, self.branch).split()
         if f"refs/heads/{self.checkpoint_branch}" not in heads:
             if f"refs/heads/{self.branch}" not in heads:
-                self.git("checkout", "-q", "-b", self.branch)
+                self.git("checkout", "-q", "-b", self.branch, *self._start_point())
                 return False
             # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
             # context was completed: the branch holds the work, so continue from it.
             self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
             return True
-        self.git("checkout", "-q", "-b", self.branch)
+        self.git("checkout", "-q", "-b", self.branch, *self._start_point())
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
         self.git("fetch", "-q", "origin", self.checkpoint_branch)
@@ -87,6 +88,10 @@ class Checkout:
         self.git("reset", "-q")
         self._pushed_marker.write_text(self.git("rev-parse", "FETCH_HEAD^{tree}"))
         return True
+
+    def _start_point(self) -> tuple[str, ...]:
+        """Where a new local task branch starts: the remote branch a follow-up continues, else the clone's HEAD."""
+        return (f"origin/{self.branch}",) if self.continues else ()
 
     def restore_last_checkpoint(self) -> None:
         """Put the working tree back exactly as the last pushed checkpoint (else the branch's commit) left

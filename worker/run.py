@@ -34,6 +34,7 @@ from worker.checkout import Checkout
 from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
+from worker.threads import thread_history
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +51,9 @@ class TaskRequest:
     user: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     trigger: dict[str, Any] = field(default_factory=dict)  # how it started: {"kind": "label"|"comment"|"api", ...}
+    # A follow-up on a pull/merge request a task opened (SPEC §14): {"kind": "review"|"comment"|"ci"|"retry",
+    # "pull_kind", "pull", "branch", "previous" (UUID), "review_id"?, "comments"?, "ci"?}
+    followup: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRequest:
@@ -241,11 +245,13 @@ class TaskRun:
         checkout: Checkout | None = None
         try:
             workplace = self.report.begin(state)
+            followup = self.request.followup
             checkout = Checkout(
                 Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
                 workplace.remote,
-                branch_name(self.request.task_key, self.uuid),
+                str(followup["branch"]) if followup else branch_name(self.request.task_key, self.uuid),
                 git_env=workplace.git_env,
+                continues=bool(followup),  # the pull/merge request's head branch: new commits go on top
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:
@@ -273,7 +279,7 @@ class TaskRun:
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
                 ctx.append_message("system", SYSTEM_PROMPT)
-            ctx.append_message("user", task_message(self.request.prompt, workplace.issue))
+            ctx.append_message("user", task_message(self.request.prompt, workplace.issue, self._history()))
             ctx.step_done()
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
         summary = mask(self._agent(ctx, checkout, ctx.metadata["config"]).run())
@@ -282,6 +288,11 @@ class TaskRun:
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         result.update(self.report.deliver(checkout.branch, summary))
         return self._finish(ctx, "completed", None, result, checkout)
+
+    def _history(self) -> str:
+        """What the thread's previous task did, for a follow-up."""
+        previous = self.request.followup.get("previous")
+        return thread_history(self.store, str(previous)) if previous else ""
 
     def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:
         """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""

@@ -24,6 +24,7 @@ from worker.prompts import summarizer_messages
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, provider_for, redis_client, settings, unindex
 from worker.submit import release_active, send_run_task
+from worker.threads import Thread, change_number, record_thread
 from worker.user_config import resolve_llm_config
 
 log = structlog.get_logger(__name__)
@@ -78,6 +79,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         finally:
             if reporter is not None:
                 reporter.close()
+        remember_thread(parsed, uuid, result)
         if result["status"] in ("handed_back", "deferred"):
             requeue(uuid, request, float(result.get("retry_in_s", 0)))
         if result["status"] in NOT_FINAL:
@@ -89,6 +91,25 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         return cast(dict[str, Any], mask_value(result))
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> None:
+    """A task that opened a pull/merge request, or continued one, becomes its thread's newest task."""
+    if result["status"] in NOT_FINAL:
+        return
+    followup = request.followup
+    number = int(followup["pull"]) if followup else change_number(str(result.get("pull_request_url") or ""))
+    if number is None or request.task_key.get("task_source") not in ("github", "gitlab"):
+        return
+    kind = str(followup["pull_kind"]) if followup else (
+        "pull_request" if request.task_key["task_source"] == "github" else "merge_request")
+    branch = str(followup["branch"]) if followup else str(result.get("branch") or "")
+    if not branch:
+        return
+    try:
+        record_thread(redis_client(), Thread(request.task_key, kind, number, branch, uuid))
+    except redis.RedisError as exc:
+        log.warning("thread not recorded", error=str(exc))
 
 
 def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:
