@@ -36,3 +36,4 @@ INBOX_PREFIX: Final = "tasuki:inbox:"  # + UUID, list of comments for the runnin
 CI_FIXES_PREFIX: Final = "tasuki:ci-fixes:"  # + pull/merge request key, CI-fix tasks in a row (INCR, reset by people)
 AUTOFIX_OFF_PREFIX: Final = "tasuki:autofix-off:"  # + pull/merge request key, set by `/tasuki autofix off`
 FORGE_REPLY: Final = "tasuki.forge_reply"  # a short reply on an issue or pull/merge request (unknown commands)
+LAST_TASK_PREFIX: Final = "tasuki:last-task:"  # + task key, UUID of its newest finished task (`/tasuki retry`)

@@ -31,7 +31,7 @@ from contexts.masking import mask
 from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
-from worker.prompts import SYSTEM_PROMPT, task_message
+from worker.prompts import SYSTEM_PROMPT, comment_message, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 from worker.threads import thread_history
@@ -102,6 +102,10 @@ class Reporter(Protocol):
         """The task reached a final status."""
         ...
 
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """A comment for the running task (from its inbox): what the model gets, or None to drop it."""
+        ...
+
 
 @dataclass(frozen=True)
 class LocalReporter:
@@ -122,6 +126,10 @@ class LocalReporter:
 
     def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
         """Nothing to show."""
+
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """Everything said is passed on."""
+        return entry
 
 
 def cannot_start(
@@ -145,20 +153,29 @@ def cannot_start(
 
 
 class ReportingAgent(Agent):
-    """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts)."""
+    """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts) and
+    the comments that arrived meanwhile, appended for the next model request."""
 
-    def __init__(self, *args: Any, after_step: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, after_step: Callable[[], None],
+                 comments: Callable[[], list[str]] = list, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.after_step = after_step
+        self.comments = comments
 
     def step(self) -> None:
-        """One step of :class:`Agent`, then the hook (also after the step that finished)."""
+        """One step of :class:`Agent`, then the hook (also after the step that finished), then the comments:
+        every call of the step is answered by now, so a user message cannot split a call from its result."""
         try:
             super().step()
         except Finished:
             self.after_step()
             raise
         self.after_step()
+        heard = self.comments()
+        for text in heard:
+            self.ctx.append_message("user", text, inbox=True)
+        if heard:
+            self.ctx.step_done()
 
 
 def branch_name(task_key: dict[str, str], uuid: str) -> str:
@@ -213,6 +230,7 @@ class TaskRun:
     cancel_flagged: Callable[[], bool] = lambda: False
     on_finish: Callable[[str, str], None] | None = None
     reporter: Reporter | None = None
+    inbox: Callable[[], list[dict[str, Any]]] = list  # comments for this task that arrived since the last call
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -249,9 +267,9 @@ class TaskRun:
             checkout = Checkout(
                 Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
                 workplace.remote,
-                str(followup["branch"]) if followup else branch_name(self.request.task_key, self.uuid),
+                str(followup.get("branch") or branch_name(self.request.task_key, self.uuid)),
                 git_env=workplace.git_env,
-                continues=bool(followup),  # the pull/merge request's head branch: new commits go on top
+                continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:
@@ -330,7 +348,26 @@ class TaskRun:
             sandbox=make_sandbox(s.sandbox),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
+            comments=self._comments,
         )
+
+    def _comments(self) -> list[str]:
+        """The inbox's comments that the reporter lets through, as user messages."""
+        try:
+            entries = self.inbox()
+        except Exception as exc:  # Redis away: the comments wait in the list for a later step
+            log.warning("inbox not read", error=mask(str(exc))[:300])
+            return []
+        heard = []
+        for entry in entries:
+            try:
+                passed = self.report.heard(entry)
+            except Exception as exc:
+                log.warning("comment not taken", error=mask(str(exc))[:300])
+                continue
+            if passed is not None:
+                heard.append(comment_message(passed))
+        return heard
 
     def _after_step(self, ctx: Context) -> None:
         state = ctx.read_state()

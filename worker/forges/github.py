@@ -94,7 +94,8 @@ class GitHubForge:
 
     def reply_in_thread(self, ref: ItemRef, comment: ReviewComment, body: str) -> None:
         """``POST /repos/{owner}/{repo}/pulls/{number}/comments/{comment_id}/replies``."""
-        path = f"{self._repo(ref.owner, ref.repo)}/pulls/{ref.number}/comments/{comment.id}/replies"
+        top = int(comment.thread) if comment.thread.isdigit() else comment.id  # replies to replies are not allowed
+        path = f"{self._repo(ref.owner, ref.repo)}/pulls/{ref.number}/comments/{top}/replies"
         self.http.request("POST", path, json={"body": body})
 
     def failed_jobs(self, owner: str, repo: str, ci: Mapping[str, Any], max_lines: int) -> list[FailedJob]:

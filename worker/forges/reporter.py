@@ -93,7 +93,7 @@ class ForgeReporter:
         followup = request.followup
         # A follow-up works on the pull/merge request: its progress, labels and replies go there.
         self.ref = (ItemRef(request.task_key["owner"], request.task_key["repo"], str(followup["pull_kind"]),
-                            int(followup["pull"])) if followup else ItemRef.from_task_key(request.task_key))
+                            int(followup["pull"])) if followup.get("pull") else ItemRef.from_task_key(request.task_key))
         self.ci_log_lines = ci_log_lines
         self.review: list[ReviewComment] = []
         self.progress_interval_s = progress_interval_s
@@ -149,6 +149,26 @@ class ForgeReporter:
             jobs = self.forge.failed_jobs(ref.owner, ref.repo, followup["ci"], self.ci_log_lines)
             text["ci_failures"] = [{"name": j.name, "log": j.log} for j in jobs]
         return text
+
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """A comment for the running task: GitLab authors need Developer access (GitHub's association was
+        checked at the intake); review comments it carries are fetched, deduplicated and answered at the end."""
+        if self.ref is None:
+            return entry
+        user_id = entry.get("user_id")
+        if user_id is not None and not self.forge.allows(self.ref, {"kind": "comment", "user_id": user_id}):
+            return None
+        comments = [ReviewComment.from_json(c) for c in entry.get("comments") or []]
+        if entry.get("review_id") and self.ref.kind in ("pull_request", "merge_request"):
+            comments += self.forge.review_comments(self.ref, int(entry["review_id"]))
+        new: list[ReviewComment] = []
+        for comment in comments:
+            if comment.id and comment.id not in {c.id for c in self.review + new}:
+                new.append(comment)
+        self.review += new
+        if not new and not str(entry.get("body") or "").strip():
+            return None  # only review comments this task already has
+        return {**entry, "comments": [c.__dict__ for c in new]}
 
     def on_step(self, state: dict[str, Any]) -> None:
         """Refresh the progress comment (throttled)."""
