@@ -27,7 +27,7 @@ from worker.names import (
 )
 from worker.settings_models import Settings
 from worker.submit import Enqueued, task_key_id
-from worker.threads import THREAD_TTL_S, Thread, find_branch_thread, find_thread, key_id
+from worker.threads import THREAD_TTL_S, Thread, find_branch_thread, find_issue_thread, find_thread, key_id
 
 log = structlog.get_logger(__name__)
 
@@ -139,6 +139,7 @@ class Followups:
         return 200, {"status": "ignored", "reason": "unknown command"}, "ignored"
 
     def _retry(self, action: Command, thread: Thread | None, submit: Submit) -> Outcome:
+        thread = thread or find_issue_thread(self.client, action.task_key)  # continue its request's branch
         task_key = thread.task_key if thread else action.task_key
         previous = thread.last_uuid if thread else _text(self.client.get(LAST_TASK_PREFIX + task_key_id(task_key)))
         followup = followup_of(thread, "retry") if thread else {"kind": "retry", "previous": previous}

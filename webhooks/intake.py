@@ -105,15 +105,29 @@ class Intake:
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
         enqueued = self.submit(request)
+        if enqueued.already_active and self._finished(enqueued.uuid):
+            # Finished a moment ago, its key not yet freed: it would never read its inbox again.
+            release_active(self.client, request["task_key"], enqueued.uuid)
+            enqueued = self.submit(request)
         if enqueued.already_active:
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
             # One active task per thread: what was said reaches the running task at its next step.
-            entry = inbox_entry(action.user, action.prompt, action.trigger, action.details.get("comments"))
+            comments = action.details.get("comments")
+            text = "" if comments else action.prompt  # a review comment's text is in its comment record
+            entry = inbox_entry(action.user, text, action.trigger, comments)
             self.followups.to_inbox(enqueued.uuid, {**entry, "review_id": action.details.get("review_id")})
             return Answer(200, {"status": "delivered", "task_id": enqueued.uuid}, "delivered")
-        log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(action.task_key), user=action.user)
+        log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(request["task_key"]), user=action.user,
+                 followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
+
+    def _finished(self, uuid: str) -> bool:
+        """Whether the task's context is completed (as far as this host's contexts show)."""
+        try:
+            return self.store.completed_path(uuid).is_dir()
+        except (OSError, ValueError):
+            return False
 
     def _cancel(self, action: Cancel) -> Answer:
         thread = self.followups.thread_of(action.task_key)

@@ -88,6 +88,7 @@ def record_thread(client: redis.Redis, thread: Thread) -> None:
     """Remember the thread by its pull/merge request and by its branch (the newest task wins)."""
     pipe = client.pipeline(transaction=False)
     pipe.set(THREAD_PREFIX + key_id(thread.pull_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S)
+    pipe.set(THREAD_PREFIX + key_id(thread.task_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S)
     pipe.set(branch_id(thread.task_key["task_source"], thread.task_key["owner"], thread.task_key["repo"],
                        thread.branch), key_id(thread.pull_key), ex=THREAD_TTL_S)
     pipe.execute()
@@ -110,6 +111,15 @@ def find_thread(client: redis.Redis, pull_key: dict[str, str], body: str = "", h
         return None
     same_repo = all(from_body.task_key[k] == pull_key[k] for k in ("task_source", "owner", "repo"))
     return from_body if same_repo else None
+
+
+def find_issue_thread(client: redis.Redis, task_key: dict[str, str]) -> Thread | None:
+    """The newest pull/merge request thread of an issue's task key (Redis only)."""
+    raw = client.get(THREAD_PREFIX + key_id(task_key))
+    try:
+        return Thread.from_json(json.loads(raw)) if raw else None
+    except ValueError:
+        return None
 
 
 def find_branch_thread(client: redis.Redis, source: str, owner: str, repo: str, branch: str) -> Thread | None:
