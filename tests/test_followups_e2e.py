@@ -280,3 +280,25 @@ def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: 
     assert status == 202, answer
     assert fleet.stack.wait_finished(answer["task_id"])["status"] == "completed"
     assert "expected 5, got -1" in fleet.task_text(answer["task_id"])
+
+
+def test_a_review_arriving_while_a_follow_up_runs_is_delivered_to_it(fleet: Fleet) -> None:
+    _, change = label_to_pull_request(fleet, 9)
+    status, answer = fleet.github("issue_comment", pull_comment(change, "@tasuki tidy the notes up"))
+    assert status == 202, answer
+    followup = answer["task_id"]
+    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
+                     and "tidy the notes up" in json.dumps(r["body"]))
+
+    review_id, [comment] = fleet.forge.add_review(OWNER, REPO, change.number, "Codertocat", [
+        ("notes.txt", 2, "@@ -1 +1,2 @@\n change\n+change", "Why twice?")])
+    status, answer = fleet.github("pull_request_review", review_submitted(change, review_id, None))
+    assert (status, answer) == (200, {"status": "delivered", "task_id": followup})  # not a second task
+
+    assert fleet.stack.wait_finished(followup)["status"] == "completed"
+    seen = [r for r in fleet.model.requests if r["turn"] == 2 and "tidy the notes up" in json.dumps(r["body"])]
+    assert seen
+    assert "notes.txt:2" in json.dumps(seen[0]["body"])
+    assert "Why twice?" in json.dumps(seen[0]["body"])
+    fleet.stack.wait_until(lambda: comment.replies, what="the reply in the review thread")
+    assert fleet.changes_of(OWNER, 9) == [change]
