@@ -13,6 +13,7 @@ from bench import (
     bench_appends,
     bench_compose_failover,
     bench_failover,
+    bench_followups,
     bench_memory,
     bench_monitor,
     bench_prompt,
@@ -33,6 +34,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "failover": bench_failover.run,
     "webhook": bench_webhook.run,  # issue 5
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
+    "followups": bench_followups.run,  # issue 12: review -> follow-up's first request, comment mid-run -> model
     "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
 }
 
