@@ -119,16 +119,22 @@ def _key(source: str, owner: str, repo: str, task_type: str, number: int) -> dic
     return {"task_source": source, "owner": owner, "repo": repo, "task_type": task_type, "task_id": str(number)}
 
 
+def _commanded(body: str, user: str, key: dict[str, str], pull: tuple[str, str]) -> Action | None:
+    """The ``/tasuki`` command of a comment, if it holds one."""
+    said = command(body)
+    if said == "cancel":
+        return Cancel(key, user)
+    return Command(key, user, said, *pull) if said is not None else None
+
+
 def _comment_action(
     body: str, user: str, key: dict[str, str], issue: dict[str, Any], mention: str, trigger: dict[str, Any],
     pull: tuple[str, str] = ("", ""),
 ) -> Action:
     """``pull``: the body and head branch of the pull/merge request commented on."""
-    said = command(body)
-    if said == "cancel":
-        return Cancel(key, user)
-    if said is not None:
-        return Command(key, user, said, *pull)
+    commanded = _commanded(body, user, key, pull)
+    if commanded is not None:
+        return commanded
     text = "\n".join(live_lines(body)).strip()
     if mentions(body, mention):
         return Trigger(key, user, issue, text, trigger, *pull)
@@ -142,11 +148,9 @@ def _review_action(
     pull: tuple[str, str], details: dict[str, Any],
 ) -> Action:
     """A review or review comment: commands as in any comment, else a follow-up (when a task opened it)."""
-    said = command(body)
-    if said == "cancel":
-        return Cancel(key, user)
-    if said is not None:
-        return Command(key, user, said, *pull)
+    commanded = _commanded(body, user, key, pull)
+    if commanded is not None:
+        return commanded
     return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), {**trigger, "kind": "review"}, *pull,
                    details=details)
 
