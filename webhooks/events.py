@@ -58,6 +58,7 @@ class Command:
     name: str
     body: str = ""
     head: str = ""
+    trigger: dict[str, Any] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
@@ -119,12 +120,14 @@ def _key(source: str, owner: str, repo: str, task_type: str, number: int) -> dic
     return {"task_source": source, "owner": owner, "repo": repo, "task_type": task_type, "task_id": str(number)}
 
 
-def _commanded(body: str, user: str, key: dict[str, str], pull: tuple[str, str]) -> Action | None:
+def _commanded(
+    body: str, user: str, key: dict[str, str], pull: tuple[str, str], trigger: dict[str, Any]
+) -> Action | None:
     """The ``/tasuki`` command of a comment, if it holds one."""
     said = command(body)
     if said == "cancel":
         return Cancel(key, user)
-    return Command(key, user, said, *pull) if said is not None else None
+    return Command(key, user, said, *pull, trigger={**trigger, "kind": "comment"}) if said is not None else None
 
 
 def _comment_action(
@@ -132,7 +135,7 @@ def _comment_action(
     pull: tuple[str, str] = ("", ""),
 ) -> Action:
     """``pull``: the body and head branch of the pull/merge request commented on."""
-    commanded = _commanded(body, user, key, pull)
+    commanded = _commanded(body, user, key, pull, trigger)
     if commanded is not None:
         return commanded
     text = "\n".join(live_lines(body)).strip()
@@ -148,7 +151,7 @@ def _review_action(
     pull: tuple[str, str], details: dict[str, Any],
 ) -> Action:
     """A review or review comment: commands as in any comment, else a follow-up (when a task opened it)."""
-    commanded = _commanded(body, user, key, pull)
+    commanded = _commanded(body, user, key, pull, trigger)
     if commanded is not None:
         return commanded
     return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), {**trigger, "kind": "review"}, *pull,

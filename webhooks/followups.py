@@ -145,7 +145,7 @@ class Followups:
         followup = followup_of(thread, "retry") if thread else {"kind": "retry", "previous": previous}
         request = {"task_key": task_key, "issue": {"number": int(task_key["task_id"]), "title": "", "body": ""},
                    "user": action.user, "prompt": "Retry the task; the previous attempt is summarized above.",
-                   "trigger": {"kind": "comment", "user": action.user}, "followup": followup}
+                   "trigger": {"kind": "comment", "user": action.user, **action.trigger}, "followup": followup}
         enqueued = submit(request)
         if enqueued.already_active:
             return 200, {"status": "active", "task_id": enqueued.uuid}, "active"

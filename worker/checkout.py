@@ -121,7 +121,9 @@ class Checkout:
 
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes."""
-        self.git("push", "-q", "--force", "origin", f"HEAD:refs/heads/{self.branch}")
+        # A follow-up's branch is a pull request's: never force over commits someone else pushed meanwhile.
+        force = () if self.continues else ("--force",)
+        self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
         if self._pushed_marker.exists():
             self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
 

@@ -87,7 +87,7 @@ class GitLabForge:
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """A note's author needs Developer access (anyone may comment on a public project); labels need Planner."""
-        if trigger.get("kind") != "comment":
+        if trigger.get("kind") not in ("comment", "review"):  # labels need Planner; CI fixes follow the bot's push
             return True
         user_id = trigger.get("user_id")
         if not isinstance(user_id, int):
