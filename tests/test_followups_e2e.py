@@ -21,6 +21,7 @@ from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payl
 from tests.helpers.fake_forge import FakeChange, FakeForge
 from tests.helpers.followup_payloads import (
     check_suite_failed,
+    commit_of,
     gitlab_diff_note,
     gitlab_pipeline_failed,
     pull_comment,
@@ -180,6 +181,9 @@ def test_review_then_ci_failures_continue_the_same_branch(fleet: Fleet, redis_cl
         assert status == 202, answer
         fixes.append(answer["task_id"])
         assert fleet.stack.wait_finished(answer["task_id"])["status"] == "completed"
+        if event == "workflow_run":  # the check suite of the same failed commit starts nothing more
+            same = check_suite_failed(OWNER, REPO, change.head, fleet.forge.add_run([]), sha=commit_of(run))
+            assert fleet.github("check_suite", same)[1]["reason"] == "this commit's failure already has a fix task"
     for fix in fixes:
         task = fleet.task_text(fix)
         assert "CI job test failed" in task
@@ -273,6 +277,7 @@ def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: 
     fleet.stack.wait_until(lambda: fleet.forge.discussion_replies.get("d1scuss10n"), what="the discussion reply")
     assert fleet.changes_of("gitlabhq", 23) == [change]  # no second merge request
     assert fleet.forge.branch_file("gitlabhq", "gitlab-test", change.head, "notes.txt") == "change\nchange\n"
+    finished_after_summary(fleet, "gitlabhq", "gitlab-test", change.number)
 
     run = fleet.forge.add_run([("rspec", "failure", "boom\nexpected 5, got -1")])
     status, answer = fleet.gitlab("Pipeline Hook", gitlab_pipeline_failed("gitlabhq/gitlab-test", change.head, run,

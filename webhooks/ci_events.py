@@ -41,7 +41,7 @@ def github_ci(event: str, payload: dict[str, Any]) -> CIFailure | str | None:
     if not owner or not repo or not branch or run_id is None:
         return f"{event} without repository, branch or id"
     ci = {"run_id": run_id} if event == "workflow_run" else {"check_suite_id": run_id}
-    return CIFailure("github", owner, repo, branch, {**ci, "event": event})
+    return CIFailure("github", owner, repo, branch, {**ci, "event": event, "sha": text(get(run, "head_sha"))})
 
 
 def gitlab_ci(payload: dict[str, Any]) -> CIFailure | str | None:
@@ -57,4 +57,5 @@ def gitlab_ci(payload: dict[str, Any]) -> CIFailure | str | None:
     if "/" not in path or not branch or pipeline is None:
         return "pipeline without project, branch or id"
     owner, repo = path.rsplit("/", 1)
-    return CIFailure("gitlab", owner, repo, branch, {"pipeline_id": pipeline, "event": "pipeline"})
+    return CIFailure("gitlab", owner, repo, branch, {"pipeline_id": pipeline, "event": "pipeline",
+                                                     "sha": text(get(attributes, "sha"))})

@@ -20,6 +20,7 @@ from worker.names import (
     ACTIVE_PREFIX,
     AUTOFIX_OFF_PREFIX,
     CI_FIXES_PREFIX,
+    CI_SEEN_PREFIX,
     FORGE_REPLY,
     INBOX_PREFIX,
     LAST_TASK_PREFIX,
@@ -107,6 +108,10 @@ class Followups:
         if fixes >= limit:
             return 200, {"status": "ignored", "reason": f"{limit} CI fixes in a row; `/tasuki autofix on` resets"}, \
                 "ignored"
+        seen = f"{CI_SEEN_PREFIX}{pull}:{action.ci.get('sha') or ''}"
+        if action.ci.get("sha") and not self.client.set(seen, "1", nx=True, ex=THREAD_TTL_S):
+            # check_suite and workflow_run both report one failed commit: one fix task for it
+            return 200, {"status": "ignored", "reason": "this commit's failure already has a fix task"}, "ignored"
         request = {"task_key": thread.task_key, "issue": {"number": thread.pull, "title": "", "body": ""},
                    "user": self.settings.github.bot_login if action.source == "github" else
                    self.settings.gitlab.bot_login,

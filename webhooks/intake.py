@@ -105,10 +105,6 @@ class Intake:
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
         enqueued = self.submit(request)
-        if enqueued.already_active and self._finished(enqueued.uuid):
-            # Finished a moment ago, its key not yet freed: it would never read its inbox again.
-            release_active(self.client, request["task_key"], enqueued.uuid)
-            enqueued = self.submit(request)
         if enqueued.already_active:
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
@@ -145,7 +141,12 @@ class Intake:
 
     def submit(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued:
         """Enqueue ``tasuki.run_task`` unless the task key is active (the task key is remembered by UUID)."""
-        return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        if enqueued.already_active and self._finished(enqueued.uuid):
+            # Finished a moment ago, its key not yet freed: it would never run (or read its inbox) again.
+            release_active(self.client, request["task_key"], enqueued.uuid)
+            enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        return enqueued
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:
         """The task key of a task this intake enqueued, while Redis remembers it."""

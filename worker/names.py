@@ -37,3 +37,4 @@ CI_FIXES_PREFIX: Final = "tasuki:ci-fixes:"  # + pull/merge request key, CI-fix 
 AUTOFIX_OFF_PREFIX: Final = "tasuki:autofix-off:"  # + pull/merge request key, set by `/tasuki autofix off`
 FORGE_REPLY: Final = "tasuki.forge_reply"  # a short reply on an issue or pull/merge request (unknown commands)
 LAST_TASK_PREFIX: Final = "tasuki:last-task:"  # + task key, UUID of its newest finished task (`/tasuki retry`)
+CI_SEEN_PREFIX: Final = "tasuki:ci-seen:"  # + pull/merge request key:commit, SET NX: one fix task per failed commit

@@ -57,17 +57,24 @@ def pull_comment(change: FakeChange, body: str, association: str = "OWNER") -> d
     return payload
 
 
-def workflow_run_failed(owner: str, repo: str, branch: str, run_id: int) -> dict[str, Any]:
+def commit_of(run_id: int) -> str:
+    """A distinct commit id per CI run (each run of a test is on a new commit unless it says otherwise)."""
+    return f"{run_id:040x}"
+
+
+def workflow_run_failed(owner: str, repo: str, branch: str, run_id: int, sha: str | None = None) -> dict[str, Any]:
     """``workflow_run`` completed with conclusion failure on ``branch``."""
     payload = _repository(load_payload("github/workflow_run.completed.json"), owner, repo)
-    payload["workflow_run"].update(id=run_id, head_branch=branch, conclusion="failure")
+    payload["workflow_run"].update(id=run_id, head_branch=branch, conclusion="failure",
+                                   head_sha=sha or commit_of(run_id))
     return payload
 
 
-def check_suite_failed(owner: str, repo: str, branch: str, suite_id: int) -> dict[str, Any]:
+def check_suite_failed(owner: str, repo: str, branch: str, suite_id: int, sha: str | None = None) -> dict[str, Any]:
     """``check_suite`` completed with conclusion failure on ``branch``."""
     payload = _repository(load_payload("github/check_suite.completed.json"), owner, repo)
-    payload["check_suite"].update(id=suite_id, head_branch=branch, conclusion="failure")
+    payload["check_suite"].update(id=suite_id, head_branch=branch, conclusion="failure",
+                                  head_sha=sha or commit_of(suite_id))
     return payload
 
 
@@ -76,6 +83,7 @@ def gitlab_pipeline_failed(path: str, branch: str, pipeline_id: int, mr_iid: int
     return {
         "object_kind": "pipeline",
         "object_attributes": {"id": pipeline_id, "iid": 1, "ref": branch, "tag": False, "status": "failed",
+                              "sha": f"{pipeline_id:040x}",
                               "detailed_status": "failed", "source": "merge_request_event"},
         "merge_request": {"id": 99, "iid": mr_iid, "title": "x", "source_branch": branch,
                           "target_branch": "main", "state": "opened"},
