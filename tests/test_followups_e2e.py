@@ -307,3 +307,19 @@ def test_a_review_arriving_while_a_follow_up_runs_is_delivered_to_it(fleet: Flee
     assert "Why twice?" in json.dumps(seen[0]["body"])
     fleet.stack.wait_until(lambda: comment.replies, what="the reply in the review thread")
     assert fleet.changes_of(OWNER, 9) == [change]
+
+
+def test_cancel_on_the_pull_request_stops_the_follow_up_of_its_thread(fleet: Fleet) -> None:
+    _, change = label_to_pull_request(fleet, 11)
+    status, answer = fleet.github("issue_comment", pull_comment(change, "@tasuki add a line"))
+    assert status == 202, answer
+    followup = answer["task_id"]
+    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
+                     and "add a line" in json.dumps(r["body"]))
+
+    status, answer = fleet.github("issue_comment", pull_comment(change, "/tasuki cancel"))
+    assert (status, answer["status"], answer["task_id"]) == (200, "cancelled", followup)
+    assert fleet.stack.wait_finished(followup)["status"] == "cancelled"
+    finished_after_summary(fleet, OWNER, REPO, change.number)
+    assert fleet.forge.item(OWNER, REPO, change.number).comments[-1].body.startswith("**Tasuki stopped: cancelled.**")
+    assert fleet.forge.branch_file(OWNER, REPO, change.head, "notes.txt") == "change\n"  # nothing pushed

@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 import redis
 
-from contexts import ContextStore
+from contexts import ContextStore, jsonl
+from contexts.clock import utc_now
+from contexts.compression import make_summary_record
+from contexts.jsonl import JsonlWriter
+from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from tests.helpers.deliveries import github_delivery, load_payload
 from tests.helpers.fake_forge import FakeChange
 from tests.helpers.followup_payloads import gitlab_diff_note, gitlab_pipeline_failed
@@ -134,11 +138,17 @@ def test_the_thread_marker_is_trusted_only_for_its_own_branch(redis_client: redi
     assert find_thread(redis_client, pull) == Thread(ISSUE_KEY, "pull_request", 9, "tasuki/1-abcdef12", "u-2")
 
 
-def test_thread_history_is_the_previous_tasks_final_summary(tmp_path: Path) -> None:
+def test_thread_history_is_the_previous_tasks_latest_and_final_summary(tmp_path: Path) -> None:
     store = ContextStore(tmp_path / "contexts")
     ctx = store.create(ISSUE_KEY, {"context_length": 1000})
-    ctx.finish("completed", result={"summary": "Fix add()."})
+    ctx.append_message("assistant", "I read calc.py and ran the tests; add() subtracts. " * 20)
+    path = ctx.finish("completed", result={"summary": "Fix add()."})
+    span = [r for r in jsonl.iter_records(path / MESSAGES_FILE) if r["role"] == "assistant"]
+    summary = make_summary_record(span=span, previous=None, text="Found add() subtracting.", now=utc_now())
+    JsonlWriter(path / SUMMARIES_FILE, id_field="summary_id", fsync="never").append(summary)
+
     history = thread_history(store, ctx.uuid)
+    assert "Found add() subtracting." in history  # the latest summary
     assert "It ended completed." in history
-    assert "Fix add()." in history
+    assert "Fix add()." in history  # the final summary
     assert thread_history(store, "00000000-0000-4000-8000-000000000000") == ""

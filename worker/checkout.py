@@ -49,8 +49,10 @@ class Checkout:
 
     @property
     def checkpoint_branch(self) -> str:
-        """Where step checkpoints are pushed: beside the task branch, never on it."""
-        return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}"
+        """Where step checkpoints are pushed: beside the task branch, never on it (a follow-up's carry its
+        own task's id: several tasks work on one pull request's branch, one after another)."""
+        own = f"-{self.path.name[:8]}" if self.continues else ""
+        return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}{own}"
 
     def prepare(self, *, fresh: bool = False) -> bool:
         """Make the checkout exist on the task branch; return True when it was resumed (not fresh).
