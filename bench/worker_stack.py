@@ -41,14 +41,19 @@ class CeleryWorker:
     env: dict[str, str] = field(default_factory=dict)
     concurrency: int = 1
     queues: str = "tasks,compression,maintenance"
+    tasuki: bool = False  # `tasuki worker`: the task worker and its compression worker (broker from env)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> CeleryWorker:
         """Start the worker (broker and result backend on ``broker_url``) and wait until it answers."""
-        cmd = [sys.executable, "-m", "celery", "-A", self.app, "-b", self.broker_url,
-               "--result-backend", self.broker_url, "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
-               "-c", str(self.concurrency), "-P", "prefork", "--without-gossip", "--without-mingle", "-E",
-               "-l", "INFO"]  # fmt: skip
+        quiet = ["--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
+        if self.tasuki:
+            cmd = [sys.executable, "-m", "cli.main", "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
+                   "-c", str(self.concurrency), *quiet]
+        else:
+            cmd = [sys.executable, "-m", "celery", "-A", self.app, "-b", self.broker_url,
+                   "--result-backend", self.broker_url, "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
+                   "-c", str(self.concurrency), "-P", "prefork", *quiet]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
         env.update(self.env)
         env["PYTHONPATH"] = str(REPO_ROOT)

@@ -28,11 +28,27 @@ def worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    """Replace this process with ``celery -A worker worker`` on Tasuki's queues."""
-    from cli.services import worker_argv
+    """``celery -A worker worker`` on Tasuki's queues, and beside it the compression worker (threads) when the
+    compression queue is among them; one of them alone replaces this process."""
+    import threading
 
-    argv = worker_argv(args.celery_args)
-    os.execv(sys.executable, argv)  # noqa: S606 - a fixed program: this interpreter running celery
+    from cli.services import Service, child_env, stop_all, stop_on_signals, until_one_exits, worker_processes
+
+    processes = worker_processes(args.celery_args, settings.compression.concurrency)
+    if len(processes) == 1:
+        os.execv(sys.executable, processes[0][1])  # noqa: S606 - a fixed program: this interpreter running celery
+    env = child_env({})
+    # Output is passed through untouched (JSON log lines stay JSON); SIGTERM reaches both at once, and the task
+    # worker gets its whole hand-back grace before anything is killed.
+    services = [Service(name, argv, env) for name, argv in processes]
+    stopping = threading.Event()
+    with stop_on_signals(stopping):
+        try:
+            for service in services:
+                service.start()
+            return until_one_exits(services, stopping, out)
+        finally:
+            stop_all(services, timeout_s=settings.agent.shutdown_grace_s + 30)
 
 
 # -- submit, cancel ----------------------------------------------------------------------------------

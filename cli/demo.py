@@ -22,7 +22,7 @@ from cli import viewer
 from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
 from cli.embedded import EmbeddedRedis
 from cli.progress import watch
-from cli.services import Service, child_env, worker_argv
+from cli.services import Service, child_env, worker_processes
 from contexts import TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
@@ -83,15 +83,20 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         say(f"repo:    {repo} (its test suite fails)")
         log_path = demo_dir / "worker.log"
         log = stack.enter_context(open(log_path, "ab"))
-        worker = Service("worker", worker_argv(["-c", "2", "--without-gossip", "--without-mingle"], name="demo"),
-                         child_env(overrides), log).start()
-        stack.callback(worker.stop)
-        say(f"worker:  celery worker pid {worker.process.pid if worker.process else '?'} (log: {log_path})")
+        extra = ["-n", "demo@%h", "-c", "2", "--without-gossip", "--without-mingle"]
+        workers = [Service(name, argv, child_env(overrides), log).start()
+                   for name, argv in worker_processes(extra, settings.compression.concurrency)]
+        worker = workers[0]
+        for started in workers:
+            stack.callback(started.stop)
+        say(f"worker:  celery worker pid {worker.process.pid if worker.process else '?'}, and a compression worker "
+            f"beside it (log: {log_path})")
 
         uuid = submit_local(broker, repo, DEMO_PROMPT)
         say(f"task:    {uuid} submitted; progress:")
         store = open_store(settings, must_exist=False)
-        state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S, alive=worker.alive)
+        state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S,
+                      alive=lambda: all(w.alive() for w in workers))
         if state is None:
             say(f"the task did not finish in {DEMO_TIMEOUT_S:.0f}s or the worker died; see {log_path}")
             return 1

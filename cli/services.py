@@ -1,4 +1,4 @@
-"""Child processes of ``tasuki up`` and ``tasuki demo``: the worker, the beat, the webhook intake."""
+"""Child processes of ``tasuki worker``, ``up`` and ``demo``: the workers, the beat, the webhook intake."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from worker.names import QUEUES
+from worker.names import COMPRESSION_QUEUE, QUEUES
 
 STOP_TIMEOUT_S = 30.0
 LAST_LINES = 20
 POLL_S = 0.2
 
 
-def worker_argv(extra: Sequence[str] = (), *, name: str = "tasuki") -> list[str]:
+def worker_argv(extra: Sequence[str] = (), *, name: str = "tasuki", node: str | None = None) -> list[str]:
     """``celery -A worker worker`` on Tasuki's queues (``-Q`` in ``extra`` narrows them)."""
-    argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-n", f"{name}@%h"]
+    argv = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-n", node or f"{name}@%h"]
     if not any(a == "-Q" or a.startswith(("--queues", "-Q")) for a in extra):
         argv += ["-Q", ",".join(QUEUES)]
     if not any(a.startswith(("-E", "--task-events")) for a in extra):
@@ -33,6 +33,54 @@ def worker_argv(extra: Sequence[str] = (), *, name: str = "tasuki") -> list[str]
 
 
 TASK_QUEUES = ("tasks", "compression")
+QUEUE_OPTIONS = ("-Q", "--queues")
+NAME_OPTIONS = ("-n", "--hostname")
+POOL_OPTIONS = ("-P", "--pool", "-c", "--concurrency", "--autoscale")
+
+
+def option_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The last value given to one of the options ``names`` (``-Q a``, ``-Qa``, ``--queues=a``), or None."""
+    found = None
+    for n, arg in enumerate(argv):
+        for name in names:
+            if arg == name and n + 1 < len(argv):
+                found = argv[n + 1]
+            elif arg.startswith(name + "=") or (len(name) == 2 and arg.startswith(name) and len(arg) > 2):
+                found = arg[len(name):].lstrip("=")
+    return found
+
+
+def without_options(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """``argv`` without the options ``names`` and their values."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in names:
+            skip = True
+        elif not any(arg.startswith(name + "=") or (len(name) == 2 and arg.startswith(name)) for name in names):
+            kept.append(arg)
+    return kept
+
+
+def worker_processes(extra: Sequence[str], compression_concurrency: int) -> list[tuple[str, list[str]]]:
+    """What ``tasuki worker`` runs: the task worker (prefork) on its queues, and, when the compression queue is
+    among them, a compression worker of its own (threads: a summary is a wait on the model), so that a
+    compression never waits for a free task process (SPEC §6)."""
+    given = option_value(extra, QUEUE_OPTIONS)
+    queues = given.split(",") if given else list(QUEUES)
+    rest = without_options(extra, QUEUE_OPTIONS)
+    processes = []
+    others = [q for q in queues if q != COMPRESSION_QUEUE]
+    if others:
+        processes.append(("worker", worker_argv(["-Q", ",".join(others), *rest])))
+    if COMPRESSION_QUEUE in queues:
+        node = option_value(rest, NAME_OPTIONS) or "tasuki@%h"
+        threads = ["-Q", COMPRESSION_QUEUE, "-P", "threads", "-c", str(compression_concurrency)]
+        own = without_options(rest, NAME_OPTIONS + POOL_OPTIONS)
+        processes.append(("compression", worker_argv([*threads, *own], node=f"compression-{node}")))
+    return processes
 
 
 def maintenance_argv(extra: Sequence[str] = ()) -> list[str]:
@@ -148,3 +196,31 @@ def first_to_exit(services: Sequence[Service], stopping: threading.Event) -> Ser
             if service.exit_code() is not None:
                 return service
     return None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stopping: threading.Event) -> Iterator[None]:
+    """Ctrl-C, SIGTERM (an init system, Docker, ``kill``) and SIGHUP (a closed terminal) all set ``stopping``."""
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def until_one_exits(services: Sequence[Service], stopping: threading.Event, tell: Callable[[str], None]) -> int:
+    """Wait until ``stopping`` (0) or until one service dies: say which, its exit code and last lines (its
+    code, at least 1). The caller stops the rest."""
+    dead = first_to_exit(services, stopping)
+    if dead is None:
+        tell("stopping ...")
+        return 0
+    code = dead.exit_code() or 1
+    tell(f"{dead.name} exited with code {dead.exit_code()}; stopping the others. Its last lines:")
+    for line in dead.last_lines:
+        tell(f"{dead.name:<11}| {line}")
+    return code if code > 0 else 1

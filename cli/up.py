@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 
 from cli.embedded import EmbeddedRedis, record_broker, redis_answers
 from cli.services import (
@@ -14,14 +13,13 @@ from cli.services import (
     Service,
     beat_argv,
     child_env,
-    first_to_exit,
     maintenance_argv,
     stop_all,
-    worker_argv,
+    stop_on_signals,
+    until_one_exits,
+    worker_processes,
 )
 from worker.settings_models import Settings
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True) -> int:
@@ -35,7 +33,7 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
             say(line)
 
     stopping = threading.Event()
-    with ExitStack() as stack, _stop_on_signals(stopping):
+    with ExitStack() as stack, stop_on_signals(stopping):
         overrides: dict[str, str] = {}
         if redis_answers(settings.broker.url):
             tell(f"broker:     Redis at {settings.broker.url}")
@@ -52,35 +50,17 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
             service.start()
             tell(f"{service.name + ':':<11} pid {service.process.pid if service.process else '?'}")
         tell(f"running ({settings.source.describe()}); Ctrl-C stops everything")
-        dead = first_to_exit(services, stopping)
-        if dead is None:
-            tell("stopping ...")
-            return 0
-        code = dead.exit_code() or 1
-        tell(f"{dead.name} exited with code {dead.exit_code()}; stopping the others. Its last lines:")
-        for line in dead.last_lines:
-            tell(f"{dead.name:<11}| {line}")
-        return code if code > 0 else 1
+        return until_one_exits(services, stopping, tell)
 
 
 def _services(
     env: dict[str, str], say: Callable[[str], None], *, beat: bool, webhook: bool, settings: Settings
 ) -> list[Service]:
-    services = [Service("worker", worker_argv(["-Q", ",".join(TASK_QUEUES)]), env, say=say)]
+    processes = worker_processes(["-Q", ",".join(TASK_QUEUES)], settings.compression.concurrency)
+    services = [Service(name, argv, env, say=say) for name, argv in processes]
     if beat:
         services.append(Service("maintenance", maintenance_argv(), env, say=say))
         services.append(Service("beat", beat_argv(settings.local.var_dir), env, say=say))
     if webhook:
         services.append(Service("webhook", [sys.executable, "-m", "cli.main", "webhook"], env, say=say))
     return services
-
-
-@contextmanager
-def _stop_on_signals(stopping: threading.Event) -> Iterator[None]:
-    """Ctrl-C, SIGTERM (an init system, ``kill``) and SIGHUP (a closed terminal) all stop ``up`` the same way."""
-    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

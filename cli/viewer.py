@@ -172,12 +172,20 @@ def summary_line(record: Mapping[str, Any], width: int) -> str:
     )
 
 
+def how_made(record: Mapping[str, Any]) -> str:
+    """Where a summary ran and how long it waited and took (records written before these facts: nothing)."""
+    if "via" not in record:
+        return ""
+    return (f"  via {record['via']}, waited {int(record.get('queue_wait_ms', 0)) / 1000:.1f}s, "
+            f"ran {int(record.get('run_ms', 0)) / 1000:.1f}s")
+
+
 def summary_block(record: Mapping[str, Any]) -> list[str]:
     """A summary in full, with its token counts."""
     head = (
         f"  [{record.get('summary_id')}] seq {record.get('start_seq')}-{record.get('end_seq')}  "
         f"{int(record.get('original_tokens', 0)):,} -> {int(record.get('summary_tokens', 0)):,} tokens "
-        f"(ratio {record.get('compression_ratio', '-')})  {format_time(record.get('created_at'))}"
+        f"(ratio {record.get('compression_ratio', '-')})  {format_time(record.get('created_at'))}{how_made(record)}"
     )
     return [safe(head), *_indented(str(record.get("summary", "")))]
 
@@ -227,7 +235,9 @@ def format_detail(
         f"  LLM calls: {item.llm_call_count:,}",
         f"  Tool calls: {item.tool_call_count:,}",
         f"  Total tokens: {item.total_tokens_used:,}",
-        f"  Compressions: {item.compression_count:,}",
+        f"  Compressions: {item.compression_count:,}"
+        + (f" (waited {item.compression_queue_wait_ms / 1000:.1f}s to start, ran {item.compression_run_ms / 1000:.1f}s)"
+           if item.compression_count else ""),
         "",
     ]
     messages = detail.messages if all_messages else detail.messages[-SHOWN_BY_DEFAULT:]

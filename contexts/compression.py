@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -12,7 +12,17 @@ from contexts.errors import ContextError
 from contexts.tokens import estimate_tokens
 
 Stage = Literal["ok", "warn", "compress", "emergency"]
-Summarizer = Callable[[str | None, list[dict[str, Any]]], str]
+
+
+@dataclass(frozen=True)
+class Summarized:
+    """A summary with facts about how it was made (``via``, ``queue_wait_ms``, ``run_ms``), kept in its record."""
+
+    text: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+Summarizer = Callable[[str | None, list[dict[str, Any]]], "str | Summarized"]
 """Receives the previous summary (or None) and the span of message records; returns the new summary."""
 
 
@@ -45,7 +55,7 @@ class CompressionPolicy:
 
 
 def select_span(
-    unsummarized: list[dict[str, Any]], keep_recent: int, max_tokens: int | None = None
+    unsummarized: list[dict[str, Any]], keep_recent: int, max_tokens: int | None = None, *, count: int | None = None
 ) -> list[dict[str, Any]]:
     """The oldest unsummarized messages, leaving the newest ``keep_recent`` and never splitting a tool call
     from its results (the cut moves back to the assistant message that made the call).
@@ -53,8 +63,11 @@ def select_span(
     ``max_tokens`` caps the span so that the summarizer's own request fits the model's window even after
     summaries failed for a while; the rest is summarized next time.  The first message group is always
     taken, so that compression can make progress.
+
+    ``unsummarized`` may be only the oldest of ``count`` unsummarized messages, read until
+    :func:`span_prefix_done` says that they hold the cut and the tool results after it.
     """
-    limit = max(len(unsummarized) - keep_recent, 0)
+    limit = max((len(unsummarized) if count is None else count) - keep_recent, 0)
     cut, capped = limit, False
     if max_tokens is not None:
         total = 0
@@ -71,6 +84,14 @@ def select_span(
             end += 1
         cut = end if end <= limit else 0
     return unsummarized[:cut]
+
+
+def span_prefix_done(read: list[dict[str, Any]], tokens: int, limit: int, max_tokens: int | None) -> bool:
+    """Whether the oldest unsummarized messages ``read`` so far (``tokens`` in all) hold everything
+    :func:`select_span` needs: the record where the cut falls (by count ``limit`` or by tokens), and the
+    tool results right after the first group, which the cut must not separate from their call."""
+    cut_reached = len(read) > limit or (max_tokens is not None and tokens > max_tokens)
+    return cut_reached and len(read) > 1 and read[-1].get("role") != "tool"
 
 
 def make_summary_record(

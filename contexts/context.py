@@ -39,6 +39,9 @@ log = structlog.get_logger(__name__)
 MAX_PINNED = 4  # a context that never gets a user message must not pin its whole history in memory
 
 
+UNSUMMARIZED_FIELD = "unsummarized"  # state.json: {after_seq, through_seq, tokens, count} of the unsummarized messages
+
+
 class Context:
     """A context directory held by this process; obtained from ``ContextStore.create`` or ``.open``."""
 
@@ -60,14 +63,9 @@ class Context:
                 break
             self._pin(record)
         self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
-        self.unsummarized_tokens = 0
-        self.unsummarized_count = 0
-        for record in jsonl.iter_records_reversed(path / MESSAGES_FILE):
-            if record["seq"] <= self.boundary_seq:
-                break
-            self.unsummarized_tokens += int(record.get("token_count", 0))
-            self.unsummarized_count += 1
-        self._calibration = float(read_state(path).get("token_calibration", 1.0))
+        state = read_state(path)
+        self.unsummarized_tokens, self.unsummarized_count = self._count_unsummarized(state.get(UNSUMMARIZED_FIELD))
+        self._calibration = float(state.get("token_calibration", 1.0))
         self._heartbeat: Heartbeat | None = None
         self.closed = False
         self.previous_holder: LockInfo | None = None  # set by ``open`` after a takeover
@@ -107,6 +105,33 @@ class Context:
         pinned_end = self.pinned[-1]["seq"] if self.pinned else 0
         summary_end = int(self.latest_summary["end_seq"]) if self.latest_summary else 0
         return max(pinned_end, summary_end)
+
+    def _count_unsummarized(self, kept: object) -> tuple[int, int]:
+        """Tokens and number of the messages after the boundary. ``state.json`` keeps both as of some seq (every
+        state write records them), so a resume reads only what came after that — not every message since the
+        latest summary, which is all of history while summaries keep failing. Counters that do not fit the
+        files (another boundary, or a seq the file does not reach) are not trusted: then the messages are read."""
+        if isinstance(kept, dict) and kept.get("after_seq") == self.boundary_seq:
+            try:
+                tokens, count, through = int(kept["tokens"]), int(kept["count"]), int(kept["through_seq"])
+            except (KeyError, TypeError, ValueError):
+                through = -1
+            if self.boundary_seq <= through <= self.last_seq:
+                for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1):
+                    tokens += int(record.get("token_count", 0))
+                    count += 1
+                return tokens, count
+        tokens = count = 0
+        for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
+            if record["seq"] <= self.boundary_seq:
+                break
+            tokens += int(record.get("token_count", 0))
+            count += 1
+        return tokens, count
+
+    def _unsummarized_marker(self) -> dict[str, int]:
+        return {"after_seq": self.boundary_seq, "through_seq": self.last_seq, "tokens": self.unsummarized_tokens,
+                "count": self.unsummarized_count}
 
     @property
     def last_seq(self) -> int:
@@ -182,12 +207,27 @@ class Context:
             newest.append(record)
         return newest[::-1]
 
+    def _oldest_unsummarized(self, keep_recent: int, max_tokens: int | None) -> tuple[list[dict[str, Any]], bool]:
+        """The oldest unsummarized messages, as many as a span can take (and whether that was all of them): a
+        retry after failed summaries reads what it may summarize, not all of history since the latest summary."""
+        limit = max(self.unsummarized_count - keep_recent, 0)
+        read: list[dict[str, Any]] = []
+        tokens = 0
+        for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, self.boundary_seq + 1):
+            if compression.span_prefix_done(read, tokens, limit, max_tokens):
+                return read, False
+            read.append(record)
+            tokens += int(record.get("token_count", 0))
+        return read, True
+
     # -- state ---------------------------------------------------------------------------------
 
     def update_state(self, add: dict[str, int] | None = None, **fields: Any) -> dict[str, Any]:
         """Set ``fields`` (and increment the counters in ``add``) in ``state.json``; returns the new state."""
         with self._write_guard:
             self._check()
+            if self._pinned_complete:  # the counters ride along with every state write: no write of their own
+                fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             return update_state(
                 self.path, self.store.clock(), fsync=self._fsync != "never", set_fields=fields, add=add
             )
@@ -229,14 +269,18 @@ class Context:
     ) -> dict[str, Any] | None:
         """Summarize the oldest unsummarized span (at most ``max_span_tokens``) into ``summaries.jsonl``;
         ``None`` if there is nothing to summarize."""
-        span = compression.select_span(self.unsummarized(), policy.keep_recent, max_span_tokens)
+        oldest, whole = self._oldest_unsummarized(policy.keep_recent, max_span_tokens)
+        count = len(oldest) if whole else self.unsummarized_count  # read to the end: the count it saw is exact
+        span = compression.select_span(oldest, policy.keep_recent, max_span_tokens, count=count)
         if not span:
             return None
         previous = self.latest_summary
-        text = summarizer(previous["summary"] if previous else None, span)
-        record = compression.make_summary_record(
-            span=span, previous=previous, text=mask(text), now=self.store.clock()
-        )
+        made = summarizer(previous["summary"] if previous else None, span)
+        text, facts = (made.text, dict(made.facts)) if isinstance(made, compression.Summarized) else (made, {})
+        record = {
+            **compression.make_summary_record(span=span, previous=previous, text=mask(text), now=self.store.clock()),
+            **facts,
+        }
         with self._write_guard:
             self._check()
             summary_id = self._summaries.append(record)
@@ -244,7 +288,8 @@ class Context:
         self.latest_summary = {"summary_id": summary_id, **record}
         self.unsummarized_tokens -= sum(int(r.get("token_count", 0)) for r in span)
         self.unsummarized_count -= len(span)
-        self.update_state(add={"compression_count": 1})
+        timings = {f"compression_{k}": int(facts[k]) for k in ("queue_wait_ms", "run_ms") if k in facts}
+        self.update_state(add={"compression_count": 1, **timings})
         return self.latest_summary
 
     # -- completion ------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ class ContextSummary:
     message_count: int
     error: str | None
     path: Path
+    compression_queue_wait_ms: int = 0
+    compression_run_ms: int = 0
 
     @property
     def duration_s(self) -> float | None:
@@ -125,6 +127,8 @@ def summarize(directory: Path) -> ContextSummary:
             message_count=_count(last, "seq") if last else 0,
             error=state.get("error"),
             path=directory,
+            compression_queue_wait_ms=_count(state, "compression_queue_wait_ms"),
+            compression_run_ms=_count(state, "compression_run_ms"),
         )
     except BAD_DATA_ERRORS as exc:  # a field missing or of the wrong type
         raise CorruptRecordError(f"{directory.name}: {type(exc).__name__}: {exc}") from exc

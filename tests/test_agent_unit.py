@@ -250,3 +250,32 @@ def test_a_command_left_running_by_a_dead_attempt_is_killed_before_the_resume_go
         for process in (leftover, unrelated):
             process.kill()
             process.wait()
+
+
+@turns(
+    {"content": "Done?", "tool_calls": [tool("finish", summary="   ")]},
+    {"content": "Forgot it.", "tool_calls": [tool("finish")]},
+    finish_turn("Fixed add()."),
+)
+def test_a_blank_or_missing_finish_summary_goes_back_to_the_model_as_the_tool_s_error(workbench: Workbench) -> None:
+    assert workbench.agent().run() == "Fixed add()."
+
+    assert workbench.asked() == [0, 1, 2]
+    finishes = [t for t in workbench.tools() if t["tool_name"] == "finish"]
+    assert [t["status"] for t in finishes] == ["error", "error", "success"]
+    assert "summary is empty" in finishes[0]["error"]
+    assert "missing required argument(s) summary" in finishes[1]["error"]
+
+
+@turns(
+    {"content": "Done?", "tool_calls": [tool("finish", summary="")]},
+    finish_turn("Fixed add()."),
+)
+def test_a_resumed_agent_does_not_end_on_a_finish_that_was_refused(workbench: Workbench) -> None:
+    agent = workbench.agent()
+    agent.step()  # the blank finish is answered with an error; the task goes on
+    workbench.resume_elsewhere()
+    agent = workbench.agent()
+
+    assert agent.unanswered() is None  # ask the model again, rather than end with an empty summary
+    assert agent.run() == "Fixed add()."

@@ -276,8 +276,9 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
         up.wait_for(r"running \(")
         broker = up.wait_for(r"embedded Redis at (redis://\S+)").group(1)
         pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(up.lines))]
-        assert len(pids) == 4  # worker, maintenance, beat, webhook
+        assert len(pids) == 5  # worker, compression, maintenance, beat, webhook
         wait_for_ping(broker, "tasuki@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
+        wait_for_ping(broker, "compression-tasuki@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         wait_for_ping(broker, "maintenance@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         up.wait_for(r"webhook +\| ")  # each service's lines carry its name
         recorded = tmp_path / "var" / "embedded-redis.url"

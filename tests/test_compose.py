@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from cli.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_argv
+from cli.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_processes
 from contexts.masking import mask
 from tests.helpers.ci import cannot_run
 from tests.helpers.compose import (
@@ -186,12 +186,18 @@ def test_no_token_shaped_string_is_written_in_the_file() -> None:
 # -- the commands are Tasuki's and are run for real ---------------------------------------------------------
 
 
-def test_worker_command_is_what_tasuki_worker_and_tasuki_up_run() -> None:
-    # `tasuki worker -Q tasks,compression --loglevel INFO`, the worker of `tasuki up`
-    launcher = worker_argv(["-Q", ",".join(TASK_QUEUES), "--loglevel", "INFO"])
+def test_worker_command_is_tasuki_worker_with_a_compression_worker_beside_the_task_worker() -> None:
+    argv = service_argv("worker")
+    assert argv[:2] == ["tasuki", "worker"]
 
-    assert launcher[:3] == [sys.executable, "-m", "celery"]
-    assert service_argv("worker") == ["celery", *launcher[3:]]
+    processes = dict(worker_processes(argv[2:], compression_concurrency=8))
+    assert processes["worker"][processes["worker"].index("-Q") + 1] == "tasks"
+    compression = processes["compression"]
+    assert compression[compression.index("-Q") + 1] == "compression"
+    assert compression[compression.index("-P") + 1] == "threads"
+    assert compression[compression.index("-n") + 1] == "compression-tasuki@%h"
+    # `tasuki up` starts the same pair
+    assert [name for name, _ in worker_processes(["-Q", ",".join(TASK_QUEUES)], 8)] == ["worker", "compression"]
 
 
 def test_maintenance_command_is_what_tasuki_up_runs() -> None:

@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contexts import CompressionPolicy, Context, ContextStore, SummaryRejectedError
+from contexts import CompressionPolicy, Context, ContextStore, SummaryRejectedError, jsonl
 from contexts.compression import make_summary_record, select_span
+from contexts.context import MAX_PINNED
+from contexts.state import update_state
 from tests.helpers.context_support import (
     CONFIG,
     TASK_KEY,
@@ -260,3 +262,96 @@ def test_select_span_with_a_token_cap_stays_under_it_and_keeps_tool_groups_whole
     first_group = 1 + next((i for i, m in enumerate(history[1:]) if m["role"] != "tool"), len(history) - 1)
     # Over the cap only when the cap is smaller than the first group, which is then taken whole.
     assert sum(m["token_count"] for m in span) <= max_tokens or len(span) == first_group
+
+
+def counted(ctx: Context) -> tuple[int, int]:
+    """The unsummarized tokens and messages, counted the slow way: every message after the boundary."""
+    after = [m for m in ctx.messages() if m["seq"] > ctx.boundary_seq]
+    return sum(m["token_count"] for m in after), len(after)
+
+
+@pytest.mark.parametrize("appended_after_the_last_state_write", [0, 3])
+def test_a_resume_counts_unsummarized_messages_from_state_without_reading_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, appended_after_the_last_state_write: int
+) -> None:
+    ctx = working_context(tmp_path, steps=30)
+    ctx.compress(RecordingSummarizer(), CompressionPolicy(keep_recent=3))
+    for n in range(30, 40):
+        add_step(ctx, n)
+    ctx.update_state(last_activity="step")  # every state write carries the counters
+    for n in range(appended_after_the_last_state_write):  # a crash after these appends, before a state write
+        ctx.append_message("tool", f"late output {n}", tool_call_id=f"late-{n}", tool_name="bash")
+    ctx.detach()
+    read: list[int] = []  # the message records the open reads, by any of the readers
+
+    def counting(reader: Any) -> Any:
+        def wrapped(path: Path, *args: Any) -> Any:
+            for record in reader(path, *args):
+                if path.name == "messages.jsonl":
+                    read.append(record["seq"])
+                yield record
+        return wrapped
+
+    with monkeypatch.context() as patch:
+        for name in ("iter_records", "iter_records_reversed", "iter_from_id"):
+            patch.setattr(jsonl, name, counting(getattr(jsonl, name)))
+        resumed = ContextStore(tmp_path, fsync="step", hostname="other-host",
+                               clock=lambda: datetime(2100, 1, 1, tzinfo=UTC)).open(ctx.uuid, heartbeat=False)
+
+    assert (resumed.unsummarized_tokens, resumed.unsummarized_count) == counted(resumed)
+    # The head where the pinned messages are, and what came after the last state write; not the steps since.
+    assert len(read) <= MAX_PINNED + 1 + appended_after_the_last_state_write, read
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        {"after_seq": 0, "through_seq": 5, "tokens": 1, "count": 1},  # written before the latest summary
+        {"after_seq": "boundary", "through_seq": 10_000, "tokens": 1, "count": 1},  # past the file: lost lines
+        {"after_seq": "boundary", "through_seq": "x", "tokens": 1, "count": 1},  # damaged
+        "not a marker",
+    ],
+)
+def test_counters_that_do_not_fit_the_files_are_not_trusted(tmp_path: Path, marker: Any) -> None:
+    ctx = working_context(tmp_path, steps=12)
+    ctx.compress(RecordingSummarizer(), CompressionPolicy(keep_recent=3))
+    if isinstance(marker, dict) and marker["after_seq"] == "boundary":
+        marker = {**marker, "after_seq": ctx.boundary_seq}
+    ctx.detach()
+    update_state(ctx.path, datetime(2100, 1, 1, tzinfo=UTC), fsync=False, set_fields={"unsummarized": marker})
+
+    resumed = ContextStore(tmp_path, fsync="step", hostname="other-host",
+                           clock=lambda: datetime(2100, 1, 1, tzinfo=UTC)).open(ctx.uuid, heartbeat=False)
+
+    assert (resumed.unsummarized_tokens, resumed.unsummarized_count) == counted(resumed)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    spec=st.lists(st.one_of(st.just("a"), st.integers(min_value=1, max_value=3)), min_size=1, max_size=40),
+    keep_recent=st.integers(min_value=1, max_value=6),
+    cap=st.one_of(st.none(), st.integers(min_value=1, max_value=400)),
+    sizes=st.lists(st.integers(min_value=1, max_value=120), min_size=120, max_size=120),
+)
+def test_a_compression_reads_only_the_oldest_messages_yet_picks_the_span_a_full_read_would(
+    tmp_path_factory: pytest.TempPathFactory, spec: list[str | int], keep_recent: int, cap: int | None,
+    sizes: list[int],
+) -> None:
+    ctx = ContextStore(tmp_path_factory.mktemp("span"), fsync="never").create(TASK_KEY, CONFIG, heartbeat=False)
+    ctx.append_message("system", "you are a coding agent")
+    ctx.append_message("user", "fix the failing test")
+    for n, record in enumerate(flatten(spec)):  # assistant calls and their tool results, of varied sizes
+        role = record["role"]
+        extra = {"tool_call_id": f"c{n}", "tool_name": "bash"} if role == "tool" else {}
+        ctx.append_message(role, "x" * sizes[n % len(sizes)] * 4, **extra)
+    expected = select_span(ctx.unsummarized(), keep_recent, cap)
+    summarizer = RecordingSummarizer()
+
+    try:
+        ctx.compress(summarizer, CompressionPolicy(keep_recent=keep_recent), cap)
+    except SummaryRejectedError:
+        pass  # a span too small for a shorter summary: what matters is which span it was given
+    ctx.release()
+
+    given_span = summarizer.calls[0][1] if summarizer.calls else []
+    assert given_span == [m["seq"] for m in expected]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -247,3 +248,27 @@ def test_records_are_written_one_line_per_record_with_unicode_kept(tmp_path: Pat
         "\u2028 line separator",
         'quote " and \\',
     ]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.text(max_size=40), min_size=0, max_size=60),
+    first=st.integers(min_value=-2, max_value=70),
+    torn=st.binary(max_size=12).filter(lambda b: b"\n" not in b),
+    block=st.sampled_from([1, 7, 64, 64 * 1024]),
+)
+def test_reading_from_an_id_finds_exactly_the_records_a_full_scan_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, texts: list[str], first: int, torn: bytes, block: int
+) -> None:
+    monkeypatch.setattr(jsonl, "_BLOCK", block)  # small blocks make even a short file a real binary search
+    path = tmp_path / f"from-id-{uuid.uuid4().hex}.jsonl"
+    writer = jsonl.JsonlWriter(path, fsync="never")
+    for text in texts:
+        writer.append({"text": text})
+    writer.close()
+    with path.open("ab") as handle:
+        handle.write(torn)  # a crash mid-write: readers ignore it
+
+    expected = [r for r in jsonl.iter_records(path) if r["seq"] >= first]
+
+    assert list(jsonl.iter_from_id(path, first)) == expected

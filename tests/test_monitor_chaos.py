@@ -23,6 +23,7 @@ from replay.rules import conversation_key
 from tests.helpers.beat_process import BeatProcess, children_of
 from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.ci import cannot_run
+from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import (
     agent_requests,
@@ -33,8 +34,12 @@ from tests.helpers.worker_scenarios import (
     tool,
     worker_logs,
 )
+from worker.forges.reporter import MARKER
 
 pytestmark = pytest.mark.integration
+
+FORGE_TOKEN = "chaos-forge-token-3b7a"
+FAILED_LABEL = "coding agent failed"
 
 MONITOR_ENV = {"TASUKI__MONITOR__INTERVAL_S": "1", "TASUKI__MONITOR__BEAT_LOCK_TTL_S": "2"}
 FINISH_TIMEOUT_S = 120.0
@@ -140,28 +145,40 @@ def test_killed_worker_tasks_resume_elsewhere_and_every_task_completes_once(
     assert "lock taken over" not in worker_logs(stack)  # never two holders: nobody was ever fenced
 
 
-def test_task_whose_worker_is_killed_max_attempts_times_fails_with_the_error_in_completed(
+def test_task_whose_worker_is_killed_max_attempts_times_fails_and_its_issue_says_so(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
-    with chaos_stack(tmp_path, redis_url, sleepy_turns(40, sleep_s=0.2)) as (stack, _server):
-        [uuid] = send_tasks(stack, tmp_path, 1)
-        steps = 0
-        for attempt in (1, 2, 3):
-            worker = stack.start_worker(f"w{attempt}", queues="tasks")
+    """The monitor, not a worker, ends this task: the issue still gets its failed label and the reason."""
+    with FakeForge(tmp_path / "forge", FORGE_TOKEN).serve() as forge:
+        forge.add_repo("team", "calc", make_buggy_repo(tmp_path / "source"))
+        forge.add_item("team", "calc", 7, "add() subtracts")
+        forge_env = {"TASUKI__GITHUB__API_URL": forge.github_api_url, "GITHUB_TOKEN": FORGE_TOKEN}
+        with chaos_stack(tmp_path, redis_url, sleepy_turns(40, sleep_s=0.2), **forge_env) as (stack, _server):
+            uuid = stack.send({"task_key": {"task_source": "github", "owner": "team", "repo": "calc",
+                                            "task_type": "issue", "task_id": "7"}, "user": "octocat"})
+            steps = 0
+            for attempt in (1, 2, 3):
+                worker = stack.start_worker(f"w{attempt}", queues="tasks")
 
-            def progressed(worker: WorkerProcess = worker, attempt: int = attempt, steps: int = steps) -> bool:
-                state = running_state(stack, uuid)
-                return bool(state and state["attempt"] == attempt and state["llm_call_count"] > steps
-                            and mid_task_on(stack, [uuid], worker))
+                def progressed(worker: WorkerProcess = worker, attempt: int = attempt, steps: int = steps) -> bool:
+                    state = running_state(stack, uuid)
+                    return bool(state and state["attempt"] == attempt and state["llm_call_count"] > steps
+                                and mid_task_on(stack, [uuid], worker))
 
-            stack.wait_until(progressed, what=f"attempt {attempt} running")
-            steps = int((running_state(stack, uuid) or {})["llm_call_count"])
-            worker.kill()
-        state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+                stack.wait_until(progressed, what=f"attempt {attempt} running")
+                steps = int((running_state(stack, uuid) or {})["llm_call_count"])
+                worker.kill()
+            state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
+            issue = forge.item("team", "calc", 7)
+            stack.wait_until(lambda: issue.labels == [FAILED_LABEL], what="the issue's failed label")
     assert state["status"] == "failed"
     assert state["error"].startswith("worker lost: heartbeat stale since ")
     assert state["attempt"] == 3
     assert not (stack.contexts_dir / "running" / uuid).exists()
+    progress = [c.body for c in issue.comments if MARKER.format(uuid=uuid) in c.body]
+    assert len(progress) == 1  # the one progress comment, edited in place to its final state
+    assert "worker lost: heartbeat stale since" in progress[0]
+    assert "failed" in progress[0]
 
 
 # -- Celery redelivers ---------------------------------------------------------------------------------

@@ -11,13 +11,19 @@ model that under-reports cannot make an oversized prompt pass.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from cli.viewer import format_detail
+from contexts import ContextStore
+from contexts.clock import utc_now
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from contexts.queries import show_context
+from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import (
@@ -31,7 +37,8 @@ from tests.helpers.worker_scenarios import (
     running_stack,
     worker_logs,
 )
-from worker.names import COMPRESSION_QUEUE
+from worker import compressors
+from worker.names import COMPRESSION_QUEUE, STATS_KEY
 from worker.prompts import SUMMARIZER_SYSTEM, SYSTEM_PROMPT, task_message
 
 pytestmark = pytest.mark.integration
@@ -173,3 +180,46 @@ def test_failed_summaries_never_lose_the_task_and_every_request_fits_the_window(
         # While no summary could be made, the oldest messages were left out of the prompt (not the files).
         prompts = [m["content"] for r in agent_requests(server.requests) for m in r["body"]["messages"]]
         assert any(re.fullmatch(r"\[\d+ earlier messages omitted\]", text or "") for text in prompts)
+
+
+def test_tasuki_worker_with_one_task_process_compresses_on_its_own_compression_worker(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The fleet's normal case: every task process busy. ``tasuki worker`` brings compression capacity of its
+    own (a threads worker beside the task worker), so no compression waits for a free task process."""
+    with running_stack(tmp_path, redis_url, long_task(), context_length=CONTEXT_LENGTH, env=COMPRESSION_ENV) as (
+        stack, server
+    ):
+        stack.workers.append(WorkerProcess("w1", stack.env(), tmp_path / "w1.log", tasuki=True).start())
+        stack.wait_until(lambda: compressors.alive(redis_client, time.time()) > 0, what="the compression worker")
+        uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo"), prompt=PROMPT))
+        state = stack.wait_finished(uuid, timeout_s=120)
+        assert state["status"] == "completed", state
+        summaries = assert_compressed_within_budget(stack.contexts_dir / "completed" / uuid, state, server.requests)
+
+        assert {s["via"] for s in summaries} == {"queue"}
+        assert [m.group(1) for m in JOB_RAN.finditer(worker_logs(stack))] == ["succeeded"] * len(summaries)
+        assert INLINE_NOTE not in worker_logs(stack)
+        assert state["compression_run_ms"] == sum(s["run_ms"] for s in summaries)
+        assert int(redis_client.hget(STATS_KEY, "compressions_via:queue") or 0) == len(summaries)
+        shown = format_detail(show_context(ContextStore(stack.contexts_dir), uuid), now=utc_now(), width=200,
+                              all_summaries=True)
+        assert f"Compressions: {len(summaries)} (waited " in shown
+        assert shown.count("via queue, waited ") == len(summaries)
+
+
+def test_with_no_compression_worker_alive_a_task_summarizes_in_its_own_process_without_waiting(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # A wait for a consumer would last start_timeout_s per compression: far past the test's time-out.
+    env = {**COMPRESSION_ENV, "TASUKI__COMPRESSION__START_TIMEOUT_S": "3600"}
+    with running_stack(tmp_path, redis_url, long_task(), context_length=CONTEXT_LENGTH, env=env) as (stack, server):
+        stack.workers.append(WorkerProcess("w1", stack.env(), tmp_path / "w1.log", queues="tasks").start())
+        uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo"), prompt=PROMPT))
+        state = stack.wait_finished(uuid, timeout_s=120)
+        assert state["status"] == "completed", state
+        summaries = assert_compressed_within_budget(stack.contexts_dir / "completed" / uuid, state, server.requests)
+
+        assert {(s["via"], s["queue_wait_ms"]) for s in summaries} == {("inline", 0)}
+        assert worker_logs(stack).count("no compression worker is alive") == len(summaries)
+        assert redis_client.llen(COMPRESSION_QUEUE) == 0  # no job was ever sent

@@ -95,6 +95,16 @@ class FleetCollector(Collector):
             "tasuki_compressions", "Context compressions (finished and running tasks)",
             value=stats.get("compressions", 0) + running_compressions,
         )
+        by_way = CounterMetricFamily("tasuki_compressions_by_way", "Compressions by where they ran: the "
+                                     "compression queue, or inline in the task's own process", labels=["via"])
+        for field, count in sorted(stats.items()):
+            if field.startswith("compressions_via:"):
+                by_way.add_metric([field.removeprefix("compressions_via:")], count)
+        yield by_way
+        yield CounterMetricFamily("tasuki_compression_queue_wait_seconds", "Time compressions waited to start",
+                                  value=stats.get("compression_queue_wait_ms", 0) / 1000)
+        yield CounterMetricFamily("tasuki_compression_run_seconds", "Time compressions took to run",
+                                  value=stats.get("compression_run_ms", 0) / 1000)
         alert = GaugeMetricFamily("tasuki_alert", "Latest value of each scheduler alert gauge", labels=["name"])
         for name, value in sorted((_text(k), v) for k, v in alerts.items()):
             try:

@@ -128,27 +128,26 @@ class Agent:
             calls = reply.tool_calls
             if not calls:
                 self.ctx.append_message("user", NUDGE)
-        self.execute(calls)
+        summary = self.execute(calls)
         self.ctx.step_done()
         # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.
         if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))
         ):
             self.ctx.update_state(last_activity="checkpoint")
-        finish = next((c for c in calls if c.name == "finish"), None)
-        if finish is not None:
-            raise Finished(str(finish.arguments.get("summary", "")))
+        if summary is not None:
+            raise Finished(summary)
 
     def unanswered(self) -> list[ToolCall] | None:
         """Tool calls of the newest reply that have no result on disk yet (``None``: ask the model).
 
         A reply whose calls were all answered, including a ``finish``, ends the task at once.
         """
-        answered: set[str] = set()
+        answered: dict[str, str] = {}  # call id → its result's text
         for record in self._newest_records():
             role = record.get("role")
             if role == "tool":
-                answered.add(str(record.get("tool_call_id")))
+                answered[str(record.get("tool_call_id"))] = str(record.get("content") or "")
                 continue
             if role != "assistant":
                 return None
@@ -158,8 +157,8 @@ class Agent:
                 return []
             pending = [c for c in calls if c.id not in answered]
             finish = next((c for c in calls if c.name == "finish"), None)
-            if not pending and finish is not None:
-                raise Finished(str(finish.arguments.get("summary", "")))
+            if not pending and finish is not None and not answered[finish.id].startswith("error:"):
+                raise Finished(str(finish.arguments.get("summary", "")).strip())
             return pending or None
         return None
 
@@ -248,26 +247,28 @@ class Agent:
         log.info("llm call", prompt_tokens=reply.prompt_tokens, tool_calls=[c.name for c in reply.tool_calls])
         return reply
 
-    def execute(self, calls: list[ToolCall]) -> None:
-        """Run each call; record it in ``tools.jsonl`` and as a ``tool`` message (cut for the prompt)."""
+    def execute(self, calls: list[ToolCall]) -> str | None:
+        """Run each call through its tool's own argument check; record it in ``tools.jsonl`` and as a ``tool``
+        message (cut for the prompt). Returns the summary of a ``finish`` that its check accepted, else None:
+        a blank or missing summary goes back to the model as the tool's error."""
+        summary = None
         for call in calls:
-            if call.name == "finish":
-                result_text, status, error, duration = "finished", "success", None, 0
-            else:
-                result = run_tool(
-                    self.workspace,
-                    call.name,
-                    call.arguments if call.raw_arguments is None else call.raw_arguments,
-                    bash_timeout_s=self.limits.bash_timeout_s,
-                    max_output_chars=FULL_OUTPUT_MAX_CHARS,
-                    sandbox=self.sandbox,
-                    limits=self.sandbox_limits,
-                    on_start=self._command_started if call.name == "bash" else None,
-                )
-                if call.name == "bash":
-                    self.ctx.update_state(running_command=None)
-                result_text, status, error, duration = result.output, result.status, result.error, result.duration_ms
-            self._record_result(call, result_text, status, error, duration)
+            result = run_tool(
+                self.workspace,
+                call.name,
+                call.arguments if call.raw_arguments is None else call.raw_arguments,
+                bash_timeout_s=self.limits.bash_timeout_s,
+                max_output_chars=FULL_OUTPUT_MAX_CHARS,
+                sandbox=self.sandbox,
+                limits=self.sandbox_limits,
+                on_start=self._command_started if call.name == "bash" else None,
+            )
+            if call.name == "bash":
+                self.ctx.update_state(running_command=None)
+            if result.finished:
+                summary = result.summary
+            self._record_result(call, result.output, result.status, result.error, result.duration_ms)
+        return summary
 
     def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int) -> None:
         """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt)."""

@@ -1,4 +1,5 @@
-"""Worker lifecycle hooks: shutdown requests and cancellation flags seen by running tasks."""
+"""Worker lifecycle hooks: shutdown requests and cancellation flags seen by running tasks, and the beat of a
+worker that consumes the compression queue."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
-from worker.names import CANCEL_PREFIX
+from worker.compressors import Announcer
+from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE
 from worker.runtime import redis_client, settings
 from worker.sandbox import SandboxUnavailable, make_sandbox
 
@@ -19,6 +21,7 @@ log = structlog.get_logger(__name__)
 # (before it forks its pool), is what the main process sets and every child reads (a child forked later
 # inherits it set, and hands back its task at once).
 _shutdown = mmap.mmap(-1, 1)
+_announcers: list[Announcer] = []
 
 
 def shutting_down() -> bool:
@@ -30,6 +33,8 @@ def shutting_down() -> bool:
 def _on_shutdown(sig: str = "", how: str = "", exitcode: int = 0, **_: object) -> None:
     _shutdown[0] = 1
     log.info("worker shutting down; running tasks hand back at the next step", how=how)
+    while _announcers:  # from now on, tasks summarize in their own process rather than wait for this one
+        _announcers.pop().stop()
 
 
 def cancel_flagged(uuid: str) -> bool:
@@ -50,3 +55,13 @@ def _check_sandbox(**_: object) -> None:
         return
     if sandbox.name == "none":
         log.warning("sandbox.backend is none: agent commands run unsandboxed on this host")
+
+
+@worker_ready.connect
+def _announce_compression(sender: object = None, **_: object) -> None:
+    """A worker that consumes the compression queue says so in Redis while it runs (worker.compressors)."""
+    app = getattr(sender, "app", None)
+    node = getattr(sender, "hostname", None)
+    if app is None or node is None or COMPRESSION_QUEUE not in app.amqp.queues.consume_from:
+        return
+    _announcers.append(Announcer(redis_client(), str(node)).start())

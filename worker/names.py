@@ -38,3 +38,4 @@ AUTOFIX_OFF_PREFIX: Final = "tasuki:autofix-off:"  # + pull/merge request key, s
 FORGE_REPLY: Final = "tasuki.forge_reply"  # a short reply on an issue or pull/merge request (unknown commands)
 LAST_TASK_PREFIX: Final = "tasuki:last-task:"  # + task key, UUID of its newest finished task (`/tasuki retry`)
 CI_SEEN_PREFIX: Final = "tasuki:ci-seen:"  # + pull/merge request key:commit, SET NX: one fix task per failed commit
+COMPRESSORS_KEY: Final = "tasuki:compressors"  # sorted set: Celery node consuming `compression`, scored by heartbeat

@@ -163,6 +163,9 @@ class CompressionSettings(Section):
     """Seconds a compression job may wait for a worker; then the task summarizes in its own worker."""
     timeout_s: PositiveFloat = 600.0
     """Seconds a compression job may take before the task goes on without it (emergency rule)."""
+    concurrency: PositiveInt = 8
+    """Summaries at once in each compression worker that `tasuki worker` starts beside the task worker (threads:
+    a summary is a wait on the model, so compression never waits for a free task process)."""
 
     def policy(self, threshold: float | None = None) -> CompressionPolicy:
         """The compression policy of these settings; ``threshold`` overrides (a task's own, from its metadata)."""

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import takewhile
 from typing import Any, cast
 
 import redis
 import structlog
 from celery import Task
 from celery.exceptions import Ignore
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
+from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from contexts.state import read_state
-from worker import lifecycle
+from worker import compressors, lifecycle
 from worker.celery import app
 from worker.forges import ItemRef, make_forge
 from worker.forges.reporter import reporter_for
@@ -40,6 +43,7 @@ from worker.user_config import resolve_llm_config
 log = structlog.get_logger(__name__)
 
 
+RESULT_CHECK_S = 0.5  # how often a waiting task re-checks a compression job's time limits
 SUMMARIZER_OVERHEAD_TOKENS = 400  # the summarizer's instructions and the per-message role prefixes
 SPAN_SHARE = 0.6  # of what is left: the rest is room for the summary the model writes
 
@@ -174,16 +178,17 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
     Stateless and read-only: the context's holder records the summary, so there is never a second writer.
     """
     structlog.contextvars.bind_contextvars(uuid=uuid)
+    started_at, started = time.time(), time.monotonic()
     try:
         store = context_store(index=False)
         directory = store.running_path(uuid)
-        span = [
-            r for r in jsonl.iter_records(directory / MESSAGES_FILE) if start_seq <= int(r["seq"]) <= end_seq
-        ]
+        span = list(takewhile(lambda r: int(r["seq"]) <= end_seq, jsonl.iter_from_id(directory / MESSAGES_FILE,
+                                                                                     start_seq)))
         previous = jsonl.last_record(directory / SUMMARIES_FILE)
         config = jsonl_metadata_config(directory)
         text = summarize(provider_for(config), previous["summary"] if previous else None, span)
-        return {"summary": text, "start_seq": start_seq, "end_seq": end_seq}
+        run_ms = int((time.monotonic() - started) * 1000)
+        return {"summary": text, "start_seq": start_seq, "end_seq": end_seq, "started_at": started_at, "run_ms": run_ms}
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
 
@@ -235,17 +240,51 @@ def compress_through_queue(ctx: Context) -> None:
     s = settings()
     policy = s.compression.policy()
 
-    def summarizer(previous: str | None, span: list[dict[str, Any]]) -> str:
+    def inline(previous: str | None, span: list[dict[str, Any]], waited_ms: int) -> Summarized:
+        started = time.monotonic()
+        text = summarize(provider_for(ctx.metadata["config"]), previous, span)
+        return Summarized(text, {"via": "inline", "queue_wait_ms": waited_ms,
+                                 "run_ms": int((time.monotonic() - started) * 1000)})
+
+    def summarizer(previous: str | None, span: list[dict[str, Any]]) -> Summarized:
+        if not compressor_alive():
+            log.info("no compression worker is alive; summarizing in this worker")
+            return inline(previous, span, 0)
+        sent = time.time()
         result = compress_context.apply_async(
             args=[ctx.uuid, span[0]["seq"], span[-1]["seq"]], queue=COMPRESSION_QUEUE
         )
-        text = wait_for_summary(result, s.compression.start_timeout_s, s.compression.timeout_s)
-        if text is None:
+        done = wait_for_summary(result, s.compression.start_timeout_s, s.compression.timeout_s)
+        if done is None:
             log.info("no worker took the compression job in time; summarizing in this worker")
-            text = summarize(provider_for(ctx.metadata["config"]), previous, span)
-        return text
+            return inline(previous, span, int((time.time() - sent) * 1000))
+        waited = max(int((float(done.get("started_at", sent)) - sent) * 1000), 0)
+        return Summarized(str(done["summary"]), {"via": "queue", "queue_wait_ms": waited,
+                                                 "run_ms": int(done.get("run_ms", 0))})
 
-    ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    if summary is not None:
+        count_compression(summary)
+
+
+def count_compression(summary: dict[str, Any]) -> None:
+    """Add one compression to the counters ``/metrics`` exports: how it ran, its queue wait and run time."""
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.hincrby(STATS_KEY, f"compressions_via:{summary.get('via', 'inline')}", 1)
+        pipe.hincrby(STATS_KEY, "compression_queue_wait_ms", int(summary.get("queue_wait_ms", 0)))
+        pipe.hincrby(STATS_KEY, "compression_run_ms", int(summary.get("run_ms", 0)))
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("compression not counted", error=str(exc))
+
+
+def compressor_alive() -> bool:
+    """True while a compression worker beats in Redis (a Redis that does not answer counts as none)."""
+    try:
+        return compressors.alive(redis_client(), time.time()) > 0
+    except redis.RedisError:
+        return False
 
 
 def summary_span_budget(ctx: Context) -> int:
@@ -257,13 +296,22 @@ def summary_span_budget(ctx: Context) -> int:
     return max(int(room * SPAN_SHARE / max(ctx.token_factor, 0.25)), 1)
 
 
-def wait_for_summary(result: AsyncResult, start_timeout_s: float, timeout_s: float) -> str | None:
-    """Poll a compression job; ``None`` when no worker started it within ``start_timeout_s``."""
+def wait_for_summary(result: AsyncResult, start_timeout_s: float, timeout_s: float) -> dict[str, Any] | None:
+    """Wait for a compression job's result; ``None`` when no worker started it within ``start_timeout_s``.
+
+    The result backend tells the waiter the moment the job is done (Redis pub/sub), so a summary costs the
+    task the summary request itself, not a polling interval; the loop only checks the two time limits.
+    """
     started = time.monotonic()
     while True:
+        try:
+            # A compression job is not a subtask of the running task: waiting on it cannot deadlock a pool.
+            value = result.get(timeout=RESULT_CHECK_S, propagate=False, disable_sync_subtasks=False)
+        except CeleryTimeoutError:
+            value = None
         state = result.state
         if state == "SUCCESS":
-            return str(result.result["summary"])
+            return cast(dict[str, Any], value if value is not None else result.result)
         if state in ("FAILURE", "REVOKED"):
             raise CompressionError(f"compression job {state.lower()}: {str(result.result)[:200]}")
         waited = time.monotonic() - started
@@ -273,4 +321,3 @@ def wait_for_summary(result: AsyncResult, start_timeout_s: float, timeout_s: flo
         if waited > timeout_s:
             result.revoke()
             raise CompressionError(f"compression job did not finish within {timeout_s}s")
-        time.sleep(0.2)  # polling a remote job's state: there is no event to wait on

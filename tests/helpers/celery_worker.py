@@ -28,31 +28,18 @@ class WorkerProcess:
     concurrency: int = 1
     queues: str = "tasks,compression,maintenance"
     pool: str = "prefork"
+    tasuki: bool = False  # run `tasuki worker` (the task worker and its compression worker) instead of celery's
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> WorkerProcess:
         """Start the worker and wait until it answers a ping."""
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "worker",
-            "worker",
-            "-n",
-            f"{self.name}@%h",
-            "-Q",
-            self.queues,
-            "-c",
-            str(self.concurrency),
-            "-P",
-            self.pool,
-            "--without-gossip",
-            "--without-mingle",
-            "-E",
-            "-l",
-            "INFO",
-        ]
+        quiet = ["--without-gossip", "--without-mingle", "-E", "-l", "INFO"]
+        if self.tasuki:
+            cmd = [sys.executable, "-m", "cli.main", "worker", "-n", f"{self.name}@%h", "-c", str(self.concurrency),
+                   *quiet]
+        else:
+            cmd = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-n", f"{self.name}@%h",
+                   "-Q", self.queues, "-c", str(self.concurrency), "-P", self.pool, *quiet]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         self.process = subprocess.Popen(
             cmd, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -30,7 +30,7 @@ from tests.helpers.docker_host import REPO_ROOT, Engine
 HEALTHCHECK_INTERVAL = {"interval": "2s", "timeout": "20s", "retries": 10, "start_period": "5s"}
 UNIQUE_NODE = (
     'node="tasuki@$$(hostname)-$$(head -c 8 /proc/sys/kernel/random/uuid)"; echo "$$node" > /tmp/celery-node; '
-    'exec celery -A worker "$$@" -n "$$node"'
+    'exec tasuki "$$@" -n "$$node"'
 )
 PING_OWN_NODE = 'celery -A worker inspect ping -d "$$(cat /tmp/celery-node)" -t 10'
 
@@ -57,7 +57,7 @@ def override(ports: Ports, settings: Mapping[str, str]) -> dict[str, Any]:
             },
             "worker": {
                 **tasuki,
-                "entrypoint": ["sh", "-c", UNIQUE_NODE, "celery"],
+                "entrypoint": ["sh", "-c", UNIQUE_NODE, "tasuki"],
                 "healthcheck": {"test": ["CMD-SHELL", PING_OWN_NODE], **HEALTHCHECK_INTERVAL},
             },
             "maintenance": {**tasuki, "healthcheck": HEALTHCHECK_INTERVAL},
