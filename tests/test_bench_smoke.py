@@ -38,7 +38,7 @@ def test_quick_run_prints_every_ratio_and_the_summary_table(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []  # the scratch contexts are removed
 
 
-SERVICE_BENCHMARKS = ("throughput", "worker-memory", "monitor", "failover", "webhook")
+SERVICE_BENCHMARKS = ("throughput", "worker-memory", "monitor", "failover", "webhook", "followups")
 
 
 @pytest.mark.integration
@@ -59,6 +59,8 @@ def test_quick_run_of_the_service_benchmarks_prints_their_ratios(tmp_path: Path)
         "monitor: index pass",
         "failover:",
         "webhook deliveries/s vs bare",
+        "review -> follow-up's first request",
+        "comment mid-run -> model sees it",
     ):
         assert re.search(rf"^{re.escape(name)}.*\s(PASS|MISS|info)$", table, re.MULTILINE), f"{name!r} not in:\n{table}"
 

@@ -10,9 +10,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from webhooks.ci_events import CIFailure, github_ci, gitlab_ci
+from webhooks.payload import get as _get
+from webhooks.payload import number as _number
+from webhooks.payload import text as _text
 from worker.settings_models import GitHubSettings, GitLabSettings
 
+COMMAND_PREFIX = "/tasuki"
 CANCEL_COMMAND = "/tasuki cancel"
+COMMANDS = ("cancel", "retry", "autofix on", "autofix off")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
@@ -24,7 +30,40 @@ class Trigger:
     user: str
     issue: dict[str, Any]
     prompt: str = ""
+    trigger: dict[str, Any] = field(default_factory=dict)  # kind: label | comment | review
+    body: str = ""  # a pull/merge request's body (it carries the thread marker of one a task opened)
+    head: str = ""  # a pull/merge request's head branch, when the payload names it
+    details: dict[str, Any] = field(default_factory=dict)  # review_id, comments (path, line, diff hunk)
+
+
+@dataclass(frozen=True)
+class Note:
+    """A comment from an allowed author without the mention: for the task running on the thread, if any."""
+
+    task_key: dict[str, str]
+    user: str
+    text: str
+    body: str = ""
+    head: str = ""
     trigger: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``/tasuki`` command other than cancel: ``retry``, ``autofix on|off``, or an unknown one (``name`` is
+    what was written)."""
+
+    task_key: dict[str, str]
+    user: str
+    name: str
+    body: str = ""
+    head: str = ""
+    trigger: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def known(self) -> bool:
+        """Whether Tasuki knows the command."""
+        return self.name in COMMANDS
 
 
 @dataclass(frozen=True)
@@ -42,24 +81,7 @@ class Ignore:
     reason: str
 
 
-Action = Trigger | Cancel | Ignore
-
-
-def _get(data: Any, *path: str) -> Any:
-    """``data[path[0]][path[1]]...``, or None as soon as a step is missing or not a mapping."""
-    for key in path:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _number(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+Action = Trigger | Cancel | Note | Command | CIFailure | Ignore
 
 
 def live_lines(body: str) -> list[str]:
@@ -82,21 +104,58 @@ def mentions(body: str, mention: str) -> bool:
 
 def asks_to_cancel(body: str) -> bool:
     """True when a live line of ``body`` is the ``/tasuki cancel`` command."""
-    return any(line.strip().lower() == CANCEL_COMMAND for line in live_lines(body))
+    return command(body) == "cancel"
+
+
+def command(body: str) -> str | None:
+    """The ``/tasuki`` command of the first live line that is one (``retry``, ``autofix off``, …), or None."""
+    for line in live_lines(body):
+        words = line.strip().lower().split()
+        if words and words[0] == COMMAND_PREFIX:
+            return " ".join(words[1:])[:60]
+    return None
 
 
 def _key(source: str, owner: str, repo: str, task_type: str, number: int) -> dict[str, str]:
     return {"task_source": source, "owner": owner, "repo": repo, "task_type": task_type, "task_id": str(number)}
 
 
-def _comment_action(
-    body: str, user: str, key: dict[str, str], issue: dict[str, Any], mention: str, trigger: dict[str, Any]
-) -> Action:
-    if asks_to_cancel(body):
+def _commanded(
+    body: str, user: str, key: dict[str, str], pull: tuple[str, str], trigger: dict[str, Any]
+) -> Action | None:
+    """The ``/tasuki`` command of a comment, if it holds one."""
+    said = command(body)
+    if said == "cancel":
         return Cancel(key, user)
+    return Command(key, user, said, *pull, trigger={**trigger, "kind": "comment"}) if said is not None else None
+
+
+def _comment_action(
+    body: str, user: str, key: dict[str, str], issue: dict[str, Any], mention: str, trigger: dict[str, Any],
+    pull: tuple[str, str] = ("", ""),
+) -> Action:
+    """``pull``: the body and head branch of the pull/merge request commented on."""
+    commanded = _commanded(body, user, key, pull, trigger)
+    if commanded is not None:
+        return commanded
+    text = "\n".join(live_lines(body)).strip()
     if mentions(body, mention):
-        return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), trigger)
-    return Ignore("comment without the mention")
+        return Trigger(key, user, issue, text, trigger, *pull)
+    if not text:
+        return Ignore("comment without live text")
+    return Note(key, user, text, *pull, trigger=trigger)
+
+
+def _review_action(
+    body: str, user: str, key: dict[str, str], issue: dict[str, Any], trigger: dict[str, Any],
+    pull: tuple[str, str], details: dict[str, Any],
+) -> Action:
+    """A review or review comment: commands as in any comment, else a follow-up (when a task opened it)."""
+    commanded = _commanded(body, user, key, pull, trigger)
+    if commanded is not None:
+        return commanded
+    return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), {**trigger, "kind": "review"}, *pull,
+                   details=details)
 
 
 # -- GitHub --------------------------------------------------------------------------------------
@@ -104,6 +163,9 @@ def _comment_action(
 
 def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> Action:
     """The action of a GitHub event (``X-GitHub-Event``) and its payload."""
+    ci = github_ci(event, payload)
+    if ci is not None:
+        return ci if isinstance(ci, CIFailure) else Ignore(ci)
     sender = _text(_get(payload, "sender", "login"))
     if sender.lower() == cfg.bot_login.lower():
         return Ignore("sent by the bot")
@@ -114,8 +176,9 @@ def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> A
     action = _get(payload, "action")
     if event in ("issues", "pull_request"):
         return _github_label(event, action, payload, cfg, owner, repo, sender)
-    if event in ("issue_comment", "pull_request_review_comment") and action == "created":
-        return _github_comment(event, payload, cfg, owner, repo, sender)
+    handler = _GITHUB_COMMENTS.get((event, action))
+    if handler is not None:
+        return handler(event, payload, cfg, owner, repo, sender)
     return Ignore(f"event {event}.{action}" if action else f"event {event}")
 
 
@@ -132,7 +195,45 @@ def _github_comment(
     key = _key("github", owner, repo, "pull_request" if is_pull else "issue", number)
     body = _text(_get(payload, "comment", "body"))
     trigger = {"kind": "comment", "user": sender}
-    return _comment_action(body, sender, key, _github_issue(item), cfg.mention, trigger)
+    pull = (_text(_get(item, "body")), _text(_get(item, "head", "ref"))) if is_pull else ("", "")
+    if event == "pull_request_review_comment":
+        details = {"comments": [_github_review_comment(_get(payload, "comment"))]}
+        return _review_action(body, sender, key, _github_issue(item), trigger, pull, details)
+    return _comment_action(body, sender, key, _github_issue(item), cfg.mention, trigger, pull)
+
+
+def _github_review(
+    event: str, payload: dict[str, Any], cfg: GitHubSettings, owner: str, repo: str, sender: str
+) -> Action:
+    item = _get(payload, "pull_request")
+    number, review_id = _number(_get(item, "number")), _number(_get(payload, "review", "id"))
+    if number is None or review_id is None:
+        return Ignore("review without a pull request number or review id")
+    if _get(payload, "review", "author_association") not in cfg.allowed_associations:
+        return Ignore("review author not allowed")
+    body = _text(_get(payload, "review", "body"))
+    if _get(payload, "review", "state") == "approved" and not body.strip():
+        return Ignore("approved without comments")
+    key = _key("github", owner, repo, "pull_request", number)
+    pull = (_text(_get(item, "body")), _text(_get(item, "head", "ref")))
+    return _review_action(body, sender, key, _github_issue(item), {"kind": "review", "user": sender}, pull,
+                          {"review_id": review_id})
+
+
+_GITHUB_COMMENTS = {
+    ("issue_comment", "created"): _github_comment,
+    ("pull_request_review_comment", "created"): _github_comment,
+    ("pull_request_review", "submitted"): _github_review,
+}
+
+
+def _github_review_comment(comment: Any) -> dict[str, Any]:
+    """A review comment as a follow-up reads it: where (path, line, diff hunk), who, what, which thread."""
+    line = _number(_get(comment, "line")) or _number(_get(comment, "original_line"))
+    reply_to = _number(_get(comment, "in_reply_to_id"))
+    return {"id": _number(_get(comment, "id")) or 0, "author": _text(_get(comment, "user", "login")),
+            "body": _text(_get(comment, "body")), "path": _text(_get(comment, "path")), "line": line,
+            "diff_hunk": _text(_get(comment, "diff_hunk")), "thread": str(reply_to) if reply_to else ""}
 
 
 def _github_label(
@@ -171,6 +272,9 @@ def _label_titles(labels: Any) -> set[str]:
 
 def gitlab_action(payload: dict[str, Any], cfg: GitLabSettings) -> Action:
     """The action of a GitLab event payload (``object_kind`` says which; the header only names it)."""
+    ci = gitlab_ci(payload)
+    if ci is not None:
+        return ci if isinstance(ci, CIFailure) else Ignore(ci)
     user = _text(_get(payload, "user", "username"))
     if user.lower() == cfg.bot_login.lower():
         return Ignore("sent by the bot")
@@ -220,7 +324,23 @@ def _gitlab_note(
     if number is None:
         return Ignore("note without an iid")
     key = _key("gitlab", owner, repo, task_type, number)
-    return _comment_action(_text(_get(note, "note")), user, key, _gitlab_issue(item), cfg.mention, trigger)
+    body = _text(_get(note, "note"))
+    if task_type == "issue":
+        return _comment_action(body, user, key, _gitlab_issue(item), cfg.mention, trigger)
+    pull = (_text(_get(item, "description")), _text(_get(item, "source_branch")))
+    if isinstance(_get(note, "position"), dict) or _get(note, "type") == "DiffNote":
+        details = {"comments": [_gitlab_diff_note(note, user)]}
+        return _review_action(body, user, key, _gitlab_issue(item), trigger, pull, details)
+    return _comment_action(body, user, key, _gitlab_issue(item), cfg.mention, trigger, pull)
+
+
+def _gitlab_diff_note(note: Any, user: str) -> dict[str, Any]:
+    """A diff note as a follow-up reads it: its position (path, line), the diff if the hook has it, its discussion."""
+    position = _get(note, "position")
+    line = _number(_get(position, "new_line")) or _number(_get(position, "old_line"))
+    return {"id": _number(_get(note, "id")) or 0, "author": user, "body": _text(_get(note, "note")),
+            "path": _text(_get(position, "new_path")) or _text(_get(position, "old_path")), "line": line,
+            "diff_hunk": _text(_get(note, "st_diff", "diff")), "thread": _text(_get(note, "discussion_id"))}
 
 
 def _gitlab_issue(item: Any) -> dict[str, Any]:

@@ -16,7 +16,9 @@ import structlog
 from celery.result import AsyncResult
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
-from webhooks.events import Action, Cancel, Ignore, Trigger
+from webhooks.ci_events import CIFailure
+from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
+from webhooks.followups import Followups, inbox_entry
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
 from worker.settings_models import Settings
 from worker.stores import open_store
@@ -63,6 +65,7 @@ class Intake:
         self.client = client
         self.celery_app = celery_app
         self._store: ContextStore | None = None
+        self.followups = Followups(settings, client, celery_app)
 
     @property
     def store(self) -> ContextStore:
@@ -81,29 +84,50 @@ class Intake:
         if not self.client.set(key, "1", nx=True, ex=DELIVERY_TTL_S):
             return Answer(200, {"status": "duplicate"}, "duplicate")
         try:
-            if isinstance(action, Trigger):
-                return self._trigger(action)
-            return self._cancel(action)
+            return self._act(action)
         except Exception:
             self.client.delete(key)  # not acted on: a redelivery must be able to try again
             raise
 
+    def _act(self, action: Trigger | Cancel | Note | Command | CIFailure) -> Answer:
+        if isinstance(action, Trigger):
+            return self._trigger(action)
+        if isinstance(action, Cancel):
+            return self._cancel(action)
+        if isinstance(action, Note):
+            return Answer(*self.followups.note(action))
+        if isinstance(action, Command):
+            return Answer(*self.followups.command(action, self.submit))
+        return Answer(*self.followups.ci_failure(action, self.submit))
+
     def _trigger(self, action: Trigger) -> Answer:
-        request = {
-            "task_key": action.task_key,
-            "issue": action.issue,
-            "user": action.user,
-            "prompt": action.prompt,
-            "trigger": action.trigger,
-        }
+        request = self.followups.request(action)
+        if request is None:
+            return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
         enqueued = self.submit(request)
         if enqueued.already_active:
-            return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
-        log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(action.task_key), user=action.user)
+            if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
+                return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
+            # One active task per thread: what was said reaches the running task at its next step.
+            comments = action.details.get("comments")
+            text = "" if comments else action.prompt  # a review comment's text is in its comment record
+            entry = inbox_entry(action.user, text, action.trigger, comments)
+            self.followups.to_inbox(enqueued.uuid, {**entry, "review_id": action.details.get("review_id")})
+            return Answer(200, {"status": "delivered", "task_id": enqueued.uuid}, "delivered")
+        log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(request["task_key"]), user=action.user,
+                 followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
 
+    def _finished(self, uuid: str) -> bool:
+        """Whether the task's context is completed (as far as this host's contexts show)."""
+        try:
+            return self.store.completed_path(uuid).is_dir()
+        except (OSError, ValueError):
+            return False
+
     def _cancel(self, action: Cancel) -> Answer:
-        uuid = _text(self.client.get(ACTIVE_PREFIX + task_key_id(action.task_key)))
+        thread = self.followups.thread_of(action.task_key)
+        uuid = _text(self.client.get(ACTIVE_PREFIX + task_key_id(thread.task_key if thread else action.task_key)))
         if uuid is None:
             return Answer(200, {"status": "ignored", "reason": "no active task"}, "ignored")
         log.info("cancel requested", uuid=uuid, user=action.user)
@@ -117,7 +141,12 @@ class Intake:
 
     def submit(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued:
         """Enqueue ``tasuki.run_task`` unless the task key is active (the task key is remembered by UUID)."""
-        return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        if enqueued.already_active and self._finished(enqueued.uuid):
+            # Finished a moment ago, its key not yet freed: it would never run (or read its inbox) again.
+            release_active(self.client, request["task_key"], enqueued.uuid)
+            enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+        return enqueued
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:
         """The task key of a task this intake enqueued, while Redis remembers it."""

@@ -41,6 +41,7 @@ class Checkout:
     remote: str
     branch: str
     git_env: Mapping[str, str] | None = None  # credentials passed out of band (never in the remote URL)
+    continues: bool = False  # the branch exists on the remote (a follow-up): start from it, not from the default
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True) -> str:
         """Run ``git args`` in the checkout; return stdout."""
@@ -48,8 +49,10 @@ class Checkout:
 
     @property
     def checkpoint_branch(self) -> str:
-        """Where step checkpoints are pushed: beside the task branch, never on it."""
-        return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}"
+        """Where step checkpoints are pushed: beside the task branch, never on it (a follow-up's carry its
+        own task's id: several tasks work on one pull request's branch, one after another)."""
+        own = f"-{self.path.name[:8]}" if self.continues else ""
+        return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}{own}"
 
     def prepare(self, *, fresh: bool = False) -> bool:
         """Make the checkout exist on the task branch; return True when it was resumed (not fresh).
@@ -68,18 +71,18 @@ class Checkout:
         run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                 extra_env=self.git_env)
         if fresh:
-            self.git("checkout", "-q", "-b", self.branch)
+            self.git("checkout", "-q", "-b", self.branch, *self._start_point())
             return False
         heads = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch, self.branch).split()
         if f"refs/heads/{self.checkpoint_branch}" not in heads:
             if f"refs/heads/{self.branch}" not in heads:
-                self.git("checkout", "-q", "-b", self.branch)
+                self.git("checkout", "-q", "-b", self.branch, *self._start_point())
                 return False
             # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
             # context was completed: the branch holds the work, so continue from it.
             self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
             return True
-        self.git("checkout", "-q", "-b", self.branch)
+        self.git("checkout", "-q", "-b", self.branch, *self._start_point())
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
         self.git("fetch", "-q", "origin", self.checkpoint_branch)
@@ -87,6 +90,10 @@ class Checkout:
         self.git("reset", "-q")
         self._pushed_marker.write_text(self.git("rev-parse", "FETCH_HEAD^{tree}"))
         return True
+
+    def _start_point(self) -> tuple[str, ...]:
+        """Where a new local task branch starts: the remote branch a follow-up continues, else the clone's HEAD."""
+        return (f"origin/{self.branch}",) if self.continues else ()
 
     def restore_last_checkpoint(self) -> None:
         """Put the working tree back exactly as the last pushed checkpoint (else the branch's commit) left
@@ -116,7 +123,9 @@ class Checkout:
 
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes."""
-        self.git("push", "-q", "--force", "origin", f"HEAD:refs/heads/{self.branch}")
+        # A follow-up's branch is a pull request's: never force over commits someone else pushed meanwhile.
+        force = () if self.continues else ("--force",)
+        self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
         if self._pushed_marker.exists():
             self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
 

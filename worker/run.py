@@ -31,9 +31,10 @@ from contexts.masking import mask
 from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
-from worker.prompts import SYSTEM_PROMPT, task_message
+from worker.prompts import SYSTEM_PROMPT, comment_message, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
+from worker.threads import thread_history
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +51,9 @@ class TaskRequest:
     user: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     trigger: dict[str, Any] = field(default_factory=dict)  # how it started: {"kind": "label"|"comment"|"api", ...}
+    # A follow-up on a pull/merge request a task opened (SPEC §14): {"kind": "review"|"comment"|"ci"|"retry",
+    # "pull_kind", "pull", "branch", "previous" (UUID), "review_id"?, "comments"?, "ci"?}
+    followup: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRequest:
@@ -98,6 +102,10 @@ class Reporter(Protocol):
         """The task reached a final status."""
         ...
 
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """A comment for the running task (from its inbox): what the model gets, or None to drop it."""
+        ...
+
 
 @dataclass(frozen=True)
 class LocalReporter:
@@ -118,6 +126,10 @@ class LocalReporter:
 
     def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
         """Nothing to show."""
+
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """Everything said is passed on."""
+        return entry
 
 
 def cannot_start(
@@ -141,20 +153,29 @@ def cannot_start(
 
 
 class ReportingAgent(Agent):
-    """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts)."""
+    """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts) and
+    the comments that arrived meanwhile, appended for the next model request."""
 
-    def __init__(self, *args: Any, after_step: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, after_step: Callable[[], None],
+                 comments: Callable[[], list[str]] = list, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.after_step = after_step
+        self.comments = comments
 
     def step(self) -> None:
-        """One step of :class:`Agent`, then the hook (also after the step that finished)."""
+        """One step of :class:`Agent`, then the hook (also after the step that finished), then the comments:
+        every call of the step is answered by now, so a user message cannot split a call from its result."""
         try:
             super().step()
         except Finished:
             self.after_step()
             raise
         self.after_step()
+        heard = self.comments()
+        for text in heard:
+            self.ctx.append_message("user", text, inbox=True)
+        if heard:
+            self.ctx.step_done()
 
 
 def branch_name(task_key: dict[str, str], uuid: str) -> str:
@@ -213,6 +234,7 @@ class TaskRun:
     recollect: Callable[[Context, Path, str], str] | None = None
     # (context, query, contents now in the prompt) -> the recall tool's answer; None: no memory in this task
     recall: Callable[[Context, str, set[str]], str] | None = None
+    inbox: Callable[[], list[dict[str, Any]]] = list  # comments for this task that arrived since the last call
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -245,11 +267,13 @@ class TaskRun:
         checkout: Checkout | None = None
         try:
             workplace = self.report.begin(state)
+            followup = self.request.followup
             checkout = Checkout(
                 Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
                 workplace.remote,
-                branch_name(self.request.task_key, self.uuid),
+                str(followup.get("branch") or branch_name(self.request.task_key, self.uuid)),
                 git_env=workplace.git_env,
+                continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:
@@ -277,7 +301,7 @@ class TaskRun:
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
                 ctx.append_message("system", SYSTEM_PROMPT)
-            task = task_message(self.request.prompt, workplace.issue)
+            task = task_message(self.request.prompt, workplace.issue, self._history())
             remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done()
@@ -288,6 +312,11 @@ class TaskRun:
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         result.update(self.report.deliver(checkout.branch, summary))
         return self._finish(ctx, "completed", None, result, checkout)
+
+    def _history(self) -> str:
+        """What the thread's previous task did, for a follow-up."""
+        previous = self.request.followup.get("previous")
+        return thread_history(self.store, str(previous)) if previous else ""
 
     def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:
         """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""
@@ -326,7 +355,26 @@ class TaskRun:
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
+            comments=self._comments,
         )
+
+    def _comments(self) -> list[str]:
+        """The inbox's comments that the reporter lets through, as user messages."""
+        try:
+            entries = self.inbox()
+        except Exception as exc:  # Redis away: the comments wait in the list for a later step
+            log.warning("inbox not read", error=mask(str(exc))[:300])
+            return []
+        heard = []
+        for entry in entries:
+            try:
+                passed = self.report.heard(entry)
+            except Exception as exc:
+                log.warning("comment not taken", error=mask(str(exc))[:300])
+                continue
+            if passed is not None:
+                heard.append(comment_message(passed))
+        return heard
 
     def _after_step(self, ctx: Context) -> None:
         state = ctx.read_state()

@@ -315,6 +315,13 @@ class SandboxSettings(Section):
     """Resource limits of each tool call; CPU time is capped at the call's timeout."""
 
 
+class FollowupSettings(Section):
+    max_ci_fixes: Annotated[int, Field(ge=0)] = 2
+    """CI-fix tasks in a row per pull/merge request; a person's review or `/tasuki autofix on` resets the count."""
+    ci_log_lines: PositiveInt = 200
+    """Lines kept from the end of each failed CI job's log for the fix task's prompt."""
+
+
 class LocalSettings(Section):
     var_dir: Path = Path("var")
     """This machine's own files: the embedded Redis of up and demo (and its URL), the beat schedule, the demo."""
@@ -386,6 +393,8 @@ class Settings(Section):
     """Optional per-user settings service."""
     sandbox: SandboxSettings = SandboxSettings()
     """Isolation of the agent's tool commands."""
+    followups: FollowupSettings = FollowupSettings()
+    """Follow-up tasks on a pull/merge request a task opened: reviews, CI failures (SPEC §14)."""
     local: LocalSettings = LocalSettings()
     """Files kept on this machine."""
     memory: MemorySettings = MemorySettings()

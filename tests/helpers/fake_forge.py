@@ -66,10 +66,58 @@ class FakeChange:
     url: str
 
 
+@dataclass
+class FakeReviewComment:
+    """A line comment of a pull request review (GitHub) or a diff note (GitLab), and the replies in its thread."""
+
+    id: int
+    review_id: int
+    author: str
+    body: str
+    path: str
+    line: int
+    diff_hunk: str
+    replies: list[str] = field(default_factory=list)
+
+    def github(self, pull_url: str) -> dict[str, Any]:
+        """As GitHub's REST API and webhooks show it."""
+        return {"id": self.id, "pull_request_review_id": self.review_id, "user": {"login": self.author},
+                "body": self.body, "path": self.path, "line": self.line, "original_line": self.line,
+                "side": "RIGHT", "diff_hunk": self.diff_hunk, "author_association": "OWNER",
+                "pull_request_url": pull_url, "in_reply_to_id": None}
+
+
+@dataclass
+class FakeJob:
+    """A CI job (a GitHub Actions job, which is also its check run; a GitLab job) and its log."""
+
+    id: int
+    name: str
+    conclusion: str  # success | failure
+    log: str
+
+
+@dataclass(frozen=True)
+class Raw:
+    """An answer that is not JSON: a redirect or a plain-text log."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
 class ForgeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class RawAnswer(Exception):
+    """Raised by a route whose answer is not JSON."""
+
+    def __init__(self, raw: Raw) -> None:
+        super().__init__(raw.status)
+        self.raw = raw
 
 
 class FakeForge:
@@ -84,6 +132,9 @@ class FakeForge:
         self.items: dict[tuple[str, str, int], FakeItem] = {}
         self.changes: list[FakeChange] = []
         self.members: dict[int, int] = {}  # GitLab user id -> access level
+        self.review_comments: list[FakeReviewComment] = []
+        self.discussion_replies: dict[str, list[str]] = {}  # GitLab discussion id -> reply bodies
+        self.runs: dict[int, list[FakeJob]] = {}  # workflow run / check suite / pipeline id -> its jobs
         self.requests: list[dict[str, Any]] = []
         self.faults: list[int] = []  # statuses the next API requests get instead of an answer
         self.lock = threading.Lock()
@@ -106,6 +157,32 @@ class FakeForge:
             item.comments.append(FakeComment(self._next_id(), author, text))
         self.items[(owner, repo, number)] = item
         return item
+
+    def add_review(self, owner: str, repo: str, pull: int, author: str,
+                   comments: list[tuple[str, int, str, str]]) -> tuple[int, list[FakeReviewComment]]:
+        """A submitted review with line comments ``(path, line, diff_hunk, body)``; its id and comments."""
+        review_id = self._next_id()
+        made = [FakeReviewComment(self._next_id(), review_id, author, body, path, line, hunk)
+                for path, line, hunk, body in comments]
+        self.review_comments += made
+        return review_id, made
+
+    def add_run(self, jobs: list[tuple[str, str, str]]) -> int:
+        """A finished CI run with jobs ``(name, conclusion, log)``; its id (run, check suite and pipeline)."""
+        run_id = self._next_id()
+        self.runs[run_id] = [FakeJob(self._next_id(), name, conclusion, log) for name, conclusion, log in jobs]
+        return run_id
+
+    def _job(self, job_id: int) -> FakeJob:
+        for jobs in self.runs.values():
+            for job in jobs:
+                if job.id == job_id:
+                    return job
+        raise ForgeError(404, "Not Found")
+
+    def change(self, owner: str, repo: str, head: str) -> FakeChange:
+        """The pull/merge request of a branch."""
+        return next(c for c in self.changes if (c.owner, c.repo, c.head) == (owner, repo, head))
 
     def item(self, owner: str, repo: str, number: int) -> FakeItem:
         return self.items[(owner, repo, number)]
@@ -180,6 +257,9 @@ class FakeForge:
         number = len(self.changes) + 100
         change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}")
         self.changes.append(change)
+        # A pull request is an issue too (labels, conversation comments).
+        kind = "pull_request" if web == "pull" else "merge_request"
+        self.items[(owner, repo, number)] = FakeItem(owner, repo, number, title, body, kind)
         return change
 
     # -- GitHub ------------------------------------------------------------------------------------
@@ -201,14 +281,52 @@ class FakeForge:
             raise ForgeError(404, "Not Found")
         if rest[:1] == ["issues"] and len(rest) >= 2:
             return self._github_issue(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
-        if rest == ["pulls"] and method == "GET":
+        if rest == ["pulls"]:
+            return self._github_pulls(method, owner, repo, query, data)
+        if rest[:1] == ["pulls"] and len(rest) >= 3:
+            return self._github_pull(method, owner, repo, int(rest[1]), rest[2:], data)
+        return self._github_actions(method, owner, repo, rest)
+
+    def _github_pulls(self, method: str, owner: str, repo: str, query: dict[str, str], data: Any
+                      ) -> tuple[int, Any]:
+        if method == "GET":
             head = query.get("head", "").split(":", 1)[-1]
             return 200, [{"number": c.number, "html_url": c.url} for c in self.changes
                          if (c.owner, c.repo, c.head) == (owner, repo, head)]
-        if rest == ["pulls"] and method == "POST":
-            change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
-                                       "pull")
-            return 201, {"number": change.number, "html_url": change.url}
+        change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
+                                   "pull")
+        return 201, {"number": change.number, "html_url": change.url}
+
+    def _github_pull(self, method: str, owner: str, repo: str, number: int, rest: list[str], data: Any
+                     ) -> tuple[int, Any]:
+        pull_url = f"{self.github_api_url}/repos/{owner}/{repo}/pulls/{number}"
+        if len(rest) == 3 and rest[0] == "reviews" and rest[2] == "comments" and method == "GET":
+            return 200, [c.github(pull_url) for c in self.review_comments if c.review_id == int(rest[1])]
+        if len(rest) == 3 and rest[0] == "comments" and rest[2] == "replies" and method == "POST":
+            comment = next((c for c in self.review_comments if c.id == int(rest[1])), None)
+            if comment is None:
+                raise ForgeError(404, "Not Found")
+            comment.replies.append(data["body"])
+            return 201, {"id": self._next_id(), "body": data["body"], "in_reply_to_id": comment.id,
+                         "user": {"login": self.bot_login}}
+        raise ForgeError(404, "Not Found")
+
+    def _github_actions(self, method: str, owner: str, repo: str, rest: list[str]) -> tuple[int, Any]:
+        if method != "GET":
+            raise ForgeError(404, "Not Found")
+        if len(rest) == 4 and rest[:2] == ["actions", "runs"] and rest[3] == "jobs":
+            jobs = self.runs.get(int(rest[2]), [])
+            return 200, {"total_count": len(jobs), "jobs": [
+                {"id": j.id, "run_id": int(rest[2]), "name": j.name, "status": "completed",
+                 "conclusion": j.conclusion} for j in jobs]}
+        if len(rest) == 3 and rest[0] == "check-suites" and rest[2] == "check-runs":
+            jobs = self.runs.get(int(rest[1]), [])
+            return 200, {"total_count": len(jobs), "check_runs": [
+                {"id": j.id, "name": j.name, "status": "completed", "conclusion": j.conclusion} for j in jobs]}
+        if len(rest) == 4 and rest[:2] == ["actions", "jobs"] and rest[3] == "logs":
+            job = self._job(int(rest[2]))
+            # As GitHub does: a redirect to a short-lived download URL (here, on the same server).
+            raise RawAnswer(Raw(302, b"", {"Location": f"{self.url}/_logs/{job.id}"}))
         raise ForgeError(404, "Not Found")
 
     def _github_issue(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
@@ -263,6 +381,13 @@ class FakeForge:
             return 201, {"iid": change.number, "web_url": change.url}
         if rest[:1] in (["issues"], ["merge_requests"]) and len(rest) >= 2:
             return self._gitlab_item(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
+        if len(rest) == 3 and rest[0] == "pipelines" and rest[2] == "jobs" and method == "GET":
+            scope = query.get("scope[]")
+            return 200, [{"id": j.id, "name": j.name, "status": "failed" if j.conclusion == "failure" else "success"}
+                         for j in self.runs.get(int(rest[1]), [])
+                         if scope is None or (scope == "failed") == (j.conclusion == "failure")]
+        if len(rest) == 3 and rest[0] == "jobs" and rest[2] == "trace" and method == "GET":
+            raise RawAnswer(Raw(200, self._job(int(rest[1])).log.encode(), {"Content-Type": "text/plain"}))
         raise ForgeError(404, "404 Not Found")
 
     def _gitlab_item(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
@@ -280,6 +405,9 @@ class FakeForge:
             comment = FakeComment(self._next_id(), self.bot_login, data["body"])
             item.comments.append(comment)
             return 201, self._gitlab_note(comment)
+        if len(rest) == 3 and rest[0] == "discussions" and rest[2] == "notes" and method == "POST":
+            self.discussion_replies.setdefault(rest[1], []).append(data["body"])
+            return 201, {"id": self._next_id(), "body": data["body"], "author": {"username": self.bot_login}}
         if len(rest) == 2 and rest[0] == "notes" and method == "PUT":
             comment = self._comment(item, int(rest[1]))
             comment.history.append(comment.body)
@@ -325,6 +453,14 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _send_log(self, job_id: str) -> None:
+            try:
+                log = forge._job(int(job_id)).log.encode()
+            except (ForgeError, ValueError):
+                self._send(404, b"Not Found", {})
+                return
+            self._send(200, log, {"Content-Type": "text/plain"})
+
         def _handle(self) -> None:
             split = urlsplit(self.path)
             body = self._body()
@@ -339,6 +475,9 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
                 status, headers, payload = git_backend(forge.git_root, self.command, split.path[len("/git"):],
                                                        split.query, self.headers, body)
                 self._send(status, payload, headers)
+                return
+            if split.path.startswith("/_logs/"):  # the pre-signed log download: no token (it is another host's)
+                self._send_log(split.path.rsplit("/", 1)[-1])
                 return
             if self.headers.get("Authorization") != f"Bearer {forge.token}":
                 self._send(401, b'{"message": "Bad credentials"}', {"Content-Type": "application/json"})
@@ -361,6 +500,9 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
                         raise ForgeError(404, "Not Found")
             except ForgeError as exc:
                 status, answer = exc.status, {"message": str(exc)}
+            except RawAnswer as raw:
+                self._send(raw.raw.status, raw.raw.body, raw.raw.headers)
+                return
             self._send(status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle

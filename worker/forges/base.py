@@ -68,6 +68,35 @@ class Item:
 
 
 @dataclass(frozen=True)
+class ReviewComment:
+    """A comment on a line of a pull/merge request's diff: what a follow-up addresses and answers."""
+
+    id: int
+    author: str
+    body: str
+    path: str = ""
+    line: int | None = None
+    diff_hunk: str = ""
+    thread: str = ""  # GitLab's discussion id (replies go there); GitHub replies to the comment's id
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReviewComment:
+        """From the dict a task request carries."""
+        line = data.get("line")
+        return cls(int(data.get("id") or 0), str(data.get("author") or ""), str(data.get("body") or ""),
+                   str(data.get("path") or ""), line if isinstance(line, int) else None,
+                   str(data.get("diff_hunk") or ""), str(data.get("thread") or ""))
+
+
+@dataclass(frozen=True)
+class FailedJob:
+    """A failed CI job and the tail of its log."""
+
+    name: str
+    log: str
+
+
+@dataclass(frozen=True)
 class Repository:
     """Where to clone from and which branch a pull/merge request targets."""
 
@@ -104,6 +133,18 @@ class Forge(Protocol):
         """Whether the user who triggered the task may start one on this repository."""
         ...
 
+    def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
+        """The line comments of one submitted review (GitHub); GitLab's notes come with their webhook."""
+        ...
+
+    def reply_in_thread(self, ref: ItemRef, comment: ReviewComment, body: str) -> None:
+        """Answer in the review thread of ``comment``."""
+        ...
+
+    def failed_jobs(self, owner: str, repo: str, ci: Mapping[str, Any], max_lines: int) -> list[FailedJob]:
+        """The failed jobs of a CI run (``ci`` as the intake recorded it) with their logs' last lines."""
+        ...
+
     def git_env(self, clone_url: str) -> dict[str, str]:
         """Environment that gives git the token for ``clone_url``'s host only."""
         ...
@@ -117,6 +158,12 @@ def find_comment(comments: Sequence[Comment], marker: str) -> int | None:
     """The id of the newest comment that carries ``marker``."""
     found = [c.id for c in comments if marker in c.body]
     return found[-1] if found else None
+
+
+def log_tail(text: str, max_lines: int) -> str:
+    """The last ``max_lines`` lines of a CI log, masked (logs print environment and tokens)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    return mask("\n".join(lines[-max_lines:]).strip())
 
 
 def basic_auth_env(clone_url: str, username: str, token: str | None) -> dict[str, str]:
@@ -151,7 +198,7 @@ class ForgeHTTP:
 
     def request(
         self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
-        missing_ok: bool = False,
+        missing_ok: bool = False, follow_redirects: bool = False,
     ) -> httpx.Response:
         """One call; raises :class:`ForgeError` on a final failure (a 404 too, unless ``missing_ok``)."""
         # A POST that reached the server may have taken effect: retry it only when it surely did not.
@@ -160,7 +207,8 @@ class ForgeHTTP:
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = self.client.request(method, path.lstrip("/"), params=params, json=json)
+                response = self.client.request(method, path.lstrip("/"), params=params, json=json,
+                                               follow_redirects=follow_redirects)
             except retry_errors as exc:
                 if last:
                     raise ForgeError(f"{method} {path}: {type(exc).__name__}: {mask(str(exc))[:200]}") from None

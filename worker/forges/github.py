@@ -6,7 +6,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from worker.forges.base import Comment, ForgeHTTP, Item, ItemRef, Repository, basic_auth_env
+from worker.forges.base import (
+    Comment,
+    FailedJob,
+    ForgeHTTP,
+    Item,
+    ItemRef,
+    Repository,
+    ReviewComment,
+    basic_auth_env,
+    log_tail,
+)
 
 API_VERSION = "2022-11-28"
 
@@ -77,6 +87,36 @@ class GitHubForge:
         """Always: the intake already checked the comment's ``author_association`` (labels need triage rights)."""
         return True
 
+    def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
+        """``GET /repos/{owner}/{repo}/pulls/{number}/reviews/{review_id}/comments``."""
+        path = f"{self._repo(ref.owner, ref.repo)}/pulls/{ref.number}/reviews/{review_id}/comments"
+        return [review_comment(c) for c in self.http.pages(path, {})]
+
+    def reply_in_thread(self, ref: ItemRef, comment: ReviewComment, body: str) -> None:
+        """``POST /repos/{owner}/{repo}/pulls/{number}/comments/{comment_id}/replies``."""
+        top = int(comment.thread) if comment.thread.isdigit() else comment.id  # replies to replies are not allowed
+        path = f"{self._repo(ref.owner, ref.repo)}/pulls/{ref.number}/comments/{top}/replies"
+        self.http.request("POST", path, json={"body": body})
+
+    def failed_jobs(self, owner: str, repo: str, ci: Mapping[str, Any], max_lines: int) -> list[FailedJob]:
+        """The failed jobs of a workflow run (``run_id``) or the failed check runs of a check suite
+        (``check_suite_id``; an Actions check run's id is its job's id), each with its log's tail."""
+        base = self._repo(owner, repo)
+        if ci.get("run_id"):
+            jobs = self.http.json("GET", f"{base}/actions/runs/{int(ci['run_id'])}/jobs").get("jobs", [])
+        else:
+            suite = int(ci.get("check_suite_id") or 0)
+            jobs = self.http.json("GET", f"{base}/check-suites/{suite}/check-runs").get("check_runs", [])
+        failed = [j for j in jobs if isinstance(j, dict) and j.get("conclusion") in ("failure", "timed_out")]
+        return [FailedJob(str(j.get("name") or j.get("id")), self._job_log(base, int(j["id"]), max_lines))
+                for j in failed]
+
+    def _job_log(self, base: str, job_id: int, max_lines: int) -> str:
+        # The API answers 302 to a short-lived download URL (another host: httpx drops the token there).
+        response = self.http.request("GET", f"{base}/actions/jobs/{job_id}/logs", missing_ok=True,
+                                     follow_redirects=True)
+        return "(log not available)" if response.status_code == 404 else log_tail(response.text, max_lines)
+
     def git_env(self, clone_url: str) -> dict[str, str]:
         """``Authorization: Basic x-access-token:TOKEN`` for the clone URL's origin."""
         return basic_auth_env(clone_url, "x-access-token", self._token)
@@ -84,3 +124,11 @@ class GitHubForge:
     def close(self) -> None:
         """Close the HTTP client."""
         self.http.close()
+
+
+def review_comment(data: dict[str, Any]) -> ReviewComment:
+    """A review comment of GitHub's REST API or of a ``pull_request_review_comment`` webhook."""
+    line = data.get("line") or data.get("original_line")
+    return ReviewComment(int(data["id"]), str((data.get("user") or {}).get("login", "")), str(data.get("body") or ""),
+                         str(data.get("path") or ""), line if isinstance(line, int) else None,
+                         str(data.get("diff_hunk") or ""))

@@ -6,7 +6,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from worker.forges.base import Comment, ForgeHTTP, Item, ItemRef, Repository, basic_auth_env
+from worker.forges.base import (
+    Comment,
+    FailedJob,
+    ForgeHTTP,
+    Item,
+    ItemRef,
+    Repository,
+    ReviewComment,
+    basic_auth_env,
+    log_tail,
+)
 
 DEVELOPER_ACCESS = 30  # GitLab's access level that may push branches; lower roles may not start a task by a note
 _COLLECTIONS = {"issue": "issues", "merge_request": "merge_requests"}
@@ -77,7 +87,7 @@ class GitLabForge:
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """A note's author needs Developer access (anyone may comment on a public project); labels need Planner."""
-        if trigger.get("kind") != "comment":
+        if trigger.get("kind") not in ("comment", "review"):  # labels need Planner; CI fixes follow the bot's push
             return True
         user_id = trigger.get("user_id")
         if not isinstance(user_id, int):
@@ -85,6 +95,30 @@ class GitLabForge:
         path = f"{self._project(ref.owner, ref.repo)}/members/all/{user_id}"
         response = self.http.request("GET", path, missing_ok=True)
         return response.status_code == 200 and int(response.json().get("access_level", 0)) >= DEVELOPER_ACCESS
+
+    def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
+        """None to fetch: a GitLab note's webhook carries its text and position."""
+        return []
+
+    def reply_in_thread(self, ref: ItemRef, comment: ReviewComment, body: str) -> None:
+        """``POST .../merge_requests/{iid}/discussions/{discussion_id}/notes`` (a plain note without one)."""
+        if comment.thread:
+            path = f"{self._item(ref)}/discussions/{quote(comment.thread, safe='')}/notes"
+            self.http.request("POST", path, json={"body": body})
+        else:
+            self.comment(ref, body)
+
+    def failed_jobs(self, owner: str, repo: str, ci: Mapping[str, Any], max_lines: int) -> list[FailedJob]:
+        """The failed jobs of pipeline ``pipeline_id`` with the tails of their traces."""
+        project = self._project(owner, repo)
+        jobs = self.http.pages(f"{project}/pipelines/{int(ci.get('pipeline_id') or 0)}/jobs", {"scope[]": "failed"})
+        found = []
+        for job in jobs:
+            if isinstance(job, dict) and job.get("status") == "failed":
+                trace = self.http.request("GET", f"{project}/jobs/{int(job['id'])}/trace", missing_ok=True)
+                text = "(log not available)" if trace.status_code == 404 else log_tail(trace.text, max_lines)
+                found.append(FailedJob(str(job.get("name") or job["id"]), text))
+        return found
 
     def git_env(self, clone_url: str) -> dict[str, str]:
         """``Authorization: Basic oauth2:TOKEN`` for the clone URL's origin."""

@@ -20,9 +20,10 @@ from contexts.masking import mask
 from contexts.names import METADATA_FILE
 from contexts.state import read_state
 from worker.forges import make_forge
-from worker.forges.base import Forge, Item, ItemRef, find_comment
+from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
 from worker.run import TaskRequest, Workplace
 from worker.settings_models import LabelSettings, Settings
+from worker.threads import marker
 
 log = structlog.get_logger(__name__)
 
@@ -94,13 +95,19 @@ class ForgeReporter:
         *,
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        ci_log_lines: int = 200,
     ) -> None:
         self.forge = forge
         self.request = request
         self.uuid = uuid
         self.labels = labels
         self.bot_login = bot_login
-        self.ref = ItemRef.from_task_key(request.task_key)
+        followup = request.followup
+        # A follow-up works on the pull/merge request: its progress, labels and replies go there.
+        self.ref = (ItemRef(request.task_key["owner"], request.task_key["repo"], str(followup["pull_kind"]),
+                            int(followup["pull"])) if followup.get("pull") else ItemRef.from_task_key(request.task_key))
+        self.ci_log_lines = ci_log_lines
+        self.review: list[ReviewComment] = []
         self.progress_interval_s = progress_interval_s
         self.clock = clock
         self.item: Item | None = None
@@ -125,6 +132,8 @@ class ForgeReporter:
             self.comment_id = find_comment(self.item.comments, MARKER.format(uuid=self.uuid))
             self._progress(state, force=True)
             issue = self._issue_text(self.item)
+            if self.request.followup:
+                issue.update(self._followup_text(self.ref))
         return Workplace(repository.clone_url, self.forge.git_env(repository.clone_url), issue)
 
     def _issue_text(self, item: Item) -> dict[str, Any]:
@@ -136,6 +145,42 @@ class ForgeReporter:
         ]
         return {"number": item.ref.number, "title": item.title, "body": item.body, "url": item.url,
                 "comments": comments}
+
+    def _followup_text(self, ref: ItemRef) -> dict[str, Any]:
+        """What a follow-up addresses: the review comments (from the webhook, and a review's from the API)
+        or the failed CI jobs' log tails (from the API)."""
+        followup = self.request.followup
+        comments = [ReviewComment.from_json(c) for c in followup.get("comments") or []]
+        if followup.get("review_id"):
+            known = {c.id for c in comments}
+            fetched = self.forge.review_comments(ref, int(followup["review_id"]))
+            comments += [c for c in fetched if c.id not in known]
+        self.review = [c for c in comments if c.id]
+        text: dict[str, Any] = {"review_comments": [c.__dict__ for c in comments]}
+        if followup.get("ci"):
+            jobs = self.forge.failed_jobs(ref.owner, ref.repo, followup["ci"], self.ci_log_lines)
+            text["ci_failures"] = [{"name": j.name, "log": j.log} for j in jobs]
+        return text
+
+    def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
+        """A comment for the running task: GitLab authors need Developer access (GitHub's association was
+        checked at the intake); review comments it carries are fetched, deduplicated and answered at the end."""
+        if self.ref is None:
+            return entry
+        user_id = entry.get("user_id")
+        if user_id is not None and not self.forge.allows(self.ref, {"kind": "comment", "user_id": user_id}):
+            return None
+        comments = [ReviewComment.from_json(c) for c in entry.get("comments") or []]
+        if entry.get("review_id") and self.ref.kind in ("pull_request", "merge_request"):
+            comments += self.forge.review_comments(self.ref, int(entry["review_id"]))
+        new: list[ReviewComment] = []
+        for comment in comments:
+            if comment.id and comment.id not in {c.id for c in self.review + new}:
+                new.append(comment)
+        self.review += new
+        if not new and not str(entry.get("body") or "").strip():
+            return None  # only review comments this task already has
+        return {**entry, "comments": [c.__dict__ for c in new]}
 
     def on_step(self, state: dict[str, Any]) -> None:
         """Refresh the progress comment (throttled)."""
@@ -159,9 +204,24 @@ class ForgeReporter:
         if self.ref is not None and self.ref.kind == "issue":
             body += f"\n\nCloses #{self.ref.number}"
         body += f"\n\n<sub>opened by Tasuki · task `{self.uuid}`</sub>"
+        body += "\n" + marker(self.request.task_key, branch, self.uuid)
+        # A follow-up's branch already has its request: open_change finds it, no second one is opened.
         self.change_url = self.forge.open_change(owner, repo, branch, self.base_branch or "main",
                                                  mask(title)[:_TITLE_MAX], body)
+        self._answer_review(summary)
         return {"pull_request_url": self.change_url}
+
+    def _answer_review(self, summary: str) -> None:
+        """One reply in each review thread the follow-up was given (all of them are what it worked on)."""
+        if self.ref is None:
+            return
+        first = summary.strip().splitlines()[0] if summary.strip() else "see the pull request"
+        for comment in self.review:
+            body = mask(f"Addressed in the latest push to this branch: {first}\n\n<sub>task `{self.uuid}`</sub>")
+            try:
+                self.forge.reply_in_thread(self.ref, comment, body)
+            except Exception as exc:
+                log.warning("review thread not answered", comment=comment.id, error=mask(str(exc))[:200])
 
     def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
         """Final label, final progress, summary comment; each tried even when another fails."""
@@ -200,7 +260,8 @@ def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeRe
         return None
     forge = make_forge(source, settings)
     section = settings.github if source == "github" else settings.gitlab
-    return ForgeReporter(forge, request, uuid, section.labels, section.bot_login)
+    return ForgeReporter(forge, request, uuid, section.labels, section.bot_login,
+                         ci_log_lines=settings.followups.ci_log_lines)
 
 
 def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:
