@@ -27,8 +27,10 @@ log = structlog.get_logger(__name__)
 def monitor_for(s: Settings) -> Monitor:
     """A monitor on the configured store and Redis; it re-enqueues through the Celery app."""
     from worker.celery import app
-    from worker.forges.reporter import report_outcome
-    from worker.tasks import task_ended
+    from worker.endings import Ending, announce
+
+    def ended(uuid: str, task_key: dict[str, str], status: str) -> None:
+        announce(Ending(uuid, task_key, status, by="monitor"))
 
     # No heartbeat hook: a monitor that takes a lock to fail a task must not put it back in the index.
     store = context_store(s, index=False)
@@ -41,10 +43,12 @@ def monitor_for(s: Settings) -> Monitor:
     # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
     dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
     send = partial(send_run_task, app)
-    # A task the monitor ends is one ending like any other (task_ended: key freed, counted, its episode
-    # recorded), and its forge is told, as no worker will.
-    return Monitor(store, redis_client(), policy, send=send, forget=task_ended, dedupe_s=dedupe_s,
-                   report=partial(report_outcome, s))
+    # A task the monitor ends is one ending like any other (worker.endings): its key freed, counted, its episode
+    # recorded, and its forge told, as no worker will. The subscribers live in modules the app includes.
+    import worker.forges.reporter
+    import worker.tasks  # noqa: F401 - registers the bookkeeping and memory subscribers
+
+    return Monitor(store, redis_client(), policy, send=send, ended=ended, dedupe_s=dedupe_s)
 
 
 def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:

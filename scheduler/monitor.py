@@ -35,14 +35,9 @@ log = structlog.get_logger(__name__)
 
 Send = Callable[[str, dict[str, Any]], None]
 """Enqueue ``tasuki.run_task(uuid, request)`` under ``task_id=uuid``."""
-Forget = Callable[[str, dict[str, str], str], None]
-"""A finished task (uuid, task key, final status) leaves the heartbeat index, frees its task key, is counted."""
-Report = Callable[[str, Path], None]
-"""Tell the task's forge how a task ended that no worker could report (uuid, its completed directory)."""
-
-
-def no_report(uuid: str, directory: Path) -> None:
-    """Local tasks, and monitors run without a forge: nobody to tell."""
+Ended = Callable[[str, dict[str, str], str], None]
+"""A task the monitor ended (uuid, task key, final status), its end on disk: the task-ending event (the beat's
+monitor announces it: the heartbeat index and task key, memory and the forge hear of it)."""
 
 REPAIRS = {
     "finish_move": finish_move,
@@ -69,9 +64,8 @@ class Monitor:
     client: redis.Redis
     policy: Policy
     send: Send
-    forget: Forget
+    ended: Ended
     dedupe_s: int = 300
-    report: Report = no_report
 
     # -- observe ------------------------------------------------------------------------------------
 
@@ -187,21 +181,18 @@ class Monitor:
         return Outcome(action, True, f"failed: {error}")
 
     def _ended(self, uuid: str, directory: Path) -> None:
-        """A task the monitor ended: forgotten in Redis, then reported — only once its end is on disk."""
-        self._forget(uuid, directory)
-        try:
-            self.report(uuid, directory)
-        except Exception as exc:  # the forge being down must not stop the pass; the state on disk is final
-            log.warning("monitor: outcome not reported to the forge", uuid=uuid, error=mask(str(exc))[:300])
-
-    def _forget(self, uuid: str, directory: Path) -> None:
+        """A task the monitor ended, announced only once its end is on disk; whatever a subscriber does wrong
+        never stops the pass (the state on disk is final)."""
         try:
             task_key = read_json(directory / METADATA_FILE)["task_key"]
             status = str(read_state(directory)["status"])
         except (OSError, ValueError, KeyError, ContextError):
             self.client.zrem(HEARTBEATS_KEY, uuid)
             return
-        self.forget(uuid, task_key, status)
+        try:
+            self.ended(uuid, task_key, status)
+        except Exception as exc:
+            log.warning("monitor: the task's ending was not announced", uuid=uuid, error=mask(str(exc))[:300])
 
 
 def _request(directory: Path) -> dict[str, Any] | None:

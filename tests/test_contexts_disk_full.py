@@ -121,7 +121,7 @@ def test_a_task_whose_context_cannot_be_finished_hands_it_to_the_monitor_instead
     running = store.running_path(ctx.uuid)
     assert not (running / ".lock").exists()
     policy = Policy(stale_after_s=60, max_attempts=3, resume=True, hostname=store.hostname)
-    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None)
+    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, ended=lambda *_: None)
     later = datetime.now(UTC) + timedelta(seconds=61)
     assert [action.kind for action in plan([monitor.inspect(ctx.uuid)], later, policy)] == ["resume"]
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import fakeredis
 import pytest
 
+import worker.tasks  # noqa: F401 - loads the subscribers before any test swaps them out
 from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.state import read_state
@@ -18,10 +18,14 @@ from scheduler.monitor import Monitor
 from scheduler.plan import Policy
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import make_buggy_repo
+from worker import endings
 from worker.checkout import Checkout
+from worker.endings import Ending
 from worker.forges import GitHubForge, GitLabForge
+from worker.forges import reporter as reporter_module
 from worker.forges.reporter import MARKER, ForgeReporter, TriggerRefused, progress_body, report_outcome
 from worker.run import TaskRequest
+from worker.settings import install_settings
 from worker.settings_models import LabelSettings, Settings
 
 TOKEN = "glpat-abcdefghijklmnopqrst"
@@ -191,13 +195,8 @@ def test_outcome_of_a_task_failed_by_the_monitor_reaches_the_issue(
     assert "worker lost" in item.comments[-1].body
 
 
-def test_a_task_the_monitor_fails_is_reported_on_its_issue_after_its_end_is_on_disk(
-    forge: FakeForge, make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis
-) -> None:
-    number = next(_numbers)
-    forge.add_item(OWNER, REPO, number, "lost for good", labels=[LABELS.processing])
-    settings = make_settings({"TASUKI__GITLAB__API_URL": forge.gitlab_api_url, "GITLAB_TOKEN": TOKEN})
-    key = {"task_source": "gitlab", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+def lost_task(settings: Settings, key: dict[str, str]) -> str:
+    """A context at its last attempt whose holder, on another host, stopped heartbeating ten minutes ago."""
     long_ago = utc_now() - timedelta(minutes=10)
     ghost = ContextStore(settings.contexts.base_dir, hostname="ghost-host", clock=lambda: long_ago)
     ctx = ghost.create(key, {"llm_provider": "openai", "model": "m", "context_length": 1000,
@@ -205,61 +204,74 @@ def test_a_task_the_monitor_fails_is_reported_on_its_issue_after_its_end_is_on_d
                        extra_metadata={"request": {"task_key": key, "prompt": "fix it"}})
     ctx.update_state(status="processing", attempt=settings.monitor.max_attempts)
     ctx.detach()
-    seen_on_disk: list[bool] = []
+    return ctx.uuid
 
-    def report(uuid: str, directory: Path) -> None:
-        seen_on_disk.append(read_state(directory)["status"] == "failed")
-        report_outcome(settings, uuid, directory)
 
+def monitor_announcing(settings: Settings, client: fakeredis.FakeRedis) -> Monitor:
+    """The beat's monitor as monitor_for builds it (every ending announced), on a fake Redis."""
     store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
     policy = Policy(stale_after_s=settings.contexts.stale_after_s, max_attempts=settings.monitor.max_attempts,
                     resume=True, hostname=store.hostname)
-    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None, report=report)
+    return Monitor(store, client, policy, send=lambda *_: None, ended=monitor_for(settings).ended)
 
-    [outcome] = [o for o in monitor.run(utc_now()) if o.action.uuid == ctx.uuid]
+
+def test_a_task_the_monitor_fails_is_reported_on_its_issue_after_its_end_is_on_disk(
+    forge: FakeForge, make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "lost for good", labels=[LABELS.processing])
+    settings = make_settings({"TASUKI__GITLAB__API_URL": forge.gitlab_api_url, "GITLAB_TOKEN": TOKEN})
+    install_settings(settings)
+    key = {"task_source": "gitlab", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    uuid = lost_task(settings, key)
+    heard: list[tuple[str, bool]] = []
+
+    def forge_subscriber(ending: Ending) -> None:  # the real one, watched
+        directory = ContextStore(settings.contexts.base_dir).completed_path(ending.uuid)
+        heard.append((ending.by, read_state(directory)["status"] == "failed"))
+        reporter_module._tell_the_forge(ending)
+
+    monkeypatch.setattr(endings, "SUBSCRIBERS", {"forge": forge_subscriber})  # no Redis bookkeeping, no memory
+    [outcome] = [o for o in monitor_announcing(settings, fake_redis).run(utc_now()) if o.action.uuid == uuid]
 
     assert (outcome.action.kind, outcome.done) == ("fail", True)
-    assert seen_on_disk == [True]
+    assert heard == [("monitor", True)]  # announced once its end was on disk
     item = forge.item(OWNER, REPO, number)
     assert item.labels == [LABELS.failed]
     assert "worker lost" in item.comments[-1].body
 
 
-def test_a_forge_that_cannot_be_told_does_not_stop_the_monitor(
-    make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis
+def test_a_failing_subscriber_stops_neither_the_others_nor_the_monitor(
+    make_settings: Callable[..., Settings], fake_redis: fakeredis.FakeRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings()
-    long_ago = utc_now() - timedelta(minutes=10)
-    ghost = ContextStore(settings.contexts.base_dir, hostname="ghost-host", clock=lambda: long_ago)
-    uuids = []
-    for _ in range(2):
-        ctx = ghost.create({"task_source": "local", "owner": "o", "repo": "r", "task_type": "prompt", "task_id": "1"},
-                           {"llm_provider": "openai", "model": "m", "context_length": 1000,
-                            "compression_threshold": 0.7}, heartbeat=False)
-        ctx.update_state(status="processing", attempt=settings.monitor.max_attempts)
-        ctx.detach()
-        uuids.append(ctx.uuid)
+    install_settings(settings)
+    key = {"task_source": "local", "owner": "o", "repo": "r", "task_type": "prompt", "task_id": "1"}
+    uuids = [lost_task(settings, {**key, "task_id": str(n)}) for n in range(2)]
+    heard: list[str] = []
 
-    def unreachable(uuid: str, directory: Path) -> None:
+    def unreachable(ending: Ending) -> None:
         raise ConnectionError("forge down")
 
-    store = ContextStore(settings.contexts.base_dir, stale_after_s=settings.contexts.stale_after_s)
-    policy = Policy(stale_after_s=settings.contexts.stale_after_s, max_attempts=settings.monitor.max_attempts,
-                    resume=True, hostname=store.hostname)
-    monitor = Monitor(store, fake_redis, policy, send=lambda *_: None, forget=lambda *_: None, report=unreachable)
-
-    outcomes = monitor.run(utc_now())
+    monkeypatch.setattr(endings, "SUBSCRIBERS", {"forge": unreachable, "memory": lambda e: heard.append(e.uuid)})
+    outcomes = monitor_announcing(settings, fake_redis).run(utc_now())
 
     assert sorted(o.action.uuid for o in outcomes if o.done and o.action.kind == "fail") == sorted(uuids)
+    assert sorted(heard) == sorted(uuids)
 
 
-def test_the_beat_s_monitor_reports_through_the_forge_reporter(make_settings: Callable[..., Settings]) -> None:
-    monitor = monitor_for(make_settings())
+def test_every_module_that_acts_on_an_ending_subscribes_to_it(make_settings: Callable[..., Settings]) -> None:
+    monitor_for(make_settings())  # what the beat's monitor and `tasuki reap` load
 
-    assert isinstance(monitor.report, partial)
-    assert monitor.report.func is report_outcome
-def test_progress_body_says_which_instruction_files_and_how_many_memories_were_used() -> None:
-    memory = {"instruction_files": ["AGENTS.md"], "repository_memory": True, "thread_memory": False,
-              "episodes": ["u1", "u2"], "note": None}
-    body = progress_body(UUID, {**STATE, "memory": memory}, LABELS)
-    assert "| Memory | instruction files: `AGENTS.md`; 3 memories used |" in body
+    assert {"bookkeeping", "memory", "forge"} <= set(endings.SUBSCRIBERS)
+
+
+def test_a_worker_s_ending_is_not_reported_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    told: list[str] = []
+    monkeypatch.setattr(reporter_module, "report_outcome", lambda *args: told.append(args[1]))
+    key = {"task_source": "github", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": "1"}
+
+    reporter_module._tell_the_forge(Ending(UUID, key, "completed", by="worker", reported=True))
+
+    assert told == []

@@ -74,7 +74,7 @@ class Fleet:
             client,
             policy,
             send=lambda uuid, request: client.rpush(SENT_KEY, json.dumps([uuid, request])) and None,
-            forget=lambda uuid, task_key, status: client.rpush(FORGOTTEN_KEY, f"{uuid} {status}") and None,
+            ended=lambda uuid, task_key, status: client.rpush(FORGOTTEN_KEY, f"{uuid} {status}") and None,
             dedupe_s=dedupe_s,
         )
 

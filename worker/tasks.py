@@ -25,6 +25,7 @@ from contexts.state import read_state
 from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
+from worker.endings import Ending, announce, on_ending
 from worker.forges import ItemRef, make_forge
 from worker.forges.reporter import reporter_for
 from worker.llm import Provider
@@ -206,18 +207,29 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
 
 
 def task_ended(uuid: str, task_key: dict[str, str], status: str, request: dict[str, Any] | None = None) -> None:
-    """Whoever ends a task (its worker, or the monitor): free its key, count it, record its episode and have
-    memory updated off the task. ``request`` stands in for a context the task never got."""
-    forget(uuid, task_key, status)
+    """The worker ended a task (its forge already told, with the state the worker holds): the ending event."""
+    announce(Ending(uuid, task_key, status, by="worker", request=request, reported=True))
+
+
+@on_ending("bookkeeping")
+def _forget(ending: Ending) -> None:
+    """Out of the heartbeat index, the task key free for the next trigger, counted for /metrics."""
+    forget(ending.uuid, ending.task_key, ending.status)
+
+
+@on_ending("memory")
+def _remember(ending: Ending) -> None:
+    """Record the task's episode, and have thread and repository memory updated off the task (maintenance)."""
     s = settings()
     try:
-        directory: Path | None = context_store(s, index=False).completed_path(uuid)
+        directory: Path | None = context_store(s, index=False).completed_path(ending.uuid)
     except (OSError, TasukiError):  # no contexts root at all (cannot_start): an episode from the request alone
         directory = None
-    if record_episode(s, uuid, request or {"task_key": task_key}, status, directory) is None:
+    request = ending.request or {"task_key": ending.task_key}
+    if record_episode(s, ending.uuid, request, ending.status, directory) is None:
         return
     try:
-        update_memory.apply_async(args=[uuid], queue=MAINTENANCE_QUEUE)
+        update_memory.apply_async(args=[ending.uuid], queue=MAINTENANCE_QUEUE)
     except Exception as exc:  # a broker blip: the episode is stored; only the memory update is skipped
         log.warning("memory update not enqueued", error=mask(str(exc))[:300])
 

@@ -19,6 +19,7 @@ from contexts.errors import TasukiError
 from contexts.masking import mask
 from contexts.names import METADATA_FILE
 from contexts.state import read_state
+from worker.endings import Ending, on_ending
 from worker.forges import make_forge
 from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
 from worker.run import TaskRequest, Workplace
@@ -278,3 +279,14 @@ def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:
         reporter.finish(str(state["status"]), state, state.get("result"), state.get("error"))
     finally:
         reporter.close()
+
+
+@on_ending("forge")
+def _tell_the_forge(ending: Ending) -> None:
+    """An ending no worker reported (the monitor's) reaches the issue too: final label, progress, summary."""
+    if ending.reported or ending.task_key.get("task_source") not in ("github", "gitlab"):
+        return
+    from worker.runtime import context_store, settings
+
+    s = settings()
+    report_outcome(s, ending.uuid, context_store(s, index=False).completed_path(ending.uuid))
