@@ -83,7 +83,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
         lost = populate(scratch / "contexts", client, count)
         store = ContextStore(scratch / "contexts", stale_after_s=60)
         policy = Policy(stale_after_s=60, max_attempts=3, resume=True, hostname=store.hostname)
-        monitor = Monitor(store, client, policy, send=lambda *_: None, forget=lambda *_: None)
+        monitor = Monitor(store, client, policy, send=lambda *_: None, ended=lambda *_: None)
         index_s: list[float] = []
         scan_s: list[float] = []
         for _ in range(rounds):

@@ -64,6 +64,7 @@ class Context:
             self._pin(record)
         self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
         state = read_state(path)
+        self.status = str(state.get("status"))
         self.unsummarized_tokens, self.unsummarized_count = self._count_unsummarized(state.get(UNSUMMARIZED_FIELD))
         self._calibration = float(state.get("token_calibration", 1.0))
         self._heartbeat: Heartbeat | None = None
@@ -81,9 +82,9 @@ class Context:
         """One heartbeat: the lock, ``state.json.updated_at`` and the store's hook (the Redis index)."""
         now = self.store.clock()
         self._lock.refresh(now)
-        update_state(self.path, now, fsync=False)
+        self.status = str(update_state(self.path, now, fsync=False).get("status"))
         if self.store.on_heartbeat is not None:
-            self.store.on_heartbeat(self.uuid, now)
+            self.store.on_heartbeat(self.uuid, now, self.status)
 
     @property
     def fenced(self) -> bool:
@@ -228,9 +229,17 @@ class Context:
             self._check()
             if self._pinned_complete:  # the counters ride along with every state write: no write of their own
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
-            return update_state(
-                self.path, self.store.clock(), fsync=self._fsync != "never", set_fields=fields, add=add
-            )
+            now = self.store.clock()
+            state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add)
+        status = str(state.get("status"))
+        if status != self.status:
+            self.status = status
+            if self.store.on_heartbeat is not None:  # the index knows each running task's status at once
+                try:
+                    self.store.on_heartbeat(self.uuid, now, status)
+                except Exception as exc:  # the index is a mirror: the state on disk is what counts
+                    log.warning("status not mirrored to the index", uuid=self.uuid, error=str(exc)[:200])
+        return state
 
     def read_state(self) -> dict[str, Any]:
         """The current ``state.json``."""
@@ -349,4 +358,5 @@ class Context:
             self.detach()
 
 
-HeartbeatHook = Callable[[str, datetime], None]
+HeartbeatHook = Callable[[str, datetime, str], None]
+"""(uuid, now, status): called on every heartbeat and whenever the holder changes the status (the Redis index)."""

@@ -209,7 +209,7 @@ class ContextStore:
     def _hold(self, uuid: str, directory: Path, lock: ContextLock, heartbeat: bool) -> Context:
         ctx = Context(self, uuid, directory, lock)
         if self.on_heartbeat is not None:
-            self.on_heartbeat(uuid, self.clock())
+            self.on_heartbeat(uuid, self.clock(), ctx.status)
         if heartbeat:
             ctx.start_heartbeat()
         return ctx

@@ -78,7 +78,7 @@ def test_process_alive_answers_kill_zero() -> None:
 def test_the_heartbeat_refreshes_lock_state_and_hook(tmp_path: Path) -> None:
     beats: list[str] = []
     store = ContextStore(
-        tmp_path, heartbeat_interval_s=0.02, fsync="never", on_heartbeat=lambda uuid, _now: beats.append(uuid)
+        tmp_path, heartbeat_interval_s=0.02, fsync="never", on_heartbeat=lambda uuid, _now, _status: beats.append(uuid)
     )
     ctx = store.create(TASK_KEY, CONFIG)
     first = store.read_lock(ctx.uuid)
@@ -103,7 +103,7 @@ def test_the_heartbeat_refreshes_lock_state_and_hook(tmp_path: Path) -> None:
 def test_a_failing_heartbeat_hook_does_not_stop_the_heartbeat(tmp_path: Path) -> None:
     calls: list[datetime] = []
 
-    def flaky_hook(_uuid: str, now: datetime) -> None:
+    def flaky_hook(_uuid: str, now: datetime, _status: str) -> None:
         calls.append(now)
         if len(calls) > 1:
             raise ConnectionError("redis blip")

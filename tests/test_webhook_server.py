@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -10,9 +11,12 @@ from typing import Any
 import pytest
 import redis
 
+from contexts import ContextStore
 from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.intake_server import IntakeServer, intake_server
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX
+from worker.runtime import context_store, unindex
+from worker.settings import install_settings
 from worker.settings_models import Settings
 
 pytestmark = pytest.mark.integration
@@ -236,3 +240,32 @@ def test_metrics_count_deliveries_and_queue_depth(intake: IntakeServer) -> None:
     assert "tasuki_stale_heartbeats 0.0" in text
     assert 'tasuki_tasks_running{status="processing"} 0.0' in text
     assert "tasuki_redis_up 1.0" in text
+
+
+def test_metrics_count_running_tasks_by_status_from_the_index_the_holders_keep(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(intake_env(redis_url))
+    install_settings(settings)
+    store = context_store(settings)  # the worker's store: holders mirror status changes into Redis
+    key = {"task_source": "local", "owner": "o", "repo": "r", "task_type": "prompt", "task_id": "1"}
+    config = {"model": "m", "context_length": 1000}
+    processing, compressing, done = (store.create(key, config, heartbeat=False) for _ in range(3))
+    processing.update_state(status="processing")
+    compressing.update_state(status="processing")
+    compressing.update_state(status="compressing")
+    done.update_state(status="processing")
+    done.finish("completed")
+    unindex(done.uuid)  # what the ending's bookkeeping does
+    ContextStore(settings.contexts.base_dir).create(key, config, heartbeat=False)  # never mirrored: not read
+
+    def running(text: str) -> dict[str, float]:
+        found = re.findall(r'tasuki_tasks_running\{status="(\w+)"\} ([\d.]+)', text)
+        return {status: float(count) for status, count in found}
+
+    with intake_server(settings) as server, server.client() as client:
+        counts = running(client.get("/metrics").text)
+
+    assert counts == {"initializing": 0.0, "processing": 1.0, "compressing": 1.0, "completing": 0.0}
+    for ctx in (processing, compressing):
+        ctx.release()

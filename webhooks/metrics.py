@@ -1,4 +1,5 @@
-"""``GET /metrics``: the fleet as Prometheus sees it, read from Redis and ``running/`` at scrape time.
+"""``GET /metrics``: the fleet as Prometheus sees it, read from Redis at scrape time (never from the contexts:
+a scrape costs the same with ten running tasks and with ten thousand).
 
 Tasks by status, queue depth, stale heartbeats, compressions, webhook outcomes, and the alert gauges the
 scheduler's ``tasuki.alerts`` publishes in Redis (``ALERTS_KEY``: one field per gauge).
@@ -8,17 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from contexts.errors import ContextError
-from contexts.names import ACTIVE_STATUSES, RUNNING_DIR
-from contexts.state import read_state
-from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, STATS_KEY
+from contexts.names import ACTIVE_STATUSES
+from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, RUNNING_STATUS_PREFIX, STATS_KEY
 from worker.settings_models import Settings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,48 +34,32 @@ class FleetCollector(Collector):
         self.client = client
 
     def collect(self) -> Iterator[Metric]:
-        """Every family, fresh."""
-        running, compressions = self._running()
-        family = GaugeMetricFamily("tasuki_tasks_running", "Contexts under running/ by status", labels=["status"])
-        for status in ACTIVE_STATUSES:
-            family.add_metric([status], running.get(status, 0))
-        yield family
+        """Every family, fresh; nothing here grows with the number of tasks (no context is read)."""
         up = GaugeMetricFamily("tasuki_redis_up", "1 when Redis answered this scrape")
         try:
-            yield from self._from_redis(compressions)
+            yield from self._from_redis()
             up.add_metric([], 1)
         except redis.RedisError:
             up.add_metric([], 0)
         yield up
 
-    def _running(self) -> tuple[dict[str, int], int]:
-        """Counts per status and compressions so far, from the state of every running context."""
-        counts: dict[str, int] = {}
-        compressions = 0
-        root = Path(self.settings.contexts.base_dir) / RUNNING_DIR
-        try:
-            directories = list(root.iterdir())
-        except OSError:
-            return counts, 0
-        for directory in directories:
-            try:
-                state = read_state(directory)
-            except (OSError, ValueError, ContextError):
-                continue  # finished (moved) between the listing and the read, or being written
-            status = str(state.get("status"))
-            counts[status] = counts.get(status, 0) + 1
-            compressions += int(state.get("compression_count", 0))
-        return counts, compressions
-
-    def _from_redis(self, running_compressions: int) -> Iterator[Metric]:
+    def _from_redis(self) -> Iterator[Metric]:
         pipe = self.client.pipeline(transaction=False)
+        for status in ACTIVE_STATUSES:
+            pipe.zcard(RUNNING_STATUS_PREFIX + status)
         for queue in QUEUES:
             pipe.llen(queue)
         stale_before = time.time() - self.settings.contexts.stale_after_s
         pipe.zcount(HEARTBEATS_KEY, "-inf", stale_before)
         pipe.hgetall(STATS_KEY)
         pipe.hgetall(ALERTS_KEY)
-        *depths, stale, stats, alerts = pipe.execute()
+        *counts, stale, stats, alerts = pipe.execute()
+        running, depths = counts[: len(ACTIVE_STATUSES)], counts[len(ACTIVE_STATUSES):]
+        family = GaugeMetricFamily("tasuki_tasks_running", "Running tasks by status (the Redis index the holders "
+                                   "keep)", labels=["status"])
+        for status, count in zip(ACTIVE_STATUSES, running, strict=True):
+            family.add_metric([status], int(count))
+        yield family
         depth_family = GaugeMetricFamily("tasuki_queue_depth", "Messages waiting per Celery queue", labels=["queue"])
         for queue, depth in zip(QUEUES, depths, strict=True):
             depth_family.add_metric([queue], int(depth))
@@ -92,8 +74,8 @@ class FleetCollector(Collector):
                 finished.add_metric([field.removeprefix("finished:")], count)
         yield finished
         yield CounterMetricFamily(
-            "tasuki_compressions", "Context compressions (finished and running tasks)",
-            value=stats.get("compressions", 0) + running_compressions,
+            "tasuki_compressions", "Context compressions (finished and running tasks), counted as each one is made",
+            value=sum(count for field, count in stats.items() if field.startswith("compressions_via:")),
         )
         by_way = CounterMetricFamily("tasuki_compressions_by_way", "Compressions by where they ran: the "
                                      "compression queue, or inline in the task's own process", labels=["via"])

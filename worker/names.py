@@ -21,6 +21,7 @@ UPDATE_MEMORY: Final = "tasuki.update_memory"  # thread and repository memory fr
 # Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them
 KEY_PREFIX: Final = "tasuki:"
 HEARTBEATS_KEY: Final = "tasuki:heartbeats"  # sorted set: UUID scored by its last heartbeat (epoch seconds)
+RUNNING_STATUS_PREFIX: Final = "tasuki:running:"  # + status: sorted set of the running UUIDs in that status
 DELIVERY_PREFIX: Final = "tasuki:delivery:"  # + webhook delivery id, SET NX EX to drop duplicate deliveries
 ACTIVE_PREFIX: Final = "tasuki:active:"  # + task key, holds the UUID of its queued or running task
 BEAT_LOCK_KEY: Final = "tasuki:beat-lock"  # held by the one beat that runs the schedule

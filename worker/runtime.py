@@ -10,8 +10,9 @@ import redis
 import structlog
 
 from contexts import ContextStore
+from contexts.names import ACTIVE_STATUSES
 from worker.llm import Provider, make_provider
-from worker.names import HEARTBEATS_KEY
+from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
 from worker.settings import current_settings
 from worker.settings_models import Settings
 from worker.stores import open_store
@@ -30,18 +31,30 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings().broker.url, socket_timeout=5, socket_connect_timeout=5)
 
 
-def index_heartbeat(uuid: str, now: datetime) -> None:
-    """Record the context's heartbeat in the Redis sorted set the monitor reads (never fatal)."""
+def index_heartbeat(uuid: str, now: datetime, status: str) -> None:
+    """Record the context's heartbeat in the Redis sorted set the monitor reads, and its status in the one set
+    per status that ``/metrics`` counts (never fatal)."""
+    pipe = redis_client().pipeline(transaction=True)
+    pipe.zadd(HEARTBEATS_KEY, {uuid: now.timestamp()})
+    for other in ACTIVE_STATUSES:
+        if other != status:
+            pipe.zrem(RUNNING_STATUS_PREFIX + other, uuid)
+    if status in ACTIVE_STATUSES:
+        pipe.zadd(RUNNING_STATUS_PREFIX + status, {uuid: now.timestamp()})
     try:
-        redis_client().zadd(HEARTBEATS_KEY, {uuid: now.timestamp()})
+        pipe.execute()
     except redis.RedisError as exc:
         log.warning("heartbeat index not updated", uuid=uuid, error=str(exc))
 
 
 def unindex(uuid: str) -> None:
-    """Drop a finished context from the heartbeat index (never fatal)."""
+    """Drop a finished context from the heartbeat index and the status sets (never fatal)."""
+    pipe = redis_client().pipeline(transaction=True)
+    pipe.zrem(HEARTBEATS_KEY, uuid)
+    for status in ACTIVE_STATUSES:
+        pipe.zrem(RUNNING_STATUS_PREFIX + status, uuid)
     try:
-        redis_client().zrem(HEARTBEATS_KEY, uuid)
+        pipe.execute()
     except redis.RedisError as exc:
         log.warning("heartbeat index not cleaned", uuid=uuid, error=str(exc))
 

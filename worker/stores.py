@@ -18,7 +18,7 @@ def open_store(
     settings: Settings,
     *,
     must_exist: bool = True,
-    on_heartbeat: Callable[[str, datetime], None] | None = None,
+    on_heartbeat: Callable[[str, datetime, str], None] | None = None,
 ) -> ContextStore:
     """The configured context store. Readers pass ``must_exist`` so that looking never creates a store elsewhere."""
     base = Path(settings.contexts.base_dir)
