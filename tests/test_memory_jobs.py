@@ -18,7 +18,7 @@ from memory.sqlite import SQLiteMemoryStore
 from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.memory_support import episode
-from worker.names import HEARTBEATS_KEY
+from worker.names import HEARTBEATS_KEY, MAINTENANCE_QUEUE
 
 pytestmark = pytest.mark.integration
 REQUEST = {"task_key": TASK_KEY, "repo_path": "/nowhere", "prompt": "fix the parser"}
@@ -56,6 +56,10 @@ def test_a_task_the_monitor_fails_leaves_an_episode(tmp_path: Path, redis_url: s
     assert recorded.task == "fix the parser"
     assert recorded.error is not None
     assert recorded.error.startswith("worker lost: heartbeat stale since ")
+    queued = redis_client.lrange(MAINTENANCE_QUEUE, 0, -1)  # the memory update waits for a maintenance worker
+    redis_client.delete(MAINTENANCE_QUEUE)
+    assert len(queued) == 1
+    assert '"task": "tasuki.update_memory"' in queued[0]
 
 
 def test_the_retention_job_prunes_episodes_older_than_prune_after_days(
