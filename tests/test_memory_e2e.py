@@ -83,3 +83,5 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
             openers[second if "Memory of this thread" in task else first] = r["prompt_tokens"]
     print(f"first prompt tokens: without memory {openers[first]}, with memory {openers[second]}")
     assert openers[second] > openers[first]
+    # The second task's update runs too (and no message is left for another test's worker).
+    stack.wait_until(lambda: second in (thread_memory_of(memory_db, thread) or ""), what="the second memory update")

@@ -32,7 +32,6 @@ from worker.stores import open_memory
 log = structlog.get_logger(__name__)
 
 Chat = Callable[[list[dict[str, str]]], str | None]
-MEMORY_ERRORS = (MemoryUnavailable, EmbeddingError, OSError)
 
 
 def _embedder(settings: Settings) -> Embedder | None:
@@ -54,13 +53,13 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
     text, use = memory_block(instructions, None, None, [], budget)
     try:
         store = open_memory(settings)
-    except MEMORY_ERRORS as exc:
-        use.note = f"memory unavailable, the task goes on without it: {exc}"
+    except Exception as exc:  # memory never fails a task (SPEC §13): whatever went wrong, go on without it
+        use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
     else:
         try:
             text, use = _with_store(settings, store, instructions, request, task_text, budget)
-        except MEMORY_ERRORS as exc:
-            use.note = f"memory unavailable, the task goes on without it: {exc}"
+        except Exception as exc:
+            use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
         finally:
             store.close()
     if use.note:
@@ -102,8 +101,8 @@ def record_episode(settings: Settings, uuid: str, request: dict[str, Any], statu
             store.add_episode(episode)
         finally:
             store.close()
-    except (*MEMORY_ERRORS, TasukiError, ValueError, KeyError) as exc:
-        log.warning("memory: episode not recorded", error=mask(str(exc))[:300])
+    except Exception as exc:  # the task has ended already: memory must not change how it ends
+        log.warning("memory: episode not recorded", error=mask(_why(exc))[:300])
         return None
     log.info("memory: episode recorded", repository=episode.repository, thread=episode.thread)
     return episode
@@ -213,14 +212,14 @@ def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query
 def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, own_uuid: str) -> list[str]:
     try:
         store = open_memory(settings)
-    except MEMORY_ERRORS as exc:
-        return [f"(memory unavailable: {exc})"]
+    except Exception as exc:  # the recall tool answers the model; it never breaks the step
+        return [f"(memory unavailable: {_why(exc)})"]
     try:
         repository = repository_key(request["task_key"], request.get("repo_path"))
         found = recall(store, repository, query, embedder=_embedder(settings), now=utc_now(),
                        limit=settings.memory.recall_k)
-    except MEMORY_ERRORS as exc:
-        return [f"(memory unavailable: {exc})"]
+    except Exception as exc:
+        return [f"(memory unavailable: {_why(exc)})"]
     finally:
         store.close()
     return [
@@ -229,3 +228,8 @@ def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, ow
         for h in found.hits
         if h.episode.uuid != own_uuid
     ]
+
+
+def _why(exc: Exception) -> str:
+    """An error for the log and state.json: ours are one line already; anything else names its type."""
+    return str(exc) if isinstance(exc, TasukiError) else f"{type(exc).__name__}: {exc}"

@@ -249,7 +249,7 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
             return provider.chat(messages, None).content
 
         try:
-            store = open_memory(s)
+            store = open_memory(s, must_exist=True)  # no store: no episode was recorded, nothing to update
         except MemoryUnavailable as exc:
             log.warning("memory update skipped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
