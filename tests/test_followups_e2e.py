@@ -122,6 +122,17 @@ def label_to_pull_request(fleet: Fleet, number: int) -> tuple[str, FakeChange]:
     return task_id, change
 
 
+def follow_up_waiting_on_the_model(fleet: Fleet, number: int, text: str) -> tuple[FakeChange, str]:
+    """A pull request opened for issue ``number``, and a follow-up asked for by a mention on it, held by the
+    model on its second request."""
+    _, change = label_to_pull_request(fleet, number)
+    status, answer = fleet.github("issue_comment", pull_comment(change, f"@tasuki {text}"))
+    assert status == 202, answer
+    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
+                     and text in json.dumps(r["body"]))
+    return change, str(answer["task_id"])
+
+
 def branch_log(fleet: Fleet, owner: str, repo: str, branch: str) -> list[str]:
     bare = fleet.forge.git_root / owner / f"{repo}.git"
     return git(bare, "log", "--format=%s", branch).splitlines()
@@ -288,12 +299,7 @@ def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: 
 
 
 def test_a_review_arriving_while_a_follow_up_runs_is_delivered_to_it(fleet: Fleet) -> None:
-    _, change = label_to_pull_request(fleet, 9)
-    status, answer = fleet.github("issue_comment", pull_comment(change, "@tasuki tidy the notes up"))
-    assert status == 202, answer
-    followup = answer["task_id"]
-    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and "tidy the notes up" in json.dumps(r["body"]))
+    change, followup = follow_up_waiting_on_the_model(fleet, 9, "tidy the notes up")
 
     review_id, [comment] = fleet.forge.add_review(OWNER, REPO, change.number, "Codertocat", [
         ("notes.txt", 2, "@@ -1 +1,2 @@\n change\n+change", "Why twice?")])
@@ -310,12 +316,7 @@ def test_a_review_arriving_while_a_follow_up_runs_is_delivered_to_it(fleet: Flee
 
 
 def test_cancel_on_the_pull_request_stops_the_follow_up_of_its_thread(fleet: Fleet) -> None:
-    _, change = label_to_pull_request(fleet, 11)
-    status, answer = fleet.github("issue_comment", pull_comment(change, "@tasuki add a line"))
-    assert status == 202, answer
-    followup = answer["task_id"]
-    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and "add a line" in json.dumps(r["body"]))
+    change, followup = follow_up_waiting_on_the_model(fleet, 11, "add a line")
 
     status, answer = fleet.github("issue_comment", pull_comment(change, "/tasuki cancel"))
     assert (status, answer["status"], answer["task_id"]) == (200, "cancelled", followup)

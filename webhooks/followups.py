@@ -18,6 +18,7 @@ from webhooks.ci_events import CIFailure
 from webhooks.events import COMMANDS, Command, Note, Trigger
 from worker.names import (
     ACTIVE_PREFIX,
+    AUTOFIX,
     AUTOFIX_OFF_PREFIX,
     CI_FIXES_PREFIX,
     CI_SEEN_PREFIX,
@@ -132,6 +133,11 @@ class Followups:
                 return 200, {"status": "ignored", "reason": "autofix applies to a Tasuki pull/merge request"}, \
                     "ignored"
             pull = key_id(thread.pull_key)
+            if action.task_key["task_source"] == "gitlab":
+                # A GitLab note says nothing of its author's role: a worker checks the access level first.
+                self.celery_app.send_task(AUTOFIX, args=[thread.pull_key, action.name == "autofix on",
+                                                         action.trigger], queue=MAINTENANCE_QUEUE)
+                return 202, {"status": action.name.replace(" ", "_"), "pending": "access check"}, "command"
             if action.name == "autofix off":
                 self.client.set(AUTOFIX_OFF_PREFIX + pull, "1", ex=THREAD_TTL_S)
             else:

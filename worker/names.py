@@ -41,3 +41,4 @@ FORGE_REPLY: Final = "tasuki.forge_reply"  # a short reply on an issue or pull/m
 LAST_TASK_PREFIX: Final = "tasuki:last-task:"  # + task key, UUID of its newest finished task (`/tasuki retry`)
 CI_SEEN_PREFIX: Final = "tasuki:ci-seen:"  # + pull/merge request key:commit, SET NX: one fix task per failed commit
 COMPRESSORS_KEY: Final = "tasuki:compressors"  # sorted set: Celery node consuming `compression`, scored by heartbeat
+AUTOFIX: Final = "tasuki.autofix"  # `/tasuki autofix on|off` from a GitLab note, applied after the access check

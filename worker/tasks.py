@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from itertools import takewhile
 from pathlib import Path
@@ -25,15 +24,12 @@ from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
-from worker.forges import ItemRef, make_forge
+from worker.followup_tasks import read_inbox, remember_thread
 from worker.forges.reporter import reporter_for
 from worker.llm import Provider
 from worker.names import (
     COMPRESS_CONTEXT,
     COMPRESSION_QUEUE,
-    FORGE_REPLY,
-    INBOX_PREFIX,
-    LAST_TASK_PREFIX,
     MAINTENANCE_QUEUE,
     RUN_TASK,
     STATS_KEY,
@@ -44,8 +40,7 @@ from worker.remembering import first_prompt_memory, record_episode, task_recall,
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
 from worker.stores import open_memory
-from worker.submit import release_active, send_run_task, task_key_id
-from worker.threads import THREAD_TTL_S, Thread, change_number, record_thread
+from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
 
 log = structlog.get_logger(__name__)
@@ -118,62 +113,6 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         return cast(dict[str, Any], mask_value(result))
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
-
-
-def read_inbox(client: redis.Redis, uuid: str) -> list[dict[str, Any]]:
-    """Take the comments that arrived for a running task (the intake appends them to a Redis list)."""
-    key = INBOX_PREFIX + uuid
-    pipe = client.pipeline(transaction=True)
-    pipe.lrange(key, 0, -1)
-    pipe.delete(key)
-    raw, _ = pipe.execute()
-    entries = []
-    for item in raw:
-        try:
-            entry = json.loads(item)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            entries.append(entry)
-    return entries
-
-
-@app.task(name=FORGE_REPLY)
-def forge_reply(task_key: dict[str, str], body: str) -> None:
-    """A short comment on an issue or pull/merge request (the intake's answer to an unknown command)."""
-    ref = ItemRef.from_task_key(task_key)
-    if ref is None or task_key.get("task_source") not in ("github", "gitlab"):
-        return
-    forge = make_forge(task_key["task_source"], settings())
-    try:
-        forge.comment(ref, mask(body))
-    finally:
-        forge.close()
-
-
-def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> None:
-    """A task that opened a pull/merge request, or continued one, becomes its thread's newest task."""
-    if result["status"] in NOT_FINAL:
-        return
-    try:
-        redis_client().set(LAST_TASK_PREFIX + task_key_id(request.task_key), uuid, ex=THREAD_TTL_S)
-    except redis.RedisError as exc:
-        log.warning("last task not recorded", error=str(exc))
-    followup = request.followup
-    if followup and not followup.get("pull"):
-        return
-    number = int(followup["pull"]) if followup else change_number(str(result.get("pull_request_url") or ""))
-    if number is None or request.task_key.get("task_source") not in ("github", "gitlab"):
-        return
-    kind = str(followup["pull_kind"]) if followup else (
-        "pull_request" if request.task_key["task_source"] == "github" else "merge_request")
-    branch = str(followup["branch"]) if followup else str(result.get("branch") or "")
-    if not branch:
-        return
-    try:
-        record_thread(redis_client(), Thread(request.task_key, kind, number, branch, uuid))
-    except redis.RedisError as exc:
-        log.warning("thread not recorded", error=str(exc))
 
 
 def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:

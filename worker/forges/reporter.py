@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ class ForgeReporter:
             fetched = self.forge.review_comments(ref, int(followup["review_id"]))
             comments += [c for c in fetched if c.id not in known]
         self.review = [c for c in comments if c.id]
-        text: dict[str, Any] = {"review_comments": [c.__dict__ for c in comments]}
+        text: dict[str, Any] = {"review_comments": [asdict(c) for c in comments]}
         if followup.get("ci"):
             jobs = self.forge.failed_jobs(ref.owner, ref.repo, followup["ci"], self.ci_log_lines)
             text["ci_failures"] = [{"name": j.name, "log": j.log} for j in jobs]
@@ -181,7 +182,7 @@ class ForgeReporter:
         self.review += new
         if not new and not str(entry.get("body") or "").strip():
             return None  # only review comments this task already has
-        return {**entry, "comments": [c.__dict__ for c in new]}
+        return {**entry, "comments": [asdict(c) for c in new]}
 
     def on_step(self, state: dict[str, Any]) -> None:
         """Refresh the progress comment (throttled)."""
