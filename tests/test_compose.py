@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,3 +368,14 @@ def test_maintenance_command_serves_only_the_maintenance_queue(tmp_path: Path, r
     assert ".> maintenance " in banner
     assert ".> tasks " not in banner
     assert ".> compression " not in banner
+
+
+def test_the_image_holds_every_package_the_project_installs() -> None:
+    # A package left out of the image makes every service fail to start (`celery -A worker` cannot import it).
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {pattern.rstrip("*") for pattern in include["include"]}
+    copied = {line.split()[0] for line in dockerfile_instruction("COPY")}
+    stubbed = next(run for run in dockerfile_instruction("RUN") if "for package in" in run)
+
+    assert packages <= copied
+    assert all(f" {package} " in stubbed for package in packages)

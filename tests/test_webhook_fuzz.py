@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
@@ -175,6 +175,11 @@ def test_gitlab_route_refuses_every_request_without_the_token_or_signature(
 @FUZZ
 @given(payload=st.one_of(mutated(GITHUB_BASES).map(lambda p: json.dumps(p).encode()), BODIES),
        event=st.sampled_from(GITHUB_EVENTS), content_type=CONTENT_TYPES)
+@example(  # found by this test in CI: an action that is a list reached a dict lookup (TypeError, 500)
+    payload=json.dumps({"action": ["created"], "sender": {"login": "u"},
+                        "repository": {"name": "r", "owner": {"login": "o"}}}).encode(),
+    event="issue_comment", content_type="application/json",
+)
 def test_github_route_answers_any_signed_payload_without_5xx(
     intake: IntakeServer, http: httpx.Client, payload: bytes, event: str, content_type: str
 ) -> None:

@@ -173,7 +173,7 @@ def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> A
     repo = _text(_get(payload, "repository", "name"))
     if not owner or not repo or not sender:
         return Ignore(f"{event or 'event'} without repository or sender")
-    action = _get(payload, "action")
+    action = _text(_get(payload, "action"))  # untrusted: a list or an object here must not reach a dict lookup
     if event in ("issues", "pull_request"):
         return _github_label(event, action, payload, cfg, owner, repo, sender)
     handler = _GITHUB_COMMENTS.get((event, action))
