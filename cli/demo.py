@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import UTC, datetime
@@ -23,7 +24,7 @@ from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
 from cli.embedded import EmbeddedRedis
 from cli.progress import watch
 from cli.services import Service, child_env, worker_processes
-from contexts import TasukiError
+from contexts import ContextStore, TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
 from worker.checkout import run_git
@@ -33,6 +34,7 @@ from worker.submit import send_run_task
 
 DEMO_CONTEXT_LENGTH = 2048  # small on purpose: the demo shows compression at work
 DEMO_TIMEOUT_S = 300.0
+MEMORY_TIMEOUT_S = 60.0
 
 
 def make_demo_repo(root: Path) -> Path:
@@ -109,7 +111,63 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
                                   check=False).stdout
             say(f"\nbranch {branch} in {repo}:\n{diff}")
         say(f"look again with: tasuki context show {uuid} --messages")
-        return 0 if state.get("status") == "completed" else 1
+        if state.get("status") != "completed":
+            return 1
+        return _second_task(settings, say, broker, repo, store, alive=lambda: all(w.alive() for w in workers))
+
+
+def _second_task(settings: Settings, say: Callable[[str], None], broker: str, repo: Path, store: ContextStore,
+                 *, alive: Callable[[], bool]) -> int:
+    """Memory at work (SPEC §13): a second task on the same issue starts with what the first one learned."""
+    say("\nmemory:  the first task's episode updates the thread and repository memory (maintenance queue) ...")
+    learned = _wait_for_thread_memory(settings, repo, alive)
+    say(f"memory:  thread memory {'ready' if learned else 'not updated in time; the episode alone is recalled'}")
+    uuid = submit_local(broker, repo, DEMO_PROMPT)
+    say(f"task:    {uuid} submitted on the same issue; progress:")
+    state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S, alive=alive)
+    if state is None:
+        say(f"the second task did not finish in {DEMO_TIMEOUT_S:.0f}s or the worker died")
+        return 1
+    used = state.get("memory") or {}
+    def yes(field: str) -> str:
+        return "yes" if used.get(field) else "no"
+
+    say(f"\nits first prompt started with what the first task learned: instruction files "
+        f"{used.get('instruction_files') or 'none'}, repository memory {yes('repository_memory')}, thread memory "
+        f"{yes('thread_memory')}, recalled episodes {', '.join(used.get('episodes') or []) or 'none'} "
+        f"({used.get('tokens', 0)} tokens)")
+    first = next((m for m in show_context(store, uuid, limit=None).messages if m.get("role") == "user"), {})
+    block = str(first.get("content") or "").partition("\n\n")[2]
+    for line in block.splitlines()[:12]:
+        say(f"  | {line[:110]}")
+    say(f"look again with: tasuki context show {uuid} --messages   and   tasuki memory show {repo}")
+    return 0 if state.get("status") == "completed" else 1
+
+
+def _wait_for_thread_memory(settings: Settings, repo: Path, alive: Callable[[], bool]) -> bool:
+    """Poll the memory store until the demo issue's thread memory exists (or a minute passes)."""
+    from memory import MemoryUnavailable
+    from memory.records import repository_key, thread_key
+    from worker.stores import open_memory
+
+    key = {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt", "task_id": "demo"}
+    thread = thread_key(key, repository_key(key, str(repo)))
+    deadline = time.monotonic() + MEMORY_TIMEOUT_S
+    while time.monotonic() < deadline and alive():
+        try:
+            memory = open_memory(settings, must_exist=True)
+        except MemoryUnavailable:
+            memory = None
+        if memory is not None:
+            try:
+                if memory.memory("thread", thread) is not None:
+                    return True
+            except MemoryUnavailable:
+                pass
+            finally:
+                memory.close()
+        time.sleep(0.2)  # polling another process's store: there is no event to wait on
+    return False
 
 
 def _sandbox(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:

@@ -79,12 +79,18 @@ def replay_memory(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def latest_replayed_turn(messages: list[dict[str, Any]], *, include_tool_output: bool = False) -> int | None:
-    """The highest turn index any replay marker or replayed call id in ``messages`` names, or ``None``."""
+def latest_replayed_turn(
+    messages: list[dict[str, Any]], *, include_tool_output: bool = False, skip_task: bool = False
+) -> int | None:
+    """The highest turn index any replay marker or replayed call id in ``messages`` names, or ``None``;
+    ``skip_task``: not the markers the pinned task quotes (an agent's conversation, whose task carries memory)."""
     seen: list[int] = []
+    task = next((m for m in messages if m.get("role") == "user"), None) if skip_task else None
     for message in messages:
         role = message.get("role")
-        if role != "tool" or include_tool_output:  # tool output is untrusted text: it could quote a marker
+        # Tool output is untrusted text, and the pinned task quotes earlier tasks' memory: either may quote a
+        # marker of another conversation. Replies, call ids and summaries are this conversation's own.
+        if (role != "tool" or include_tool_output) and message is not task:
             seen.extend(int(n) for n in MARKER_PATTERN.findall(text_of(message.get("content"))))
         ids = [call.get("id", "") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
         ids.append(message.get("tool_call_id", ""))
@@ -94,7 +100,7 @@ def latest_replayed_turn(messages: list[dict[str, Any]], *, include_tool_output:
 
 def next_turn_index(messages: list[dict[str, Any]]) -> int:
     """The turn an agent request gets: one past the latest turn its conversation already holds."""
-    latest = latest_replayed_turn(messages)
+    latest = latest_replayed_turn(messages, skip_task=True)
     return 0 if latest is None else latest + 1
 
 

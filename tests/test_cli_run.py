@@ -58,7 +58,7 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_demo_fixes_the_failing_test_with_the_replay_model_and_shows_compression(
+def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_remembers(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     env = cli_env(tmp_path, TASUKI__BROKER__URL=redis_url)
@@ -74,10 +74,21 @@ def test_demo_fixes_the_failing_test_with_the_replay_model_and_shows_compression
     assert "replay model" in done.stdout  # it says plainly which model it uses
     assert "Status: completed" in done.stdout
     assert "+    return a + b" in done.stdout  # the diff of the task branch
-    [uuid] = os.listdir(tmp_path / "contexts" / "completed")
-    state = json.loads((tmp_path / "contexts" / "completed" / uuid / "state.json").read_text())
-    assert state["compression_count"] >= 1
+    completed = tmp_path / "contexts" / "completed"
+    states = {uuid: json.loads((completed / uuid / "state.json").read_text()) for uuid in os.listdir(completed)}
+    first, second = sorted(states, key=lambda uuid: states[uuid]["started_at"])
+    assert states[first]["compression_count"] >= 1
     assert "Traceback" not in done.stderr
+    # Then a second task on the same issue starts with what the first one learned (SPEC §13).
+    assert states[second]["status"] == "completed"
+    used = states[second]["memory"]
+    assert used["thread_memory"]
+    assert used["repository_memory"]
+    assert "thread memory yes" in done.stdout
+    task_message = next(json.loads(line) for line in (completed / second / "messages.jsonl").read_text().splitlines()
+                        if json.loads(line)["role"] == "user")
+    assert f"Task {first}" in task_message["content"]  # the first task, by its UUID, in the second's first prompt
+    assert states[second]["llm_call_count"] == states[first]["llm_call_count"]  # its own whole conversation
 
 
 def test_demo_model_replay_forces_the_replay_model_even_with_an_api_key(tmp_path: Path) -> None:

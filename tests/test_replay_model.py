@@ -387,3 +387,12 @@ def test_main_reports_a_missing_trajectory_in_one_line(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.startswith("tasuki replay-model:")
     assert err.count("\n") == 1
+
+
+def test_a_marker_quoted_in_the_pinned_task_does_not_move_a_new_conversation_ahead() -> None:
+    # The task message carries memory of an earlier task, whose summary quoted that task's markers.
+    task = f"Fix the tests.\n\nMemory of this thread:\n> {turn_marker(7)} Summary of earlier work (replay)."
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": task}]
+
+    assert next_turn_index(messages) == 0
+    assert next_turn_index([*messages, {"role": "assistant", "content": f"{turn_marker(0)} Looking."}]) == 1
