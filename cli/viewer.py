@@ -238,6 +238,7 @@ def format_detail(
         f"  Compressions: {item.compression_count:,}"
         + (f" (waited {item.compression_queue_wait_ms / 1000:.1f}s to start, ran {item.compression_run_ms / 1000:.1f}s)"
            if item.compression_count else ""),
+        *memory_lines(detail.state.get("memory"), width),
         "",
     ]
     messages = detail.messages if all_messages else detail.messages[-SHOWN_BY_DEFAULT:]
@@ -253,6 +254,21 @@ def format_detail(
         for record in detail.tools:
             lines.extend(tool_lines(record, width))
     return "\n".join(lines)
+
+
+def memory_lines(used: Any, width: int) -> list[str]:
+    """What memory the task's first prompt carried (``state.json.memory``), if it recorded any."""
+    if not isinstance(used, dict):
+        return []
+    files = ", ".join(str(f) for f in used.get("instruction_files") or []) or "none"
+    episodes = used.get("episodes") or []
+    lines = [clip(safe(
+        f"  Memory: instruction files {files}; repository memory {'yes' if used.get('repository_memory') else 'no'}; "
+        f"thread memory {'yes' if used.get('thread_memory') else 'no'}; {len(episodes)} recalled episode(s) "
+        f"{' '.join(str(e)[:8] for e in episodes)}; {int(used.get('tokens') or 0):,} tokens"), width)]
+    if used.get("note"):
+        lines.append(clip(safe(f"  Memory note: {first_line(str(used['note']))}"), width))
+    return lines
 
 
 def _count_heading(what: str, total: int, shown: int) -> str:

@@ -89,6 +89,8 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
                         if json.loads(line)["role"] == "user")
     assert f"Task {first}" in task_message["content"]  # the first task, by its UUID, in the second's first prompt
     assert states[second]["llm_call_count"] == states[first]["llm_call_count"]  # its own whole conversation
+    shown = tasuki(["context", "show", second], env, tmp_path)
+    assert "Memory: instruction files none; repository memory yes; thread memory yes" in shown.stdout  # the viewer
 
 
 def test_demo_model_replay_forces_the_replay_model_even_with_an_api_key(tmp_path: Path) -> None:
