@@ -100,6 +100,7 @@ class Monitor:
             status=str(state.get("status")),
             updated_at=parse_iso(state["updated_at"]),
             attempt=int(state.get("attempt", 1)),
+            handbacks=int(state.get("handbacks", 0) or 0),
             cancel_requested=bool(state.get("cancel_requested")),
             error=state.get("error"),
             final_status=state.get("final_status"),

@@ -27,6 +27,7 @@ class Copy:
     status: str
     updated_at: datetime
     attempt: int = 1
+    handbacks: int = 0  # attempts that ended in a clean hand-back (warm shutdown): they do not count as lost
     cancel_requested: bool = False
     error: str | None = None
     final_status: str | None = None
@@ -120,7 +121,7 @@ def _plan_running(uuid: str, copy: Copy, now: datetime, policy: Policy) -> list[
     since = copy.lock.heartbeat_at if copy.lock is not None else copy.updated_at
     owner = copy.lock.owner if copy.lock is not None else None
     error = LOST_ERROR.format(since=iso(since))  # recorded if it fails (a resume falls back to failing)
-    if policy.resume and copy.attempt < policy.max_attempts and not copy.cancel_requested:
+    if policy.resume and copy.attempt - copy.handbacks < policy.max_attempts and not copy.cancel_requested:
         reason = f"heartbeat stale since {iso(since)}; attempt {copy.attempt} of {policy.max_attempts}"
         return [Action(uuid, "resume", reason, attempt=copy.attempt, error=error, owner=owner)]
     reason = f"heartbeat stale since {iso(since)}; {_why_not_resumed(copy, policy)}"

@@ -121,7 +121,7 @@ def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet)
     queued = fleet.submit(fleet.new_issue())  # no worker is up to take it
 
     fleet.stack.down()  # containers gone; the named volumes (Redis's append-only file, contexts) stay
-    assert fleet.completed_state(running) is None
+    assert fleet.completed_state(running) is None, fleet.completed_state(running)
     assert fleet.completed_state(queued) is None
     fleet.stack.up()
 

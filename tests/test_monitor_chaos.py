@@ -297,3 +297,27 @@ def test_sigterm_hands_the_task_back_at_the_next_step_and_another_worker_resumes
         state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
         assert holder_pid(state) in children_of(second.pid)  # resumed by w2's pool
     assert (state["status"], state["attempt"]) == ("completed", 2)
+
+
+def test_a_task_handed_back_by_more_rolling_restarts_than_max_attempts_still_completes(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    """Found by the compose test: `docker compose stop` of three workers bounced a task from one stopping
+    worker to the next until its attempts ran out, and it failed. A hand-back is not a lost attempt."""
+    entries = sleepy_turns(12)
+    with chaos_stack(tmp_path, redis_url, entries, beat=False, TASUKI__MONITOR__MAX_ATTEMPTS="2") as (stack, server):
+        [uuid] = send_tasks(stack, tmp_path, 1)
+        steps = 0
+        for n in range(3):  # three warm shutdowns mid-task, each handing the task back
+            worker = stack.start_worker(f"w{n}", queues="tasks")
+
+            def progressed(worker: WorkerProcess = worker, steps: int = steps) -> bool:
+                state = running_state(stack, uuid)
+                return bool(state and state["llm_call_count"] > steps and mid_task_on(stack, [uuid], worker))
+
+            stack.wait_until(progressed, what=f"the task running on w{n}")
+            steps = int((running_state(stack, uuid) or {})["llm_call_count"])
+            assert worker.terminate(timeout_s=30) == 0
+        stack.start_worker("last", queues="tasks")
+        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
+    assert (state["status"], state["attempt"], state["handbacks"]) == ("completed", 4, 3)

@@ -113,3 +113,11 @@ def test_finished_context_left_in_the_index_is_unindexed_and_a_vanished_one_too(
 
 def test_unreadable_context_is_reported_and_never_acted_on() -> None:
     assert kinds(Seen(UUID, unreadable="bad json", indexed=True)) == ["skip"]
+
+
+def test_attempts_handed_back_on_a_warm_shutdown_do_not_count_towards_max_attempts() -> None:
+    # Two rolling restarts handed the task back; then its third worker was lost: one lost attempt of three.
+    [action] = plan([Seen(UUID, running=running(attempt=3, handbacks=2), indexed=True)], NOW, POLICY)
+    assert action.kind == "resume"
+    [action] = plan([Seen(UUID, running=running(attempt=5, handbacks=2), indexed=True)], NOW, POLICY)
+    assert action.kind == "fail"

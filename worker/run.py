@@ -260,7 +260,8 @@ class TaskRun:
         """Run a context this delivery holds to a final status."""
         state = ctx.read_state()
         log.info("task started", attempt=state.get("attempt"), worker=state.get("worker"))
-        if int(state.get("attempt", 1)) > self.settings.monitor.max_attempts:
+        # Attempts handed back on a warm shutdown (a rolling restart) are not lost ones: only those count.
+        if int(state.get("attempt", 1)) - int(state.get("handbacks", 0) or 0) > self.settings.monitor.max_attempts:
             return self._finish(ctx, "failed", f"gave up after {self.settings.monitor.max_attempts} attempts", None)
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
@@ -324,6 +325,7 @@ class TaskRun:
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
         if isinstance(exc, Cancelled):
             if self.should_stop is not None and self.should_stop() and not ctx.read_state().get("cancel_requested"):
+                ctx.update_state(add={"handbacks": 1})  # not a lost attempt: it does not count towards the cap
                 ctx.release()  # warm shutdown: hand the baton back; another worker resumes at once
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
