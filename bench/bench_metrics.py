@@ -17,7 +17,7 @@ from bench.common import Result, standalone, timed
 from bench.worker_stack import private_redis
 from contexts import ContextStore
 from webhooks.metrics import Metrics
-from worker.runtime import index_heartbeat, redis_client
+from worker.runtime import index_heartbeat
 from worker.settings import install_settings, load_settings
 
 SMALL = 10
@@ -31,7 +31,6 @@ def fleet(root: Path, url: str, count: int) -> Metrics:
     """``count`` running contexts, each in the index as the worker's store puts it; the intake's metrics."""
     settings = load_settings(env={"TASUKI__BROKER__URL": url, "TASUKI__CONTEXTS__BASE_DIR": str(root)})
     install_settings(settings)
-    redis_client.cache_clear()  # the worker's one client per process follows the settings just installed
     store = ContextStore(root, fsync="never", on_heartbeat=index_heartbeat)
     for _ in range(count):
         ctx = store.create(KEY, {"model": "m", "context_length": 1000}, heartbeat=False)

@@ -25,10 +25,15 @@ def settings() -> Settings:
     return current_settings()
 
 
-@functools.cache
 def redis_client() -> redis.Redis:
-    """A Redis client on the broker's server (heartbeat index, dedupe keys, cancel flags)."""
-    return redis.Redis.from_url(settings().broker.url, socket_timeout=5, socket_connect_timeout=5)
+    """A Redis client on the broker's server (heartbeat index, dedupe keys, cancel flags): one per broker URL,
+    so settings installed later (a test, a benchmark) never write through a client made for earlier ones."""
+    return _client_for(settings().broker.url)
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 def index_heartbeat(uuid: str, now: datetime, status: str) -> None:
