@@ -126,6 +126,19 @@ def test_a_failed_gitlab_pipeline_is_a_fix_trigger_on_its_source_branch() -> Non
     assert isinstance(gitlab_action(payload, GITLAB), Ignore)
 
 
+def test_go_gitlabs_published_pipeline_hook_is_read_as_published_and_as_a_failure_on_a_tasuki_branch() -> None:
+    published = load_payload("gitlab/pipeline_hook.json")  # go-gitlab's testdata: a pipeline that passed
+    assert gitlab_action(published, GITLAB) == Ignore("pipeline not failed")
+
+    failed = load_payload("gitlab/pipeline_hook.json")
+    failed["object_attributes"]["status"] = "failed"
+    failed["merge_request"]["source_branch"] = CHANGE.head
+    action = gitlab_action(failed, GITLAB)
+    assert isinstance(action, CIFailure)
+    assert (action.owner, action.repo, action.branch) == ("gitlab-org", "gitlab-test", CHANGE.head)
+    assert (action.ci["pipeline_id"], action.ci["sha"]) == (31, "bcbb5ec396a2c0f828686f14fac9b80b780504f2")
+
+
 def test_the_thread_marker_is_trusted_only_for_its_own_branch(redis_client: redis.Redis) -> None:
     body = "Fixes it.\n" + marker(ISSUE_KEY, "tasuki/1-abcdef12", "u-1")
     pull = {**ISSUE_KEY, "task_type": "pull_request", "task_id": "9"}
