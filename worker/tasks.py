@@ -209,12 +209,12 @@ def forget(uuid: str, task_key: dict[str, str], status: str | None = None) -> No
     try:
         release_active(redis_client(), task_key, uuid)
         if status is not None:
-            count_finished(redis_client(), uuid, status)
+            count_finished(redis_client(), status)
     except redis.RedisError as exc:
         log.warning("active-task key not released", error=str(exc))
 
 
-def count_finished(client: redis.Redis, uuid: str, status: str) -> None:
+def count_finished(client: redis.Redis, status: str) -> None:
     """Add the task to the finished-task counter ``/metrics`` exports (its compressions were counted as made)."""
     client.hincrby(STATS_KEY, f"finished:{status}", 1)
 

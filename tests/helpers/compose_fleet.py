@@ -19,13 +19,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from contexts import jsonl
 from replay import ReplayServer
 from tests.helpers.compose_stack import ComposeStack, Ports
 from tests.helpers.docker_host import build_images, docker_engine
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.model_server import model_server
 from tests.helpers.redis_server import free_port
-from tests.helpers.stack import fix_calc_trajectory, make_buggy_repo
+from tests.helpers.stack import final_state, fix_calc_trajectory, make_buggy_repo
 
 OWNER, REPO = "Codertocat", "Hello-World"
 FORGE_TOKEN = "compose-forge-token-8e1f0c"
@@ -71,15 +72,11 @@ class Fleet:
         for where in ("running", "completed"):
             path = self.contexts / where / uuid / "messages.jsonl"
             if path.exists():
-                return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+                return list(jsonl.iter_records(path))  # a line being written is not read
         return []
 
     def completed_state(self, uuid: str) -> dict[str, Any] | None:
-        path = self.contexts / "completed" / uuid / "state.json"
-        if not path.exists():
-            return None
-        state: dict[str, Any] = json.loads(path.read_text())
-        return state if state["status"] in ("completed", "failed", "timeout", "cancelled") else None
+        return final_state(self.contexts, uuid)
 
     def wait_finished(self, uuid: str) -> dict[str, Any]:
         state: dict[str, Any] = self.stack.wait(lambda: self.completed_state(uuid), FINISH_TIMEOUT_S,

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 from celery import Celery
 
+from contexts.names import FINAL_STATUSES
 from tests.helpers.celery_worker import WorkerProcess, worker_env
 from worker.names import RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 
@@ -134,11 +135,7 @@ class Stack:
             app.close()
 
     def completed_state(self, uuid: str) -> dict[str, Any] | None:
-        path = self.contexts_dir / "completed" / uuid / "state.json"
-        if not path.exists():
-            return None
-        state: dict[str, Any] = json.loads(path.read_text())
-        return state if state["status"] in ("completed", "failed", "timeout", "cancelled") else None
+        return final_state(self.contexts_dir, uuid)
 
     def wait_until(self, predicate: Callable[[], Any], timeout_s: float = 90.0, what: str = "condition") -> Any:
         deadline = time.monotonic() + timeout_s
@@ -157,6 +154,15 @@ class Stack:
     def stop(self) -> None:
         for worker in self.workers:
             worker.stop()
+
+
+def final_state(contexts_dir: Path, uuid: str) -> dict[str, Any] | None:
+    """The state of a context once it is under ``completed/`` with its final status, else ``None``."""
+    path = contexts_dir / "completed" / uuid / "state.json"
+    if not path.exists():
+        return None
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state if state["status"] in FINAL_STATUSES else None
 
 
 def local_request(repo: Path, prompt: str = "Make the tests pass.", task_id: str = "1") -> dict[str, Any]:
