@@ -168,7 +168,9 @@ class Totals:
 
 
 @dataclass(frozen=True)
-class _Tally:
+class Tally:
+    """Counts and sums of the contexts of one (location, status, user); ``user_key`` is "" for no user."""
+
     location: str
     status: str
     user_key: str
@@ -180,6 +182,17 @@ class _Tally:
     durations: int
     disk_bytes: int
     newest: float
+
+
+def tally_of(item: ContextSummary) -> Tally:
+    """One context as a tally of one (what a context read from its directory adds to the index's totals)."""
+    duration = item.duration_s
+    return Tally(
+        location=item.location, status=item.status, user_key=item.user or "", n=1, tokens=item.total_tokens_used,
+        messages=item.message_count, compressions=item.compression_count,
+        duration_us=0 if duration is None else round(duration * 1_000_000), durations=duration is not None,
+        disk_bytes=0, newest=item.created_at.timestamp(),
+    )
 
 
 def repository_name(task_key: dict[str, str]) -> str:
@@ -277,7 +290,7 @@ def _ordered(counts: dict[str, int], newest: dict[str, float]) -> dict[str, int]
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], -newest.get(kv[0], 0.0))))
 
 
-def fold(tallies: Iterable[_Tally]) -> Totals:
+def fold(tallies: Iterable[Tally]) -> Totals:
     """Totals from tally rows (the index's own, or a filtered aggregate of context rows)."""
     by_status: dict[str, int] = {}
     by_user: dict[str, int] = {}
@@ -581,6 +594,18 @@ class ContextIndex:
     ) -> Totals:
         """Counts and sums of the contexts created in ``[since, until)`` (all without them): from the running
         tallies when no time bound is given, else from the context rows in that time range."""
+        return fold(self.tallies(since=since, until=until, status=status, user=user, location=location))
+
+    def tallies(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        user: str | None = None,
+        location: str | None = None,
+    ) -> list[Tally]:
+        """The tallies :meth:`totals` folds (callers add tallies of contexts they read themselves)."""
         clauses: list[str] = []
         params: list[Any] = []
         for column, value in (("status", status), ("user_key", user), ("location", location)):
@@ -601,7 +626,7 @@ class ContextIndex:
                 "WHERE " + " AND ".join(clauses) + " GROUP BY location, status, user_key"
             )
         rows = self._attempt(lambda: self._conn().execute(sql, params).fetchall())
-        return fold(_Tally(*row) for row in rows)
+        return [Tally(*row) for row in rows]
 
     def ended_since(self, since: datetime) -> dict[str, int]:
         """Contexts that reached ``completed/`` since ``since``, by status (final ones, and any still completing)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,8 +12,8 @@ from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from contexts.clock import iso
-from contexts.index import ContextIndex, IndexEntry
-from contexts.queries import compute_stats
+from contexts.index import ContextIndex, IndexEntry, fold, tally_of
+from contexts.queries import compute_stats, indexed_stats, list_page, read_contexts
 from contexts.repair import finish_move
 from contexts.retention import apply_retention
 from contexts.state import update_state
@@ -241,3 +242,27 @@ def test_a_status_change_after_completion_never_takes_a_row_back_to_running(stor
 
     assert rows(fresh(store)) == {uuid: ("completed", "completed")}
 
+
+
+def test_the_indexed_list_and_statistics_equal_a_scan_of_every_directory(store: ContextStore, clock: Clock) -> None:
+    uuids = [
+        task(store, clock, user=user, llm_call_count=n, total_tokens_used=10 * n, compression_count=n % 2)
+        for n, user in enumerate(["alice", "alice", None, "alice", "carol", "bob"])
+    ]
+    for uuid, status in zip(uuids, ["completed", "completed", "cancelled", "completed"], strict=False):
+        finish(store, clock, uuid, status)
+    clock.advance(8 * 86400)
+    apply_retention(store, clock.now, gzip_after_days=7, delete_after_days=30)  # gzips them all
+    clock.advance(-8 * 86400)
+    finish(store, clock, uuids[4])
+    index = fresh(store)
+    assert index.count() == 6
+
+    assert list_page(store, limit=100).items == read_contexts(store).items
+    assert list_page(store, limit=2, offset=3).items == read_contexts(store).items[3:5]
+    assert list_page(store, user="alice").items == read_contexts(store, user="alice").items
+    completed = [item for item in read_contexts(store).items if item.location == "completed"]
+    assert replace(index.totals(location="completed"), disk_bytes=0) == fold(map(tally_of, completed))
+    day = START.date()
+    for filters in ({}, {"user": "alice"}, {"status": "completed"}, {"date_from": day, "date_to": day}):
+        assert indexed_stats(store, **filters) == compute_stats(store, **filters), filters  # type: ignore[arg-type]
