@@ -28,14 +28,13 @@ import structlog
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
 from contexts.errors import ContextError, CorruptRecordError
-from contexts.names import COMPLETED_DIR, FINAL_STATUSES, INDEX_FILE, METADATA_FILE, RUNNING_DIR
+from contexts.names import ACTIVE_STATUSES, COMPLETED_DIR, INDEX_FILE, METADATA_FILE, RUNNING_DIR
 from contexts.summary import ContextSummary, Damaged, context_uuids, disk_usage, summarize
 
 log = structlog.get_logger(__name__)
 
 SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_S = 30.0  # a rebuild holds the write lock while it scans: writers queue behind it, never fail
-_FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUSES) + ")"
 T = TypeVar("T")
 
 # The tallies are keyed by (location, status, user_key): the unfiltered and the status/user-filtered totals read
@@ -63,11 +62,12 @@ CREATE TABLE IF NOT EXISTS contexts (
     disk_bytes INTEGER NOT NULL,
     summary TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS contexts_newest ON contexts (created_at);
-CREATE INDEX IF NOT EXISTS contexts_status ON contexts (status, created_at);
-CREATE INDEX IF NOT EXISTS contexts_user ON contexts (user, created_at);
-CREATE INDEX IF NOT EXISTS contexts_repository ON contexts (repository, created_at);
-CREATE INDEX IF NOT EXISTS contexts_ended ON contexts (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS contexts_newest ON contexts (created_at, uuid);
+CREATE INDEX IF NOT EXISTS contexts_location ON contexts (location, created_at, uuid);
+CREATE INDEX IF NOT EXISTS contexts_status ON contexts (status, created_at, uuid);
+CREATE INDEX IF NOT EXISTS contexts_user ON contexts (user, created_at, uuid);
+CREATE INDEX IF NOT EXISTS contexts_repository ON contexts (repository, created_at, uuid);
+CREATE INDEX IF NOT EXISTS contexts_ended ON contexts (location, ended_at);
 CREATE INDEX IF NOT EXISTS contexts_tally ON contexts (location, status, user_key, created_at);
 CREATE TABLE IF NOT EXISTS damaged (uuid TEXT PRIMARY KEY, location TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tallies (
@@ -122,6 +122,13 @@ _UPSERT = (  # column names are constants, values are parameters
     "ON CONFLICT (uuid) DO UPDATE SET "
     + ", ".join(f"{name} = excluded.{name}" for name in _COLUMNS.split(", ")[1:])
     + " WHERE contexts.location = 'running' OR excluded.location = 'completed'"
+)
+
+
+# Rows that may be stale after a crash: every running one, and completed ones not yet final (both by index).
+_UNFINISHED = (
+    "SELECT uuid, location FROM contexts WHERE location = 'running' UNION ALL SELECT uuid, location FROM contexts "  # noqa: S608
+    f"WHERE location = 'completed' AND status IN ({', '.join('?' * len(ACTIVE_STATUSES))})"
 )
 
 
@@ -276,9 +283,9 @@ def _filters(
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
-    if uuid_prefix:
-        clauses.append("substr(uuid, 1, ?) = ?")
-        params += [len(uuid_prefix), uuid_prefix.lower()]
+    if uuid_prefix:  # a range of the primary key: "~" sorts after every character of a UUID
+        clauses.append("uuid >= ? AND uuid < ?")
+        params += [uuid_prefix.lower(), uuid_prefix.lower() + "~"]
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
@@ -468,9 +475,7 @@ class ContextIndex:
         def stale() -> set[str]:
             db = self._conn()
             running_now = set(context_uuids(self.root / RUNNING_DIR))
-            rows = db.execute(
-                f"SELECT uuid, location FROM contexts WHERE location = 'running' OR status NOT IN {_FINAL}"  # noqa: S608
-            ).fetchall()
+            rows = db.execute(_UNFINISHED, ACTIVE_STATUSES).fetchall()
             indexed = {uuid for uuid, location in rows if location == RUNNING_DIR}
             moved = {uuid for uuid, location in rows if location != RUNNING_DIR or uuid not in running_now}
             if not everything:
