@@ -10,11 +10,11 @@ from typing import Any
 from contexts import jsonl
 from contexts.atomic import read_json
 from contexts.errors import CorruptRecordError
-from contexts.index import Totals, fold, tally_of
 from contexts.names import COMPLETED_DIR, MESSAGES_FILE, METADATA_FILE, RUNNING_DIR, SUMMARIES_FILE, TOOLS_FILE
 from contexts.state import read_state
 from contexts.store import ContextStore
 from contexts.summary import STATUSES, ContextSummary, Damaged, context_uuids, disk_usage, summarize
+from contexts.totals import Totals, fold, tally_of
 
 __all__ = ["STATUSES", "ContextSummary", "Damaged", "disk_usage", "summarize"]  # their home is contexts.summary
 

@@ -112,6 +112,16 @@ def test_a_page_is_newest_first_and_filters_by_status_repository_user_and_uuid_p
     assert (index.count(), index.count(user="alice"), index.count(repository="octo/two", status="failed")) == (3, 2, 1)
 
 
+def test_an_entry_carries_the_issue_title_masked_as_in_metadata(store: ContextStore) -> None:
+    request = {"issue": {"number": 42, "title": "Crash with token ghp_" + "a1B2" * 9}}
+    ctx = store.create(TASK_KEY, CONFIG, heartbeat=False, extra_metadata={"request": request})
+    ctx.release()
+
+    (entry,) = store.index.page()
+
+    assert entry.title == "Crash with token [GITHUB_TOKEN]" == ctx.metadata["request"]["issue"]["title"]
+
+
 def test_totals_and_endings_agree_with_a_scan_of_the_directories(store: ContextStore, clock: Clock) -> None:
     uuids = [task(store, clock, user=user, total_tokens_used=100 * n) for n, user in enumerate(["a", "b", None, "a"])]
     finish(store, clock, uuids[0], "failed")
