@@ -109,11 +109,14 @@ class ContextIndex:
         self._guard = threading.RLock()
         self._pid = -1
         self._db: sqlite3.Connection | None = None
+        self._inherited: list[sqlite3.Connection] = []  # a parent's, after a fork: kept open, never used or closed
         self._attempt(self._connect)
 
     # -- connection ----------------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        if self._db is not None and self._pid != os.getpid():
+            self._inherited.append(self._db)  # closing it here could checkpoint the parent's WAL under it
         new = _create_private(self.path)
         db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
         self._db, self._pid = db, os.getpid()

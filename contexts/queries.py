@@ -67,7 +67,12 @@ def list_page(
     costs the same at 10 and at 10,000 completed contexts)."""
     running = _read(store, RUNNING_DIR, status, user)
     completed = store.index.summaries(status=status, user=user, location=COMPLETED_DIR, limit=offset + limit)
-    newest = sorted([*running.items, *completed], key=lambda item: item.created_at, reverse=True)
+    moved = {item.uuid for item in completed}  # finished between the two reads: shown once, as it ended
+    newest = sorted(
+        [*(item for item in running.items if item.uuid not in moved), *completed],
+        key=lambda item: item.created_at,
+        reverse=True,
+    )
     total = len(running.items) + store.index.count(status=status, user=user, location=COMPLETED_DIR)
     return Page(newest[offset : offset + limit], total, [*running.damaged, *_damaged_completed(store)])
 
