@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
+import sqlite3
+from contextlib import closing
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from contexts.clock import iso
-from contexts.index import ContextIndex, IndexEntry, fold, tally_of
+from contexts.index import ContextIndex, IndexEntry, Tally, fold, tally_of
 from contexts.queries import compute_stats, indexed_stats, list_page, read_contexts
 from contexts.repair import finish_move
 from contexts.retention import apply_retention
@@ -276,3 +280,35 @@ def test_the_indexed_list_and_statistics_equal_a_scan_of_every_directory(store: 
     day = START.date()
     for filters in ({}, {"user": "alice"}, {"status": "completed"}, {"date_from": day, "date_to": day}):
         assert indexed_stats(store, **filters) == compute_stats(store, **filters), filters  # type: ignore[arg-type]
+
+
+def _create_and_finish(base: str, count: int, start: Any) -> None:
+    store = ContextStore(base, fsync="never")
+    start.wait()
+    for n in range(count):
+        ctx = store.create(TASK_KEY, CONFIG, user=f"user{n % 3}", heartbeat=False)
+        ctx.update_state(status="processing", add={"total_tokens_used": n})
+        ctx.finish("failed" if n % 4 == 0 else "completed")
+
+
+def test_writers_in_several_processes_at_once_lose_no_row_and_keep_the_tallies_exact(tmp_path: Path) -> None:
+    base = tmp_path / "contexts"
+    ContextStore(base).index  # noqa: B018 - the file exists before the race, as in a running fleet
+    forked = multiprocessing.get_context("fork")
+    start = forked.Event()
+    writers = [forked.Process(target=_create_and_finish, args=(str(base), 15, start)) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    start.set()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [writer.exitcode for writer in writers] == [0, 0, 0, 0]
+
+    completed = read_contexts(ContextStore(base)).items
+    assert len(completed) == 60
+    with closing(sqlite3.connect(base / "index.sqlite3")) as db:  # as the writers left it: no reconciliation
+        rows = {uuid: (location, status) for uuid, location, status in db.execute(
+            "SELECT uuid, location, status FROM contexts")}
+        tallies = [Tally(*row) for row in db.execute("SELECT * FROM tallies")]
+    assert rows == {item.uuid: ("completed", item.status) for item in completed}
+    assert replace(fold(tallies), disk_bytes=0) == fold(map(tally_of, completed))
