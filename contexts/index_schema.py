@@ -145,6 +145,7 @@ def summary_from_json(text: str, root: Path) -> ContextSummary:
 
 
 def row_of(item: ContextSummary, directory: Path) -> tuple[Any, ...]:
+    """The ``contexts`` row of one context (``_COLUMNS``' order), its disk use measured now."""
     key = item.task_key
     duration = item.duration_s
     return (
