@@ -429,14 +429,21 @@ def test_follow_prints_new_messages_and_state_changes_until_the_context_finishes
 
 
 def test_interrupting_follow_exits_130_without_a_traceback(store: Store) -> None:
-    proc = subprocess.Popen(
-        [*_command(), "context", "show", store.running, "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(store.base),
-        cwd=_empty_dir(store.base),
-    )
+    # A shell starts background jobs with SIGINT ignored, which the child would inherit (and Python then never
+    # raises KeyboardInterrupt). A handler in this process becomes the default disposition across exec: what an
+    # operator's terminal gives the command.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [*_command(), "context", "show", store.running, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(store.base),
+            cwd=_empty_dir(store.base),
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert proc.stdout is not None
         for line in _lines(proc.stdout):
