@@ -294,7 +294,8 @@ def _create_and_finish(base: str, count: int, start: Any) -> None:
 def test_writers_in_several_processes_at_once_lose_no_row_and_keep_the_tallies_exact(tmp_path: Path) -> None:
     base = tmp_path / "contexts"
     ContextStore(base).index  # noqa: B018 - the file exists before the race, as in a running fleet
-    forked = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork of a threaded test process (pytest-xdist's workers are) can inherit a held lock
+    forked = multiprocessing.get_context("spawn")
     start = forked.Event()
     writers = [forked.Process(target=_create_and_finish, args=(str(base), 15, start)) for _ in range(4)]
     for writer in writers:
