@@ -3,7 +3,8 @@ key, remember the task key by UUID and push the message, all or nothing.
 
 One Lua script does it, so a duplicate delivery or an active task key writes nothing but what it checked, and
 no other client ever sees a claimed key without its message (or the reverse). A later check (a budget, say)
-joins the script as one more guard before the writes, with its keys and arguments added to ``Admission``.
+joins the script as one more guard before the writes: its keys after KEYS[4] and its arguments after ARGV[5]
+(fields of ``Admission``), its refusal one more ``Outcome``.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from worker.task_message import QueuedMessage
 
 Outcome = Literal["enqueued", "active", "duplicate"]
 
-# KEYS: active key, task key by UUID, queue list[, delivery key]
-# ARGV: uuid, ttl of both keys, task key JSON, message[, ttl of the delivery key]
+# KEYS: active key, task key by UUID, queue list, delivery key ('' for none)
+# ARGV: uuid, ttl of both keys, task key JSON, message, ttl of the delivery key
 ADMIT_LUA = """
 local queue_type = redis.call('TYPE', KEYS[3])['ok']
 if queue_type ~= 'none' and queue_type ~= 'list' then
   -- checked before any write: a script that fails half-way keeps the writes it made
   return redis.error_reply('WRONGTYPE the queue ' .. KEYS[3] .. ' is a ' .. queue_type .. ', not a list')
 end
-if KEYS[4] and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[5]) then
+if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[5]) then
   return {'duplicate', ''}
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
@@ -58,13 +59,11 @@ class Admission:
 
     def keys(self) -> list[str]:
         """The script's KEYS."""
-        keys = [self.active_key, self.task_record_key, self.message.queue_key]
-        return [*keys, self.delivery_key] if self.delivery_key else keys
+        return [self.active_key, self.task_record_key, self.message.queue_key, self.delivery_key or ""]
 
     def args(self) -> list[str | int]:
         """The script's ARGV."""
-        args: list[str | int] = [self.uuid, self.ttl_s, self.task_key_json, self.message.payload]
-        return [*args, self.delivery_ttl_s] if self.delivery_key else args
+        return [self.uuid, self.ttl_s, self.task_key_json, self.message.payload, self.delivery_ttl_s]
 
 
 @dataclass(frozen=True)
