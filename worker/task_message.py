@@ -1,13 +1,15 @@
 """The ``tasuki.run_task`` message as the broker holds it, built without sending it (SPEC §2, §8).
 
 The intake pushes this message itself, in the same Redis round trip that dedupes the delivery and claims the
-task key (worker/admission.py). It must be byte for byte the kind of message ``app.send_task`` pushes, so that
-an unmodified ``celery worker`` consumes it: Celery's own ``app.amqp.create_task_message`` (protocol 2,
-``as_task_v2``) builds headers, properties and body; the envelope around them is what kombu's ``Producer.publish``
-→ ``Channel.prepare_message`` → ``basic_publish`` (``_inplace_augment_message``) → Redis ``Channel._put`` make of
-it: the body serialized and base64-encoded, the routing in ``delivery_info``, a delivery tag, JSON, LPUSHed to the
-queue's list. What ``send_task`` adds on top and the intake does not want: a result-backend SUBSCRIBE per task
-(nobody waits on a ``run_task`` result) and a ``task-sent`` event.
+task key (worker/admission.py). It is the message ``send_run_task`` has Celery push (tests/test_intake_admission.py
+compares them field by field), so an unmodified ``celery worker`` consumes it: Celery's own
+``app.amqp.create_task_message`` (protocol 2, ``as_task_v2``) builds headers, properties and body; the envelope
+around them is what kombu's ``Producer.publish`` → ``Channel.prepare_message`` → ``basic_publish``
+(``_inplace_augment_message``) → Redis ``Channel._put`` make of it: the body serialized and base64-encoded, the
+routing in ``delivery_info``, a delivery tag, JSON, LPUSHed to the queue's list (priority 0 and no compression,
+as Tasuki sends it). What ``send_task`` adds on top and the intake does not want: a result-backend SUBSCRIBE per
+task (nobody waits on a ``run_task`` result; ``AsyncResult(uuid).state`` still reads the stored result) and a
+``task-sent`` event.
 """
 
 from __future__ import annotations
