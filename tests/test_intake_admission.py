@@ -155,13 +155,15 @@ def test_a_trigger_for_a_task_that_just_finished_starts_a_new_one(
     assert json.loads(intake.queued()[0])["headers"]["id"] == answer["task_id"]
 
 
+@pytest.mark.parametrize("delivery_key", [None, "tasuki:delivery:retried"], ids=["submission", "delivery"])
 def test_admitting_the_same_task_again_pushes_it_once_and_reports_it_enqueued(
-    settings: Settings, redis_client: redis.Redis
+    settings: Settings, redis_client: redis.Redis, delivery_key: str | None
 ) -> None:
     """What a client retry looks like when the reply of a script that ran was lost."""
     app = Celery("tasuki-admission-test")
     app.conf.update(celery_config(settings))
-    admission = run_task_admission(app, settings, REQUEST, str(uuid_module.uuid4()))
+    admission = run_task_admission(app, settings, REQUEST, str(uuid_module.uuid4()), delivery_key=delivery_key,
+                                   delivery_ttl_s=60)
     try:
         outcomes = [admit(redis_client, admission).outcome for _ in range(2)]
         assert redis_client.llen(TASKS_QUEUE) == 1

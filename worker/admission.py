@@ -22,7 +22,7 @@ from worker.task_message import QueuedMessage
 
 Outcome = Literal["enqueued", "active", "duplicate"]
 
-# KEYS: active key, task key by UUID, queue list, delivery key ('' for none)
+# KEYS: active key, task key by UUID, queue list, delivery key ('' for none; it holds the UUID that claimed it)
 # ARGV: uuid, ttl of both keys, task key JSON, message, ttl of the delivery key
 ADMIT_LUA = """
 local queue_type = redis.call('TYPE', KEYS[3])['ok']
@@ -30,7 +30,10 @@ if queue_type ~= 'none' and queue_type ~= 'list' then
   -- checked before any write: a script that fails half-way keeps the writes it made
   return redis.error_reply('WRONGTYPE the queue ' .. KEYS[3] .. ' is a ' .. queue_type .. ', not a list')
 end
-if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[5]) then
+if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], ARGV[1], 'NX', 'EX', ARGV[5]) then
+  if redis.call('GET', KEYS[4]) == ARGV[1] and redis.call('GET', KEYS[1]) == ARGV[1] then
+    return {'enqueued', ARGV[1]}  -- this very admission, run again by a client that lost the reply
+  end
   return {'duplicate', ''}
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
