@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
 import structlog
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
@@ -19,11 +20,13 @@ from webhooks.api import task_api
 from webhooks.intake import Intake
 from webhooks.metrics import CONTENT_TYPE, Metrics
 from webhooks.routes import UNAVAILABLE, webhook_router
+from worker.runtime import async_redis_client
 from worker.settings_models import Settings
 
-# Redis and broker calls run on a few threads of their own, off the event loop: a handful keeps the GIL
-# from thrashing under many concurrent deliveries (Starlette's default pool of 40 threads more than doubled
-# p99 in bench/bench_webhook.py), and the loop stays free to refuse bad requests while Redis is slow.
+# Blocking Redis, broker and disk calls (everything but a new task's trigger and /healthz) run on a few threads
+# of their own, off the event loop: a handful keeps the GIL from thrashing under many concurrent deliveries
+# (Starlette's default pool of 40 threads more than doubled p99 in bench/bench_webhook.py), and the loop stays
+# free to refuse bad requests while Redis is slow.
 BLOCKING_THREADS = 4
 
 T = TypeVar("T")
@@ -47,30 +50,35 @@ def create_app(
     redis_client: redis.Redis,
     celery_app: Any,
     *,
+    async_client: redis.asyncio.Redis | None = None,
     clock: Callable[[], float] = time.time,
 ) -> FastAPI:
-    """The intake app; ``redis_client`` and ``celery_app`` are the broker's (enqueue, dedupe, active keys)."""
+    """The intake app; ``redis_client`` (and ``async_client``, made from the broker URL when not given) and
+    ``celery_app`` are the broker's (enqueue, dedupe, active keys)."""
     warn_about_missing_secrets(settings)
     executor = ThreadPoolExecutor(max_workers=BLOCKING_THREADS, thread_name_prefix="tasuki-intake")
+    loop_client = async_client or async_redis_client(settings.broker.url)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         executor.shutdown(wait=False)
+        if async_client is None:  # made here: closed here
+            await loop_client.aclose()
 
     async def blocking(fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
     app = FastAPI(title="Tasuki", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    intake = Intake(settings, redis_client, celery_app)
+    intake = Intake(settings, redis_client, loop_client, celery_app, blocking)
     metrics = Metrics(settings, redis_client)
-    app.include_router(webhook_router(settings, intake, metrics, blocking, clock))
+    app.include_router(webhook_router(settings, intake, metrics, clock))
     app.include_router(task_api(settings, intake, blocking))
 
     @app.get("/healthz")
     async def healthz() -> Response:
         try:
-            await blocking(redis_client.ping)
+            await loop_client.ping()
         except UNAVAILABLE:
             return JSONResponse({"status": "redis unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})

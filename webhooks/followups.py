@@ -43,6 +43,17 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def may_continue_thread(task_key: dict[str, str]) -> bool:
+    """Whether a trigger on this task key may continue a task's thread (a pull/merge request, not an issue)."""
+    return task_key.get("task_type") in PULL_KINDS
+
+
+def new_task_request(action: Trigger) -> dict[str, Any]:
+    """The request of a trigger that starts new work (the request of a trigger on an issue)."""
+    return {"task_key": action.task_key, "issue": action.issue, "user": action.user, "prompt": action.prompt,
+            "trigger": action.trigger}
+
+
 def followup_of(thread: Thread, kind: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``followup`` field of a task request continuing ``thread``."""
     return {"kind": kind, "pull_kind": thread.pull_kind, "pull": thread.pull, "branch": thread.branch,
@@ -59,14 +70,13 @@ class Followups:
 
     def thread_of(self, task_key: dict[str, str], body: str = "", head: str = "") -> Thread | None:
         """The thread of a pull/merge request a task opened; None for anything else."""
-        if task_key.get("task_type") not in PULL_KINDS:
+        if not may_continue_thread(task_key):
             return None
         return find_thread(self.client, task_key, body, head)
 
     def request(self, action: Trigger) -> dict[str, Any] | None:
         """The task request of a trigger; None when it is a review on a request no task opened."""
-        request = {"task_key": action.task_key, "issue": action.issue, "user": action.user,
-                   "prompt": action.prompt, "trigger": action.trigger}
+        request = new_task_request(action)
         thread = self.thread_of(action.task_key, action.body, action.head)
         if thread is None:
             return None if action.trigger.get("kind") == "review" else request

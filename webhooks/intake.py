@@ -1,28 +1,34 @@
 """From an action to a queued task: dedupe the delivery, enqueue or cancel, answer (SPEC §2, §8).
 
-Blocking Redis and broker calls; the ASGI routes run these in a worker thread.
+A trigger on an issue, the common delivery, is one Redis round trip on the event loop: the admission script
+dedupes it, claims the task key and pushes the message (worker/admission.py). Everything else (cancels,
+comments for a running task, follow-ups on a pull/merge request, commands) makes blocking Redis, broker and
+disk calls, which the ASGI app runs on a worker thread (``Blocking``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import uuid as uuid_module
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import redis
+import redis.asyncio
 import structlog
 from celery.result import AsyncResult
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
 from webhooks.ci_events import CIFailure
 from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
-from webhooks.followups import Followups, inbox_entry
+from webhooks.followups import Followups, inbox_entry, may_continue_thread, new_task_request
+from worker.admission import Admissions
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
 from worker.settings_models import Settings
 from worker.stores import open_store
-from worker.submit import Enqueued, enqueue, release_active, request_cancel, task_key_id
+from worker.submit import Enqueued, enqueue, release_active, request_cancel, run_task_admission, task_key_id
 
 log = structlog.get_logger(__name__)
 
@@ -58,12 +64,19 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 class Intake:
-    """Enqueues and cancels tasks for webhooks and the task API; one per app."""
+    """Enqueues and cancels tasks for webhooks and the task API; one per app.
 
-    def __init__(self, settings: Settings, client: redis.Redis, celery_app: Any) -> None:
+    ``client`` serves the blocking calls (on ``blocking``'s threads), ``async_client`` the event loop's.
+    """
+
+    def __init__(self, settings: Settings, client: redis.Redis, async_client: redis.asyncio.Redis,
+                 celery_app: Any, blocking: Blocking) -> None:
         self.settings = settings
         self.client = client
+        self.async_client = async_client
+        self.admissions = Admissions(async_client)
         self.celery_app = celery_app
+        self.blocking = blocking
         self._store: ContextStore | None = None
         self.followups = Followups(settings, client, celery_app)
 
@@ -76,11 +89,34 @@ class Intake:
 
     # -- webhooks --------------------------------------------------------------------------------
 
-    def deliver(self, source: str, delivery_id: str, action: Action) -> Answer:
+    async def deliver(self, source: str, delivery_id: str, action: Action) -> Answer:
         """Act on one verified delivery, at most once per delivery id."""
         if isinstance(action, Ignore):
             return Answer(200, {"status": "ignored", "reason": action.reason}, "ignored")
         key = delivery_key(source, delivery_id)
+        if isinstance(action, Trigger) and not may_continue_thread(action.task_key):
+            return await self._new_task(key, action)
+        return await self.blocking(self._deliver_blocking, key, action)
+
+    async def _new_task(self, key: str, action: Trigger) -> Answer:
+        """A trigger that starts new work: dedupe, claim and enqueue in one round trip; the rare task key that is
+        already active is answered as ``_trigger`` answers it."""
+        request = new_task_request(action)
+        uuid = str(uuid_module.uuid4())
+        admission = run_task_admission(self.celery_app, self.settings, request, uuid, delivery_key=key,
+                                       delivery_ttl_s=DELIVERY_TTL_S)
+        admitted = await self.admissions.admit(admission)
+        if admitted.outcome == "duplicate":
+            return Answer(200, {"status": "duplicate"}, "duplicate")
+        if admitted.outcome == "enqueued":
+            return self._answer(action, request, Enqueued(uuid, False))
+        try:
+            return await self.blocking(self._answer_active, action, request, Enqueued(admitted.uuid, True))
+        except Exception:
+            await self.async_client.delete(key)  # not acted on: a redelivery must be able to try again
+            raise
+
+    def _deliver_blocking(self, key: str, action: Trigger | Cancel | Note | Command | CIFailure) -> Answer:
         if not self.client.set(key, "1", nx=True, ex=DELIVERY_TTL_S):
             return Answer(200, {"status": "duplicate"}, "duplicate")
         try:
@@ -104,7 +140,12 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
-        enqueued = self.submit(request)
+        return self._answer(action, request, self.submit(request))
+
+    def _answer_active(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
+        return self._answer(action, request, self._unless_finished(request, enqueued))
+
+    def _answer(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
         if enqueued.already_active:
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
@@ -141,12 +182,16 @@ class Intake:
 
     def submit(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued:
         """Enqueue ``tasuki.run_task`` unless the task key is active (the task key is remembered by UUID)."""
-        enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
-        if enqueued.already_active and self._finished(enqueued.uuid):
-            # Finished a moment ago, its key not yet freed: it would never run (or read its inbox) again.
-            release_active(self.client, request["task_key"], enqueued.uuid)
-            enqueued = enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
-        return enqueued
+        return self._unless_finished(request, enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid),
+                                     uuid)
+
+    def _unless_finished(self, request: dict[str, Any], enqueued: Enqueued, uuid: str | None = None) -> Enqueued:
+        """``enqueued``, or when its active task finished a moment ago (its key not yet freed: it would never run
+        or read its inbox again) the request enqueued anew."""
+        if not (enqueued.already_active and self._finished(enqueued.uuid)):
+            return enqueued
+        release_active(self.client, request["task_key"], enqueued.uuid)
+        return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:
         """The task key of a task this intake enqueued, while Redis remembers it."""

@@ -1,6 +1,6 @@
 """``POST /webhooks/github`` and ``POST /webhooks/gitlab`` (SPEC §8).
 
-Each delivery: read the body (bounded) → verify → parse → classify → dedupe and enqueue (off the loop).
+Each delivery: read the body (bounded) → verify → parse → classify → dedupe and enqueue (webhooks/intake.py).
 Malformed input gets a 4xx or an "ignored" 2xx, never a 5xx; only Redis or the broker being away does.
 """
 
@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError
 
 from webhooks.body import BodyTooLarge, Unparsable, parse_payload, read_body
 from webhooks.events import Action, github_action, gitlab_action
-from webhooks.intake import Answer, Blocking, Intake
+from webhooks.intake import Answer, Intake
 from webhooks.metrics import Metrics
 from webhooks.signatures import verify_github, verify_gitlab_token, verify_standard
 from worker.settings_models import Settings
@@ -38,9 +38,7 @@ def _body_hash(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def webhook_router(
-    settings: Settings, intake: Intake, metrics: Metrics, blocking: Blocking, clock: Callable[[], float]
-) -> APIRouter:
+def webhook_router(settings: Settings, intake: Intake, metrics: Metrics, clock: Callable[[], float]) -> APIRouter:
     """The two webhook routes."""
     router = APIRouter()
     limit = settings.webhook.max_body_bytes
@@ -67,10 +65,11 @@ def webhook_router(
         except Unparsable:
             metrics.count(source, "unparsable")
             return _json(400, {"detail": "body is not a JSON object"})
-        result = action if isinstance(action, Answer) else None
-        if result is None:
+        if isinstance(action, Answer):
+            result = action
+        else:
             try:
-                result = await blocking(intake.deliver, source, delivery(body), action)
+                result = await intake.deliver(source, delivery(body), action)
             except UNAVAILABLE as exc:
                 log.warning("webhook not processed: broker unavailable", source=source, error=str(exc))
                 metrics.count(source, "unavailable")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import uvicorn
 
 from webhooks.app import create_app
@@ -16,6 +18,15 @@ def serve(host: str | None = None, port: int | None = None) -> None:
     configure_logging()
     s = settings()
     app = create_app(s, redis_client(), celery_app)
+    freeze_startup_objects()
     # log_config=None: uvicorn's loggers go through Tasuki's structlog processors (one line shape, masking).
     uvicorn.run(app, host=host or s.webhook.host, port=port or s.webhook.port, log_config=None,
                 server_header=False, timeout_graceful_shutdown=10)
+
+
+def freeze_startup_objects() -> None:
+    """Keep what start-up made (Celery, kombu, FastAPI, pydantic, the settings, the app) out of the cyclic
+    collector's full passes: they live as long as the process, and walking them took 77 ms every few thousand
+    deliveries, about 60 µs a delivery and the intake's worst latencies (bench/bench_webhook.py)."""
+    gc.collect()
+    gc.freeze()

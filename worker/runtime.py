@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
+import redis.asyncio
 import structlog
 
 from contexts import ContextStore
@@ -34,6 +35,11 @@ def redis_client() -> redis.Redis:
 @functools.cache
 def _client_for(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def async_redis_client(url: str) -> redis.asyncio.Redis:
+    """An asyncio Redis client on ``url`` for one event loop (the HTTP intake's), with the blocking one's timeouts."""
+    return redis.asyncio.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 def index_heartbeat(uuid: str, now: datetime, status: str) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import uuid as uuid_module
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
-from contexts.masking import mask_value
 from contexts.state import update_state
+from worker.admission import Admission, admit
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 from worker.settings_models import Settings
+from worker.task_message import run_task_arguments, run_task_message
 
 CANCEL_FLAG_TTL_S = 8 * 24 * 3600
 
@@ -32,37 +33,35 @@ class Enqueued:
 
 
 def send_run_task(app: Any, uuid: str, request: dict[str, Any], *, countdown_s: float | None = None) -> None:
-    """Put ``tasuki.run_task(uuid, request)`` on the tasks queue under its UUID: the one place every sender
-    (submit, the intake, the monitor, a hand-back, the demo) goes through.
+    """Put ``tasuki.run_task(uuid, request)`` on the tasks queue under its UUID through Celery (the monitor, a
+    hand-back, the demo), with the arguments ``run_task_arguments`` makes. Submissions go through ``enqueue``,
+    which pushes the same message itself."""
+    args, shown = run_task_arguments(uuid, request)
+    app.send_task(RUN_TASK, args=args, task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None, **shown)
 
-    The request is masked first: Celery's arguments are kept in Redis and shown by Flower, and issue text is
-    untrusted input that may carry a token. (The context records the request masked anyway.) A local
-    ``repo_path`` is a path on the worker's host, kept as it is so that the clone finds it.
-    """
-    masked = cast(dict[str, Any], mask_value({k: v for k, v in request.items() if k != "repo_path"}))
-    if "repo_path" in request:
-        masked["repo_path"] = request["repo_path"]
-    app.send_task(RUN_TASK, args=[uuid, masked], task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None)
+
+def run_task_admission(
+    app: Any, settings: Settings, request: dict[str, Any], uuid: str, *, delivery_key: str | None = None,
+    delivery_ttl_s: int = 0,
+) -> Admission:
+    """What admitting ``tasuki.run_task(uuid, request)`` takes: its task key claimed for as long as the task may
+    be queued or retried, its task key remembered by UUID (the API answers for a queued task with it, a cancel
+    knows the task exists), its message, and the webhook delivery it answers, if any."""
+    ttl = settings.broker.visibility_timeout_s * settings.monitor.max_attempts
+    return Admission(
+        uuid=uuid, active_key=ACTIVE_PREFIX + task_key_id(request["task_key"]), task_record_key=TASK_PREFIX + uuid,
+        task_key_json=json.dumps(request["task_key"]), ttl_s=ttl, message=run_task_message(app, uuid, request),
+        delivery_key=delivery_key, delivery_ttl_s=delivery_ttl_s,
+    )
 
 
 def enqueue(
     app: Any, client: redis.Redis, settings: Settings, request: dict[str, Any], *, uuid: str | None = None
 ) -> Enqueued:
-    """Send ``tasuki.run_task`` unless a task for the same task key is queued or running (SPEC §2)."""
+    """Queue ``tasuki.run_task`` unless a task for the same task key is queued or running (SPEC §2)."""
     uuid = validate_uuid(uuid) if uuid else str(uuid_module.uuid4())
-    key = ACTIVE_PREFIX + task_key_id(request["task_key"])
-    ttl = settings.broker.visibility_timeout_s * settings.monitor.max_attempts
-    if not client.set(key, uuid, nx=True, ex=ttl):
-        existing = client.get(key)
-        return Enqueued(existing.decode() if isinstance(existing, bytes) else str(existing), True)
-    # The task key by UUID: the API answers for a queued task with it, and a cancel knows the task exists.
-    client.set(TASK_PREFIX + uuid, json.dumps(request["task_key"]), ex=ttl)
-    try:
-        send_run_task(app, uuid, request)
-    except Exception:
-        client.delete(key, TASK_PREFIX + uuid)
-        raise
-    return Enqueued(uuid, False)
+    admitted = admit(client, run_task_admission(app, settings, request, uuid))
+    return Enqueued(admitted.uuid, admitted.outcome == "active")
 
 
 def release_active(client: redis.Redis, task_key: dict[str, str], uuid: str) -> None:
