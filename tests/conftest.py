@@ -29,8 +29,15 @@ SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first)."""
+    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first).
+
+    Its tests share one stack on the host's network, so they form one pytest-xdist group: one worker runs them
+    all, in order (``--dist loadgroup``), while the other workers go on with the rest.
+    """
     items.sort(key=lambda item: item.get_closest_marker("compose") is not None)  # stable: the rest keep their order
+    for item in items:
+        if item.get_closest_marker("compose") is not None:
+            item.add_marker(pytest.mark.xdist_group("compose"))
 
 
 
