@@ -50,7 +50,7 @@ def leaf_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tupl
 def yaml_leaf_paths(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     paths: set[tuple[str, ...]] = set()
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:  # an empty mapping is a leaf key's value (pricing: {})
             paths |= yaml_leaf_paths(value, (*prefix, key))
         else:
             paths.add((*prefix, key))
