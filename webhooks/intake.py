@@ -16,6 +16,8 @@ import structlog
 from celery.result import AsyncResult
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
+from contexts.clock import utc_now
+from webhooks.budget import not_started, over_budget, reply_text, should_reply
 from webhooks.ci_events import CIFailure
 from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
 from webhooks.followups import Followups, inbox_entry
@@ -104,8 +106,12 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
+        over = self._over_budget(action)
+        if over is not None:
+            return over
         enqueued = self.submit(request)
         if enqueued.already_active:
+            not_started(self.settings.limits, self.client, action.user, utc_now())
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
             # One active task per thread: what was said reaches the running task at its next step.
@@ -117,6 +123,18 @@ class Intake:
         log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(request["task_key"]), user=action.user,
                  followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
+
+    def _over_budget(self, action: Trigger) -> Answer | None:
+        """The answer to a trigger whose repository or user is over its daily budget (nothing is queued; the
+        issue is told once a day when the budget resets), else ``None``."""
+        now = utc_now()
+        why = over_budget(self.settings.limits, self.client, action.task_key, action.user, now)
+        if why is None:
+            return None
+        log.info("trigger over budget", task_key=task_key_id(action.task_key), user=action.user, reason=why)
+        if should_reply(self.client, action.task_key, now):
+            self.followups.reply(action.task_key, reply_text(why, now))
+        return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
 
     def _finished(self, uuid: str) -> bool:
         """Whether the task's context is completed (as far as this host's contexts show)."""
