@@ -226,6 +226,22 @@ def test_an_explicit_env_mapping_ignores_the_process_environment(monkeypatch: py
             "unknown key (did you mean labels?)",
         ),
         (
+            "pricing: {gpt-4o: {inptu: 2.5, cached_input: 1.25, output: 10}}",
+            {},
+            "config: pricing.gpt-4o.inptu = 2.5: unknown key (did you mean input?)",
+        ),
+        (
+            "pricing: {gpt-4o: {input: 2.5}}",
+            {},
+            "config: pricing.gpt-4o.output = {'input': 2.5}: missing: this key has no default",
+        ),
+        (
+            None,
+            {"TASUKI__LIMITS__TASK_TOKEN": "1000"},
+            "config: limits.task_token = '1000' (from TASUKI__LIMITS__TASK_TOKEN): unknown key (did you mean "
+            "task_tokens?)",
+        ),
+        (
             "github: {api_url: api.github.com}",
             {},
             "config: github.api_url = 'api.github.com': expected an http:// or https:// URL",
