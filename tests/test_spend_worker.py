@@ -3,6 +3,8 @@ what the model answered (also across a SIGKILL and resume), and a task stops at 
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,9 @@ from tests.helpers.worker_scenarios import (
     running_stack,
     tool,
 )
+from webhooks.metrics import Metrics
 from worker.llm import make_provider
+from worker.settings import load_settings
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +85,9 @@ def test_a_task_with_task_tokens_stops_at_the_first_step_over_it_and_reports_it(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
     cap = 6000
-    with running_stack(tmp_path, redis_url, budget_trajectory(), context_length=32768,
-                       env={"TASUKI__LIMITS__TASK_TOKENS": str(cap)}) as (stack, server):
+    prices = {"scripted": {"input": 2.0, "cached_input": 1.0, "output": 8.0}}
+    env = {"TASUKI__LIMITS__TASK_TOKENS": str(cap), "TASUKI__PRICING": json.dumps(prices)}
+    with running_stack(tmp_path, redis_url, budget_trajectory(), context_length=32768, env=env) as (stack, server):
         repo = make_buggy_repo(tmp_path / "repo")
         stack.start_worker("w1")
         uuid = stack.send(local_request(repo, prompt="Leave a note."))
@@ -106,6 +111,15 @@ def test_a_task_with_task_tokens_stops_at_the_first_step_over_it_and_reports_it(
     assert state["usage"]["tokens"] == running == state["total_tokens_used"]
     assert state["error"] == f"budget: the task used {running} tokens, limits.task_tokens is {cap}"
     assert counted_usage(state) == served_usage(requests)
+    served = served_usage(requests)
+    cost = ((served["prompt_tokens"] - served["cached_tokens"]) * 2.0 + served["cached_tokens"] * 1.0
+            + served["completion_tokens"] * 8.0) / 1_000_000
+    assert state["usage"]["cost_usd"] == pytest.approx(cost)
+    metrics = Metrics(load_settings(env=stack.env()), redis_client).render().decode()
+    assert f'tasuki_tokens_total{{kind="agent",model="scripted"}} {float(running)}' in metrics
+    counted = re.search(r'tasuki_cost_total\{model="scripted"\} ([0-9.e-]+)', metrics)
+    assert counted is not None, metrics
+    assert float(counted.group(1)) == pytest.approx(cost)
     # The work so far is on the remote as a checkpoint, for a person (or a retry) to pick up.
     assert git(repo, "show", f"tasuki-checkpoints/1-{uuid[:8]}:notes.txt") == NOTE
 

@@ -89,11 +89,11 @@ def first_reply(client: redis.Redis, thread: str, now: datetime) -> bool:
     return bool(client.set(replied_key(day_of(now), thread), "1", nx=True, ex=DAY_KEY_TTL_S))
 
 
-def fleet_totals(client: redis.Redis) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
-    """Tokens by (kind, model) and USD by model since the counters began (``/metrics``)."""
+def fleet_totals(raw: Mapping[Any, Any]) -> tuple[dict[tuple[str, str], int], dict[str, float]]:
+    """Tokens by (kind, model) and USD by model since the counters began, from the ``SPEND_TOTALS_KEY`` hash."""
     tokens: dict[tuple[str, str], int] = {}
     costs: dict[str, float] = {}
-    for raw_field, raw_value in client.hgetall(SPEND_TOTALS_KEY).items():
+    for raw_field, raw_value in raw.items():
         field = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
         name, _, rest = field.partition(":")
         if name == "tokens":
