@@ -114,7 +114,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             data["contexts"] = [item.to_json() for item in matching]
         out(viewer.to_json(data))
     else:
-        out(viewer.format_stats(stats, filters))
+        out(viewer.format_stats(stats, filters, priced=bool(settings.pricing)))
         if matching is not None:
             out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
     warn_damaged(stats.damaged)

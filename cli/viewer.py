@@ -19,6 +19,7 @@ from contexts.names import FINAL_STATUSES, MESSAGES_FILE
 from contexts.queries import ContextDetail, ContextSummary, Stats
 from contexts.state import read_state
 from contexts.store import ContextStore
+from contexts.usage import format_cost
 
 SHOWN_BY_DEFAULT = 10  # newest messages (and summaries) the viewer shows without --messages / --summaries
 ELLIPSIS = "…"
@@ -369,8 +370,9 @@ def format_list(items: Iterable[ContextSummary]) -> str:
 # -- the statistics (001 §9.2) ---------------------------------------------------------------------
 
 
-def format_stats(stats: Stats, filters: Mapping[str, str] | None = None) -> str:
-    """001 §9.2's report over the contexts ``filters`` selected (all of them without filters)."""
+def format_stats(stats: Stats, filters: Mapping[str, str] | None = None, *, priced: bool = False) -> str:
+    """001 §9.2's report over the contexts ``filters`` selected (all of them without filters), with their spend
+    (``priced``: a price table is configured)."""
     title = "Context Storage Statistics"
     lines = [title, "=" * len(title)]
     if filters:
@@ -388,6 +390,12 @@ def format_stats(stats: Stats, filters: Mapping[str, str] | None = None) -> str:
         "Disk usage" + (" (whole store):" if filters else ":"),
         f"  - Running: {format_bytes(stats.disk_running_bytes)}",
         f"  - Completed: {format_bytes(stats.disk_completed_bytes)}",
+    ]
+    lines += [
+        "",
+        "Spend:",
+        f"  - Tokens: {stats.total_tokens:,}",
+        f"  - Cost: {format_cost(stats.total_cost_usd, priced)}",
     ]
     if stats.total:
         lines += [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from pathlib import Path
@@ -53,6 +54,13 @@ class ContextSummary:
     path: Path
     compression_queue_wait_ms: int = 0
     compression_run_ms: int = 0
+    usage: dict[str, Any] | None = None  # state.json's spend totals (SPEC §16); None before metering
+
+    @property
+    def cost_usd(self) -> float | None:
+        """USD of the task's priced model calls (``None``: none was priced)."""
+        cost = (self.usage or {}).get("cost_usd")
+        return float(cost) if cost is not None else None
 
     @property
     def duration_s(self) -> float | None:
@@ -129,6 +137,7 @@ def summarize(directory: Path) -> ContextSummary:
             path=directory,
             compression_queue_wait_ms=_count(state, "compression_queue_wait_ms"),
             compression_run_ms=_count(state, "compression_run_ms"),
+            usage=state["usage"] if isinstance(state.get("usage"), dict) else None,
         )
     except BAD_DATA_ERRORS as exc:  # a field missing or of the wrong type
         raise CorruptRecordError(f"{directory.name}: {type(exc).__name__}: {exc}") from exc
@@ -224,6 +233,8 @@ class Stats:
     avg_compressions: float
     by_user: dict[str, int]
     damaged: list[dict[str, str]] = field(default_factory=list)  # {uuid, reason} of contexts skipped as unreadable
+    total_tokens: int = 0
+    total_cost_usd: float | None = None  # None: no model call of these tasks was priced
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -261,4 +272,11 @@ def compute_stats(
         avg_compressions=sum(item.compression_count for item in items) / count,
         by_user=dict(Counter(item.user or "(none)" for item in items).most_common()),
         damaged=[{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged],
+        total_tokens=sum(item.total_tokens_used for item in items),
+        total_cost_usd=_sum_costs(item.cost_usd for item in items),
     )
+
+
+def _sum_costs(costs: Iterable[float | None]) -> float | None:
+    priced = [cost for cost in costs if cost is not None]
+    return round(sum(priced), 9) if priced else None

@@ -102,6 +102,11 @@ def add_usage(totals: Mapping[str, Any] | None, usage: Usage, cost: float | None
     return {**_add(totals, usage, cost), "by_call": by_call, "by_day": by_day}
 
 
+def repo_of(task_key: Mapping[str, Any]) -> str:
+    """The repository a task's spend is counted under: ``source/owner/name``."""
+    return f"{task_key.get('task_source')}/{task_key.get('owner')}/{task_key.get('repo')}"
+
+
 def format_cost(cost: float | None, priced: bool = True) -> str:
     """A cost for people: dollars, or why there is none."""
     if not priced:

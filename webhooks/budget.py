@@ -9,8 +9,9 @@ from typing import Any
 
 import redis
 
+from contexts.usage import repo_of
 from worker.settings_models import LimitSettings
-from worker.spend import first_reply, give_back_user_task, repo_of, repo_spent, resets_at, take_user_task
+from worker.spend import first_reply, give_back_user_task, repo_spent, resets_at, take_user_task
 from worker.submit import task_key_id
 
 

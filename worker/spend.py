@@ -50,11 +50,6 @@ def replied_key(day: str, thread: str) -> str:
     return f"{SPEND_PREFIX}{day}:replied:{thread}"
 
 
-def repo_of(task_key: Mapping[str, Any]) -> str:
-    """The repository a task's spend is counted under: ``source/owner/name``."""
-    return f"{task_key.get('task_source')}/{task_key.get('owner')}/{task_key.get('repo')}"
-
-
 def count_usage(client: redis.Redis, repo: str, usage: Usage, cost: float | None, now: datetime) -> None:
     """Add one model call to its repository's day and to the fleet's totals (one round trip)."""
     key = repo_key(day_of(now), repo)

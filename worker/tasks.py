@@ -22,7 +22,7 @@ from contexts.clock import utc_now
 from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
-from contexts.usage import Usage
+from contexts.usage import Usage, repo_of
 from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
@@ -44,7 +44,6 @@ from worker.remembering import first_prompt_memory, record_episode, task_recall,
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
 from worker.settings_models import Settings
-from worker.spend import repo_of
 from worker.stores import open_memory
 from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
