@@ -12,6 +12,7 @@ from typing import Any
 import redis
 import structlog
 
+from contexts import Context
 from contexts.clock import utc_now
 from contexts.state import update_state
 from contexts.usage import Usage, call_record, cost_of, over_task_limit
@@ -68,6 +69,16 @@ class Meter:
     def over_budget(self, state: dict[str, Any]) -> str | None:
         """Why the task must stop now (its figures against its cap), or ``None``."""
         return over_task_limit(state.get("usage"), self.limits.task_tokens, self.limits.task_cost)
+
+    def record(self, ctx: Context, usage: Usage) -> None:
+        """A call made for a running task besides its steps (a summary, an embedding): into its totals and Redis."""
+        ctx.update_state(usage=self.priced(usage))
+        self.count(usage)
+
+    def embeddings_into(self, ctx: Context) -> Callable[[int], None]:
+        """What an embedder tells the tokens of each answer to, for the running task ``ctx``."""
+        model = str(self.settings.memory.embedding_model)
+        return lambda tokens: self.record(ctx, Usage("embedding", model, tokens))
 
     def record_finished(self, directory: Path, usage: Usage) -> None:
         """A call made for a task that has ended (its memory update): into its ``state.json`` and Redis."""

@@ -85,6 +85,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
             result = cannot_start(uuid, reporter or LocalReporter(parsed), on_finish, s.contexts.base_dir, exc)
             raise TaskEnded(mask(f"failed: {result['error']}")) from None
+        meter = Meter(s, repo_of(parsed.task_key), redis_client)
         try:
             result = TaskRun(
                 uuid=uuid,
@@ -98,11 +99,13 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 on_finish=on_finish,
                 reporter=reporter,
                 recollect=lambda ctx, checkout, task: first_prompt_memory(
-                    s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"])
+                    s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"]),
+                    meter.embeddings_into(ctx),
                 ),
-                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt),
+                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt,
+                                                                 meter.embeddings_into(ctx)),
                 inbox=lambda: read_inbox(redis_client(), uuid),
-                meter=Meter(s, repo_of(parsed.task_key), redis_client),
+                meter=meter,
             ).execute(config)
         finally:
             if reporter is not None:
@@ -205,7 +208,9 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
             log.warning("memory update skipped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
         try:
-            return update_memories(s, store, uuid, chat, utc_now())
+            embedded = (lambda tokens: meter_memory_update(s, directory, Usage("embedding", str(
+                s.memory.embedding_model), tokens))) if directory is not None else None
+            return update_memories(s, store, uuid, chat, utc_now(), embedded)
         except MemoryUnavailable as exc:
             log.warning("memory update stopped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
@@ -216,7 +221,8 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
 
 
 def meter_memory_update(s: Settings, directory: Path, usage: Usage) -> None:
-    """A memory update's model call, counted for the task it learned from (its context is finished by now)."""
+    """A memory update's model call or embedding, counted for the task it learned from (its context is finished
+    by now)."""
     try:
         task_key = read_json(directory / METADATA_FILE)["task_key"]
         Meter(s, repo_of(task_key), redis_client).record_finished(directory, usage)
@@ -291,8 +297,7 @@ def compress_through_queue(ctx: Context) -> None:
     if summary is not None:
         count_compression(summary)
     for usage in used:
-        ctx.update_state(usage=meter.priced(usage))
-        meter.count(usage)
+        meter.record(ctx, usage)
 
 
 def count_compression(summary: dict[str, Any]) -> None:
