@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict
 from itertools import takewhile
@@ -288,16 +289,20 @@ def compress_through_queue(ctx: Context) -> None:
             log.info("no worker took the compression job in time; summarizing in this worker")
             return inline(previous, span, int((time.time() - sent) * 1000))
         waited = max(int((float(done.get("started_at", sent)) - sent) * 1000), 0)
-        usage = Usage(**done["usage"])
-        used.append(usage)
-        return Summarized(str(done["summary"]), {"via": "queue", "queue_wait_ms": waited,
-                                                 "usage": meter.figures(usage), "run_ms": int(done.get("run_ms", 0))})
+        facts: dict[str, Any] = {"via": "queue", "queue_wait_ms": waited, "run_ms": int(done.get("run_ms", 0))}
+        if isinstance(done.get("usage"), dict):  # a worker of an earlier version during a rolling upgrade sends none
+            used.append(Usage(**done["usage"]))
+            facts["usage"] = meter.figures(used[-1])
+        return Summarized(str(done["summary"]), facts)
 
-    summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    try:
+        summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    finally:  # a summary the context refused (too long, empty) was still spent
+        for usage in used:
+            with contextlib.suppress(TasukiError):  # a fenced holder writes nothing more
+                meter.record(ctx, usage)
     if summary is not None:
         count_compression(summary)
-    for usage in used:
-        meter.record(ctx, usage)
 
 
 def count_compression(summary: dict[str, Any]) -> None:
