@@ -477,6 +477,15 @@ class Settings(Section):
             raise cross_field_error("broker.visibility_timeout_s", self.broker.visibility_timeout_s, expected)
         return self
 
+    @model_validator(mode="after")
+    def _cost_caps_need_prices(self) -> Self:
+        # A cost cap without a price table could never be reached: every cost would be "no prices configured".
+        for name in ("task_cost", "repo_cost"):
+            value = getattr(self.limits, name)
+            if value is not None and not self.pricing:
+                raise cross_field_error(f"limits.{name}", value, "a price table in pricing (no cost can be counted)")
+        return self
+
     def llm_profile(self) -> LLMProfile:
         """The selected provider's name, model, context length and endpoint."""
         if self.llm.provider == "ollama":
