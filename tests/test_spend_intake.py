@@ -21,6 +21,7 @@ from contexts.usage import Usage
 from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import wait_for
 from tests.helpers.deliveries import github_delivery, load_payload
+from tests.helpers.followup_payloads import check_suite_failed
 from tests.helpers.intake_server import intake_server
 from tests.helpers.redis_server import free_port
 from worker.names import FORGE_REPLY, MAINTENANCE_QUEUE, TASKS_QUEUE
@@ -92,6 +93,18 @@ def test_a_repository_over_its_daily_cap_gets_no_new_task_and_exactly_one_reply(
     assert sorted(args[0]["task_id"] for args in replies) == ["7", "8"]  # once per issue, however often triggered
     assert all("It resets at" in args[1] and "UTC" in args[1] for args in replies)
     redis_client.delete(MAINTENANCE_QUEUE)
+
+
+def test_a_failed_ci_run_on_a_repository_over_its_daily_cap_starts_no_fix_task(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    repo = f"ci-{uuid.uuid4().hex[:8]}"
+    count_usage(redis_client, f"github/Codertocat/{repo}", Usage("agent", "m", 1000, 0), None, datetime.now(UTC))
+    delivery = github_delivery("check_suite", check_suite_failed("Codertocat", repo, "tasuki/7-abc", 1), SECRET)
+    with intake_server(make_settings(intake_env(redis_url, repo_tokens=1000))) as intake:
+        status, answer = post(intake.url, delivery)
+        assert intake.queued() == []
+    assert (status, answer["status"]) == (200, "over_budget")
 
 
 def test_a_repository_under_its_daily_cap_gets_its_task(

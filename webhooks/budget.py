@@ -19,7 +19,8 @@ def over_budget(
     limits: LimitSettings, client: redis.Redis, task_key: Mapping[str, Any], user: str, now: datetime
 ) -> str | None:
     """Why a trigger must start nothing (the figures against the cap), or ``None``; a trigger let through has
-    taken one of its user's tasks of the day (give it back with :func:`not_started` if nothing starts)."""
+    taken one of its user's tasks of the day (give it back with :func:`not_started` if nothing starts); an empty
+    ``user`` (a CI run) is held to the repository's caps only."""
     if not limits.per_day:
         return None
     repo = repo_of(task_key)
@@ -29,14 +30,14 @@ def over_budget(
             return f"{repo} used {tokens} tokens today; limits.repo_tokens is {limits.repo_tokens}"
         if limits.repo_cost is not None and cost >= limits.repo_cost:
             return f"{repo} cost ${cost:.4f} today; limits.repo_cost is ${limits.repo_cost:.4f}"
-    if limits.user_tasks is not None and not take_user_task(client, user, limits.user_tasks, now):
+    if limits.user_tasks is not None and user and not take_user_task(client, user, limits.user_tasks, now):
         return f"{user} started {limits.user_tasks} tasks today; limits.user_tasks is {limits.user_tasks}"
     return None
 
 
 def not_started(limits: LimitSettings, client: redis.Redis, user: str, now: datetime) -> None:
     """A trigger let through started no task (one was already active): its user's task is given back."""
-    if limits.user_tasks is not None:
+    if limits.user_tasks is not None and user:
         give_back_user_task(client, user, now)
 
 

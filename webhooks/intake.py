@@ -100,6 +100,15 @@ class Intake:
             return Answer(*self.followups.note(action))
         if isinstance(action, Command):
             return Answer(*self.followups.command(action, self.submit))
+        return self._ci_failure(action)
+
+    def _ci_failure(self, action: CIFailure) -> Answer:
+        """A CI-fix task, unless its repository is over its daily budget (the runaway case: fix, fail, fix)."""
+        repository = {"task_source": action.source, "owner": action.owner, "repo": action.repo}
+        why = over_budget(self.settings.limits, self.client, repository, "", utc_now())
+        if why is not None:
+            log.info("CI failure over budget", repository=action.repo, reason=why)
+            return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
         return Answer(*self.followups.ci_failure(action, self.submit))
 
     def _trigger(self, action: Trigger) -> Answer:
