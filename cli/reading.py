@@ -70,7 +70,7 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
-    out(viewer.format_detail(detail, now=utc_now(), width=width, **flags))
+    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=bool(settings.pricing), **flags))
     if args.follow and detail.summary.status not in FINAL_STATUSES:
         out("")
         viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)

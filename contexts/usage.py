@@ -107,6 +107,15 @@ def repo_of(task_key: Mapping[str, Any]) -> str:
     return f"{task_key.get('task_source')}/{task_key.get('owner')}/{task_key.get('repo')}"
 
 
+def format_tokens(state: Mapping[str, Any]) -> str:
+    """A task's tokens, and how they split into prompt (cached) and completion once they were metered."""
+    usage = state.get("usage")
+    if not isinstance(usage, Mapping):
+        return f"{int(state.get('total_tokens_used', 0)):,}"
+    return (f"{int(usage['tokens']):,} (prompt {int(usage['prompt_tokens']):,}, of which cached "
+            f"{int(usage['cached_tokens']):,}; completion {int(usage['completion_tokens']):,})")
+
+
 def format_cost(cost: float | None, priced: bool = True) -> str:
     """A cost for people: dollars, or why there is none."""
     if not priced:

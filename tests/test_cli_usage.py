@@ -97,3 +97,11 @@ def test_usage_rebuild_puts_todays_counters_back_after_redis_lost_them(
     assert repo_spent(redis_client, "github/acme/web", now) == (0, 0.0)  # nothing spent today
     assert redis_client.get(user_key(now.date().isoformat(), "bob")) == "1"
     assert redis_client.ttl(user_key(now.date().isoformat(), "bob")) > 0  # the rebuilt keys expire too
+
+
+def test_context_show_gives_the_tasks_tokens_and_cost(base: Path) -> None:
+    listed = json.loads(ok(tasuki(base, "context", "list", "--json")))
+    uuid = next(item["uuid"] for item in listed if item["user"] == "ann")
+    text = ok(tasuki(base, "context", "show", uuid, TASUKI__PRICING=PRICING))
+    assert "  Total tokens: 1,650 (prompt 1,500, of which cached 400; completion 150)\n  Cost: $0.0057\n" in text
+    assert "  Cost: no prices configured\n" in ok(tasuki(base, "context", "show", uuid))

@@ -20,7 +20,7 @@ from contexts.errors import TasukiError
 from contexts.masking import mask
 from contexts.names import METADATA_FILE
 from contexts.state import read_state
-from contexts.usage import format_cost
+from contexts.usage import format_cost, format_tokens
 from worker.endings import Ending, on_ending
 from worker.forges import make_forge
 from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
@@ -53,7 +53,7 @@ def progress_body(
         "| | |",
         "|---|---|",
         f"| Steps | {calls} model calls, {tools} tool runs |",
-        f"| Tokens | {tokens_line(state)} |",
+        f"| Tokens | {format_tokens(state)} |",
         f"| Cost | {format_cost((state.get('usage') or {}).get('cost_usd'), priced)} |",
         f"| Attempt | {int(state.get('attempt', 1))} |",
         f"| Task | `{uuid}` |",
@@ -68,15 +68,6 @@ def progress_body(
     elif status not in ("completed", "failed", "timeout", "cancelled"):
         lines += ["", f"To stop it, comment `/tasuki cancel` or remove the label `{labels.processing}`."]
     return "\n".join(lines)
-
-
-def tokens_line(state: dict[str, Any]) -> str:
-    """The task's tokens, and how they split into prompt (cached) and completion when they were metered."""
-    usage = state.get("usage")
-    if not isinstance(usage, dict):
-        return f"{int(state.get('total_tokens_used', 0)):,}"
-    return (f"{int(usage['tokens']):,} (prompt {int(usage['prompt_tokens']):,}, of which cached "
-            f"{int(usage['cached_tokens']):,}; completion {int(usage['completion_tokens']):,})")
 
 
 def memory_line(memory: dict[str, Any]) -> str:
