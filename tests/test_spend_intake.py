@@ -107,6 +107,27 @@ def test_a_failed_ci_run_on_a_repository_over_its_daily_cap_starts_no_fix_task(
     assert (status, answer["status"]) == (200, "over_budget")
 
 
+def test_a_retry_comment_of_a_user_at_the_daily_cap_starts_nothing(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    repo, user = f"retry-{uuid.uuid4().hex[:8]}", f"retrier-{uuid.uuid4().hex[:8]}"
+    payload: dict[str, Any] = load_payload("github/issue_comment.created.json")
+    payload["repository"]["name"] = repo
+    payload["repository"]["full_name"] = f"Codertocat/{repo}"
+    payload["comment"]["body"] = "/tasuki retry"
+    payload["comment"]["author_association"] = "OWNER"
+    payload["sender"]["login"] = payload["comment"]["user"]["login"] = user
+    with intake_server(make_settings(intake_env(redis_url, user_tasks=1))) as intake:
+        first = post(intake.url, github_delivery("issue_comment", payload, SECRET))
+        payload["issue"]["number"] += 1  # the same user asks for a retry on another issue
+        second = post(intake.url, github_delivery("issue_comment", payload, SECRET))
+        queued = intake.queued()
+    assert first[0] == 202, first
+    assert (second[0], second[1]["status"]) == (200, "over_budget"), second
+    assert len(queued) == 1
+    redis_client.delete(MAINTENANCE_QUEUE)
+
+
 def test_a_repository_under_its_daily_cap_gets_its_task(
     make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
 ) -> None:

@@ -99,8 +99,19 @@ class Intake:
         if isinstance(action, Note):
             return Answer(*self.followups.note(action))
         if isinstance(action, Command):
-            return Answer(*self.followups.command(action, self.submit))
+            return self._command(action)
         return self._ci_failure(action)
+
+    def _command(self, action: Command) -> Answer:
+        """A ``/tasuki`` command; a retry starts a task, so it is held to the daily budgets as a trigger is."""
+        if action.name == "retry":
+            over = self._over_budget(action.task_key, action.user)
+            if over is not None:
+                return over
+        answer = Answer(*self.followups.command(action, self.submit))
+        if action.name == "retry" and answer.outcome != "enqueued":
+            not_started(self.settings.limits, self.client, action.user, utc_now())
+        return answer
 
     def _ci_failure(self, action: CIFailure) -> Answer:
         """A CI-fix task, unless its repository is over its daily budget (the runaway case: fix, fail, fix)."""
@@ -115,7 +126,7 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
-        over = self._over_budget(action)
+        over = self._over_budget(action.task_key, action.user)
         if over is not None:
             return over
         enqueued = self.submit(request)
@@ -133,16 +144,16 @@ class Intake:
                  followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
 
-    def _over_budget(self, action: Trigger) -> Answer | None:
+    def _over_budget(self, task_key: dict[str, str], user: str) -> Answer | None:
         """The answer to a trigger whose repository or user is over its daily budget (nothing is queued; the
         issue is told once a day when the budget resets), else ``None``."""
         now = utc_now()
-        why = over_budget(self.settings.limits, self.client, action.task_key, action.user, now)
+        why = over_budget(self.settings.limits, self.client, task_key, user, now)
         if why is None:
             return None
-        log.info("trigger over budget", task_key=task_key_id(action.task_key), user=action.user, reason=why)
-        if should_reply(self.client, action.task_key, now):
-            self.followups.reply(action.task_key, reply_text(why, now))
+        log.info("trigger over budget", task_key=task_key_id(task_key), user=user, reason=why)
+        if should_reply(self.client, task_key, now):
+            self.followups.reply(task_key, reply_text(why, now))
         return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
 
     def _finished(self, uuid: str) -> bool:
