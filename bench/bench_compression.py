@@ -42,13 +42,13 @@ def long_task() -> list[dict[str, Any]]:
     return [*turns, {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Done."}}]}]
 
 
-def one_task(root: Path, context_length: int) -> tuple[float, dict[str, Any]]:
-    """Seconds from send to the completed context, and its final state."""
+def one_task(root: Path, context_length: int, **extra_env: str) -> tuple[float, dict[str, Any]]:
+    """Seconds from send to the completed context, and its final state (``extra_env``: more settings)."""
     root.mkdir(parents=True)
     with private_redis(root / "redis") as url, replay_model(long_task()) as model, client(url) as app:
         env = tasuki_env(root, url, model.url, TASUKI__LLM__OPENAI__CONTEXT_LENGTH=str(context_length),
                          TASUKI__COMPRESSION__MIN_MESSAGES="6", TASUKI__COMPRESSION__KEEP_RECENT="3",
-                         TASUKI__SANDBOX__BACKEND="none")  # the bench times compression, not the sandbox
+                         TASUKI__SANDBOX__BACKEND="none", **extra_env)  # it times compression, not the sandbox
         worker = CeleryWorker("worker", "bench", url, root / "worker.log", env, queues="tasks,compression",
                               tasuki=True).start()
         try:

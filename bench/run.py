@@ -25,6 +25,7 @@ from bench import (
     bench_recall_quality,
     bench_resume,
     bench_sandbox,
+    bench_spend,
     bench_throughput,
     bench_webhook,
     bench_worker_memory,
@@ -50,6 +51,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "compose-failover": bench_compose_failover.run,  # issue 15: docker kill in the compose stack (needs Docker)
     "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
     "recall-quality": bench_recall_quality.run,  # issue 11: recall@5 hybrid vs BM25 vs vectors on a real history
+    "spend": bench_spend.run,  # issue 17: a 40-step task with pricing and limits vs without
 }
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, memory, reading
+from cli import commands, memory, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -94,6 +94,10 @@ COMMANDS: list[Command] = [
         reading.cmd_stats,
         reading.stats_arguments,
     ),
+    Command(("usage",), "tokens and cost by repository, user, model or day (from the contexts)", usage.cmd_usage,
+            usage.usage_arguments),
+    Command(("usage", "rebuild"), "rebuild today's daily budget counters in Redis from the contexts",
+            usage.cmd_usage_rebuild),
     Command(
         ("worker",),
         "a Celery worker on the tasks, compression and maintenance queues",

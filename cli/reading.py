@@ -92,7 +92,7 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
-    out(viewer.format_detail(detail, now=utc_now(), width=width, **flags))
+    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=bool(settings.pricing), **flags))
     if args.follow and detail.summary.status not in FINAL_STATUSES:
         out("")
         viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)
@@ -133,7 +133,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             data["contexts"] = [item.to_json() for item in matching]
         out(viewer.to_json(data))
     else:
-        out(viewer.format_stats(stats, filters))
+        out(viewer.format_stats(stats, filters, priced=bool(settings.pricing)))
         if matching is not None:
             out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
     warn_damaged(stats.damaged)

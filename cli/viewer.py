@@ -19,6 +19,7 @@ from contexts.names import FINAL_STATUSES, MESSAGES_FILE
 from contexts.queries import ContextDetail, ContextSummary, Stats
 from contexts.state import read_state
 from contexts.store import ContextStore
+from contexts.usage import format_cost, format_tokens
 
 SHOWN_BY_DEFAULT = 10  # newest messages (and summaries) the viewer shows without --messages / --summaries
 ELLIPSIS = "…"
@@ -213,8 +214,10 @@ def format_detail(
     all_messages: bool = False,
     all_summaries: bool = False,
     show_tools: bool = False,
+    priced: bool = False,
 ) -> str:
-    """The viewer: header, statistics, the newest messages and the summaries (all of them, in full, on request)."""
+    """The viewer: header, statistics (``priced``: a price table is configured), the newest messages and the
+    summaries (all of them, in full, on request)."""
     item = detail.summary
     duration = format_duration(item.duration_s)
     if item.duration_s is None and item.started_at is not None:
@@ -234,7 +237,8 @@ def format_detail(
         "Statistics:",
         f"  LLM calls: {item.llm_call_count:,}",
         f"  Tool calls: {item.tool_call_count:,}",
-        f"  Total tokens: {item.total_tokens_used:,}",
+        f"  Total tokens: {format_tokens(detail.state)}",
+        *([f"  Cost: {format_cost(item.cost_usd, priced)}"] if item.usage else []),  # none before metering
         f"  Compressions: {item.compression_count:,}"
         + (f" (waited {item.compression_queue_wait_ms / 1000:.1f}s to start, ran {item.compression_run_ms / 1000:.1f}s)"
            if item.compression_count else ""),
@@ -369,8 +373,9 @@ def format_list(items: Iterable[ContextSummary]) -> str:
 # -- the statistics (001 §9.2) ---------------------------------------------------------------------
 
 
-def format_stats(stats: Stats, filters: Mapping[str, str] | None = None) -> str:
-    """001 §9.2's report over the contexts ``filters`` selected (all of them without filters)."""
+def format_stats(stats: Stats, filters: Mapping[str, str] | None = None, *, priced: bool = False) -> str:
+    """001 §9.2's report over the contexts ``filters`` selected (all of them without filters), with their spend
+    (``priced``: a price table is configured)."""
     title = "Context Storage Statistics"
     lines = [title, "=" * len(title)]
     if filters:
@@ -388,6 +393,12 @@ def format_stats(stats: Stats, filters: Mapping[str, str] | None = None) -> str:
         "Disk usage" + (" (whole store):" if filters else ":"),
         f"  - Running: {format_bytes(stats.disk_running_bytes)}",
         f"  - Completed: {format_bytes(stats.disk_completed_bytes)}",
+    ]
+    lines += [
+        "",
+        "Spend:",
+        f"  - Tokens: {stats.total_tokens:,}",
+        f"  - Cost: {format_cost(stats.total_cost_usd, priced)}",
     ]
     if stats.total:
         lines += [

@@ -30,6 +30,7 @@ from contexts.names import (
 from contexts.prompt import build_prompt
 from contexts.state import read_state, update_state
 from contexts.tokens import calibrate, estimate_message_tokens
+from contexts.usage import Usage
 
 if TYPE_CHECKING:
     from contexts.store import ContextStore
@@ -223,14 +224,17 @@ class Context:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def update_state(self, add: dict[str, int] | None = None, **fields: Any) -> dict[str, Any]:
-        """Set ``fields`` (and increment the counters in ``add``) in ``state.json``; returns the new state."""
+    def update_state(
+        self, add: dict[str, int] | None = None, usage: tuple[Usage, float | None] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Set ``fields`` (and increment the counters in ``add``, and add one model call's ``(usage, cost)`` to
+        the totals) in ``state.json``; returns the new state."""
         with self._write_guard:
             self._check()
             if self._pinned_complete:  # the counters ride along with every state write: no write of their own
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
-            state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add)
+            state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add, usage=usage)
         status = str(state.get("status"))
         if status != self.status:
             self.status = status

@@ -400,7 +400,8 @@ class ContextIndex:
                     params.append(bound.timestamp())
             sql = (  # clauses are constants, values parameters
                 "SELECT location, status, user_key, COUNT(*), SUM(tokens), SUM(messages), SUM(compressions), "  # noqa: S608
-                "IFNULL(SUM(duration_us), 0), COUNT(duration_us), SUM(disk_bytes), MAX(created_at) FROM contexts "
+                "IFNULL(SUM(duration_us), 0), COUNT(duration_us), SUM(disk_bytes), MAX(created_at), SUM(cost_nusd), "
+                "SUM(priced) FROM contexts "
                 "WHERE " + " AND ".join(clauses) + " GROUP BY location, status, user_key"
             )
         rows = self._attempt(lambda: self._conn().execute(sql, params).fetchall())

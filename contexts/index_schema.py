@@ -13,8 +13,9 @@ from contexts.atomic import read_json
 from contexts.clock import parse_iso
 from contexts.names import ACTIVE_STATUSES, METADATA_FILE
 from contexts.summary import ContextSummary, disk_usage
+from contexts.totals import nano_usd
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: spend (cost_nusd, priced)
 
 # The tallies are keyed by (location, status, user_key): the unfiltered and the status/user-filtered totals read
 # a handful of tally rows, never the context rows.  ``newest`` orders ties as a newest-first count would.
@@ -39,7 +40,9 @@ CREATE TABLE IF NOT EXISTS contexts (
     messages INTEGER NOT NULL,
     compressions INTEGER NOT NULL,
     disk_bytes INTEGER NOT NULL,
-    summary TEXT NOT NULL
+    summary TEXT NOT NULL,
+    cost_nusd INTEGER NOT NULL,
+    priced INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS contexts_newest ON contexts (created_at, uuid);
 CREATE INDEX IF NOT EXISTS contexts_location ON contexts (location, created_at, uuid);
@@ -61,21 +64,26 @@ CREATE TABLE IF NOT EXISTS tallies (
     durations INTEGER NOT NULL,
     disk_bytes INTEGER NOT NULL,
     newest REAL NOT NULL,
+    cost_nusd INTEGER NOT NULL,
+    priced INTEGER NOT NULL,
     PRIMARY KEY (location, status, user_key)
 );
 """
 _ADD = """
 INSERT INTO tallies VALUES (new.location, new.status, new.user_key, 1, new.tokens, new.messages, new.compressions,
-    IFNULL(new.duration_us, 0), new.duration_us IS NOT NULL, new.disk_bytes, new.created_at)
+    IFNULL(new.duration_us, 0), new.duration_us IS NOT NULL, new.disk_bytes, new.created_at, new.cost_nusd,
+    new.priced)
 ON CONFLICT DO UPDATE SET n = n + 1, tokens = tokens + excluded.tokens, messages = messages + excluded.messages,
     compressions = compressions + excluded.compressions, duration_us = duration_us + excluded.duration_us,
     durations = durations + excluded.durations, disk_bytes = disk_bytes + excluded.disk_bytes,
-    newest = MAX(newest, excluded.newest);
+    newest = MAX(newest, excluded.newest), cost_nusd = cost_nusd + excluded.cost_nusd,
+    priced = priced + excluded.priced;
 """
 _REMOVE = """
 UPDATE tallies SET n = n - 1, tokens = tokens - old.tokens, messages = messages - old.messages,
     compressions = compressions - old.compressions, duration_us = duration_us - IFNULL(old.duration_us, 0),
     durations = durations - (old.duration_us IS NOT NULL), disk_bytes = disk_bytes - old.disk_bytes,
+    cost_nusd = cost_nusd - old.cost_nusd, priced = priced - old.priced,
     newest = IFNULL((SELECT MAX(created_at) FROM contexts c WHERE c.location = old.location
         AND c.status = old.status AND c.user_key = old.user_key), 0)
 WHERE location = old.location AND status = old.status AND user_key = old.user_key;
@@ -88,7 +96,7 @@ TRIGGERS = (
 )
 _COLUMNS = (
     "uuid, location, status, created_at, ended_at, duration_us, task_source, repository, user, user_key, "
-    "task_type, task_id, title, steps, tokens, messages, compressions, disk_bytes, summary"
+    "task_type, task_id, title, steps, tokens, messages, compressions, disk_bytes, summary, cost_nusd, priced"
 )
 ENTRY_COLUMNS = (
     "uuid, status, created_at, ended_at, repository, user, task_type, task_id, title, steps, tokens, "
@@ -168,4 +176,6 @@ def row_of(item: ContextSummary, directory: Path) -> tuple[Any, ...]:
         item.compression_count,
         disk_usage(directory),
         _summary_json(item),
+        nano_usd(item.cost_usd),
+        item.cost_usd is not None,
     )

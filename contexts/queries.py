@@ -139,6 +139,8 @@ class Stats:
     avg_compressions: float
     by_user: dict[str, int]
     damaged: list[dict[str, str]] = field(default_factory=list)  # {uuid, reason} of contexts skipped as unreadable
+    total_tokens: int = 0
+    total_cost_usd: float | None = None  # None: no model call of these tasks was priced
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -165,6 +167,8 @@ def _stats(totals: Totals, running_bytes: int, completed_bytes: int, damaged: li
         avg_compressions=totals.compressions / count,
         by_user=totals.by_user,
         damaged=[{"uuid": item.uuid, "reason": item.reason} for item in damaged],
+        total_tokens=totals.tokens,
+        total_cost_usd=None if totals.cost_usd is None else round(totals.cost_usd, 9),
     )
 
 

@@ -14,6 +14,7 @@ from contexts.clock import iso
 from contexts.errors import ContextError
 from contexts.masking import mask_value
 from contexts.names import FILE_MODE, STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
+from contexts.usage import Usage, add_usage
 
 
 def initial_state(now: datetime, worker: str) -> dict[str, Any]:
@@ -52,8 +53,10 @@ def update_state(
     fsync: bool,
     set_fields: Mapping[str, Any] | None = None,
     add: Mapping[str, int] | None = None,
+    usage: tuple[Usage, float | None] | None = None,
 ) -> dict[str, Any]:
-    """Apply ``set_fields`` and counter increments ``add`` to ``state.json``; return the new state."""
+    """Apply ``set_fields``, counter increments ``add`` and one model call's ``(usage, cost)`` to
+    ``state.json``; return the new state."""
     lock = filelock.FileLock(str(directory / STATE_LOCK_FILE), timeout=STATE_LOCK_TIMEOUT_S, mode=FILE_MODE)
     try:
         with lock:
@@ -62,6 +65,9 @@ def update_state(
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]
             for key, delta in (add or {}).items():
                 state[key] = int(state.get(key, 0)) + delta
+            if usage is not None:
+                state["usage"] = add_usage(state.get("usage"), usage[0], usage[1], now.date().isoformat())
+                state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + usage[0].tokens
             state["updated_at"] = iso(now)
             write_json_atomic(directory / STATE_FILE, state, fsync=fsync)
             return state

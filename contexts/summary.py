@@ -43,6 +43,13 @@ class ContextSummary:
     path: Path
     compression_queue_wait_ms: int = 0
     compression_run_ms: int = 0
+    usage: dict[str, Any] | None = None  # state.json's spend totals (SPEC §16); None before metering
+
+    @property
+    def cost_usd(self) -> float | None:
+        """USD of the task's priced model calls (``None``: none was priced)."""
+        cost = (self.usage or {}).get("cost_usd")
+        return float(cost) if cost is not None else None
 
     @property
     def duration_s(self) -> float | None:
@@ -111,6 +118,7 @@ def summarize(directory: Path) -> ContextSummary:
             path=directory,
             compression_queue_wait_ms=_count(state, "compression_queue_wait_ms"),
             compression_run_ms=_count(state, "compression_run_ms"),
+            usage=state["usage"] if isinstance(state.get("usage"), dict) else None,
         )
     except BAD_DATA_ERRORS as exc:  # a field missing or of the wrong type
         raise CorruptRecordError(f"{directory.name}: {type(exc).__name__}: {exc}") from exc

@@ -24,6 +24,7 @@ class Totals:
     durations: int = 0
     newest_by_status: dict[str, float] = field(default_factory=dict)  # epoch seconds: merge order for callers
     newest_by_user: dict[str, float] = field(default_factory=dict)
+    cost_usd: float | None = None  # None: no model call of these contexts was priced
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Tally:
     durations: int
     disk_bytes: int
     newest: float
+    cost_nusd: int = 0  # nano-USD: integers sum exactly, in Python and in SQLite alike
+    priced: int = 0  # contexts with a priced model call
 
 
 def tally_of(item: ContextSummary) -> Tally:
@@ -50,8 +53,14 @@ def tally_of(item: ContextSummary) -> Tally:
         location=item.location, status=item.status, user_key=item.user or "", n=1, tokens=item.total_tokens_used,
         messages=item.message_count, compressions=item.compression_count,
         duration_us=0 if duration is None else round(duration * 1_000_000), durations=duration is not None,
-        disk_bytes=0, newest=item.created_at.timestamp(),
+        disk_bytes=0, newest=item.created_at.timestamp(), cost_nusd=nano_usd(item.cost_usd),
+        priced=item.cost_usd is not None,
     )
+
+
+def nano_usd(cost: float | None) -> int:
+    """A cost in nano-USD (the 9 decimals spend keeps), 0 for none."""
+    return 0 if cost is None else round(cost * 1_000_000_000)
 
 
 def _ordered(counts: dict[str, int], newest: dict[str, float]) -> dict[str, int]:
@@ -65,7 +74,8 @@ def fold(tallies: Iterable[Tally]) -> Totals:
     by_location: dict[str, int] = {}
     newest_status: dict[str, float] = {}
     newest_user: dict[str, float] = {}
-    sums = {"tokens": 0, "messages": 0, "compressions": 0, "duration_us": 0, "durations": 0, "disk_bytes": 0}
+    sums = {"tokens": 0, "messages": 0, "compressions": 0, "duration_us": 0, "durations": 0, "disk_bytes": 0,
+            "cost_nusd": 0, "priced": 0}
     for t in tallies:
         user = t.user_key or "(none)"
         by_status[t.status] = by_status.get(t.status, 0) + t.n
@@ -88,4 +98,5 @@ def fold(tallies: Iterable[Tally]) -> Totals:
         durations=sums["durations"],
         newest_by_status=newest_status,
         newest_by_user=newest_user,
+        cost_usd=sums["cost_nusd"] / 1_000_000_000 if sums["priced"] else None,
     )

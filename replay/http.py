@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from contexts.tokens import estimate_tokens
 from replay.embeddings import embedding_inputs, ollama_embeddings, openai_embeddings
+from replay.rules import cached_prompt_tokens
 
 if TYPE_CHECKING:
     from replay.model import Answer, ReplayModel
@@ -39,15 +40,25 @@ def _usage_of(answer: Answer) -> int:
     return estimate_tokens(answer.content) + (estimate_tokens(json.dumps(calls)) if calls else 0)
 
 
-def openai_completion(answer: Answer, model: str, prompt_tokens: int) -> dict[str, Any]:
-    """A ``chat.completion`` object as the OpenAI API returns it."""
+def usage_of(answer: Answer, prompt_tokens: int, cached_tokens: int) -> dict[str, int]:
+    """What one answer is reported to cost, in OpenAI's terms (the request log keeps it for tests)."""
+    completion_tokens = _usage_of(answer)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": min(cached_tokens, prompt_tokens),
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def openai_completion(answer: Answer, model: str, usage: dict[str, int]) -> dict[str, Any]:
+    """A ``chat.completion`` object as the OpenAI API returns it (usage with its cached prompt tokens)."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
     if answer.tool_calls:
         message["tool_calls"] = [
             {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
             for cid, name, arguments in answer.tool_calls
         ]
-    completion_tokens = _usage_of(answer)
     return {
         "id": f"chatcmpl-replay-{answer.kind}-{answer.turn if answer.turn is not None else 's'}",
         "object": "chat.completion",
@@ -62,15 +73,16 @@ def openai_completion(answer: Answer, model: str, prompt_tokens: int) -> dict[st
             }
         ],
         "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens": usage["prompt_tokens"],
+            "completion_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "prompt_tokens_details": {"cached_tokens": usage["cached_tokens"]},
         },
     }
 
 
-def ollama_chat(answer: Answer, model: str, prompt_tokens: int) -> dict[str, Any]:
-    """A final (``done: true``) ``/api/chat`` response as Ollama returns it."""
+def ollama_chat(answer: Answer, model: str, usage: dict[str, int]) -> dict[str, Any]:
+    """A final (``done: true``) ``/api/chat`` response as Ollama returns it (Ollama reports no cached tokens)."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content or ""}
     if answer.tool_calls:
         message["tool_calls"] = [
@@ -85,9 +97,9 @@ def ollama_chat(answer: Answer, model: str, prompt_tokens: int) -> dict[str, Any
         "done": True,
         "total_duration": 0,
         "load_duration": 0,
-        "prompt_eval_count": prompt_tokens,
+        "prompt_eval_count": usage["prompt_tokens"],
         "prompt_eval_duration": 0,
-        "eval_count": _usage_of(answer),
+        "eval_count": usage["completion_tokens"],
         "eval_duration": 0,
     }
 
@@ -151,8 +163,12 @@ class ReplayHandler(BaseHTTPRequestHandler):
         model = self.server.replay_model
         entry = model.record("POST", path, body)
         protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
+        usage: dict[str, int] | None = None
         if path in (*OPENAI_EMBEDDING_PATHS, OLLAMA_EMBED_PATH):
             status, payload = embeddings_answer(protocol, body)
+            if status == 200:
+                tokens = int(payload.get("prompt_eval_count") or payload.get("usage", {}).get("prompt_tokens") or 0)
+                usage = {"prompt_tokens": tokens, "completion_tokens": 0, "cached_tokens": 0, "total_tokens": tokens}
         elif path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
             status, payload = 404, error_body(protocol, 404, f"no route {path}")
         elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -165,11 +181,12 @@ class ReplayHandler(BaseHTTPRequestHandler):
             name = str(body.get("model") or MODEL_NAME)
             if status != 200:
                 payload = error_body(protocol, status, answer.error or "error")
-            elif protocol == "ollama":
-                payload = ollama_chat(answer, name, entry["prompt_tokens"])
             else:
-                payload = openai_completion(answer, name, entry["prompt_tokens"])
-        model.note(entry, status=status)
+                cached = cached_prompt_tokens(body["messages"]) if protocol == "openai" and answer.turn else 0
+                usage = usage_of(answer, entry["prompt_tokens"], cached)
+                payload = (ollama_chat if protocol == "ollama" else openai_completion)(answer, name, usage)
+        # The log keeps the usage of every answer given, so a test can compare what Tasuki counted with it.
+        model.note(entry, status=status, usage=usage)
         # Ollama streams chat unless told not to; a replay answer is then one final NDJSON chunk.
         chat = path == OLLAMA_CHAT_PATH
         streamed = chat and status == 200 and isinstance(body, dict) and body.get("stream", True)

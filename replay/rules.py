@@ -121,6 +121,13 @@ def prompt_token_estimate(messages: list[dict[str, Any]], tools: Any = None) -> 
     return total
 
 
+def cached_prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """What a provider's prompt cache would serve of a later turn: the pinned system prompt and task, which
+    every request of a conversation starts with (OpenAI reports it as ``prompt_tokens_details.cached_tokens``)."""
+    pinned = [m for m in messages[:2] if m.get("role") in ("system", "user")]
+    return sum(estimate_message_tokens(text_of(m.get("content")), None) for m in pinned)
+
+
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(item.strip() for item in items if item.strip()))
 

@@ -13,6 +13,7 @@ import worker.tasks  # noqa: F401 - loads the subscribers before any test swaps 
 from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.state import read_state
+from contexts.usage import Usage, add_usage
 from scheduler.jobs import monitor_for
 from scheduler.monitor import Monitor
 from scheduler.plan import Policy
@@ -174,6 +175,17 @@ def test_progress_body_masks_errors_and_names_the_way_to_cancel() -> None:
     assert "ghp_" not in body
     assert "/tasuki cancel" in body
     assert LABELS.processing in body
+
+
+def test_final_progress_shows_the_tasks_tokens_and_cost_or_that_no_prices_are_configured() -> None:
+    usage = add_usage(None, Usage("agent", "gpt-4o", 10_000, 500, 4_000), 0.0231, "2026-11-25")
+    state = {**STATE, "status": "failed", "usage": usage, "total_tokens_used": usage["tokens"],
+             "error": "budget: the task used 10500 tokens, limits.task_tokens is 10000"}
+    priced = progress_body(UUID, state, LABELS, priced=True)
+    assert "| Tokens | 10,500 (prompt 10,000, of which cached 4,000; completion 500) |" in priced
+    assert "| Cost | $0.0231 |" in priced
+    assert "limits.task_tokens is 10000" in priced  # the issue is told why, with the figures
+    assert "| Cost | no prices configured |" in progress_body(UUID, state, LABELS)
 
 
 def test_outcome_of_a_task_failed_by_the_monitor_reaches_the_issue(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,14 @@ def thread_memory_of(path: Path, thread: str) -> str | None:
         store.close()
 
 
+def _memory_calls(stack: Stack, uuid: str) -> dict[str, Any] | None:
+    """The task's usage by call once its memory update's two model calls are counted, else None."""
+    state = json.loads((stack.contexts_dir / "completed" / uuid / "state.json").read_text())
+    by_call: dict[str, Any] = state["usage"]["by_call"]
+    memory = [bucket for bucket in by_call.values() if bucket["kind"] == "memory"]
+    return by_call if memory and memory[0]["calls"] == 2 else None
+
+
 def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: Stack, tmp_path: Path) -> None:
     repo = make_buggy_repo(tmp_path / "repo")
     (repo / "AGENTS.md").write_text("Run the tests with python -m unittest.\n")
@@ -72,6 +81,11 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
     assert "/v1/embeddings" in paths
     first_state = json.loads((stack.contexts_dir / "completed" / first / "state.json").read_text())
     assert first_state["memory"]["episodes"] == []  # the first task had nothing to recall
+    # Memory's model calls are metered for the task they serve: the second task's recall embedded its query;
+    # the first task's memory update embedded its episode and asked the model for thread and repository memory.
+    assert state["usage"]["by_call"]["embedding tasuki-replay-embed"]["prompt_tokens"] > 0
+    calls = stack.wait_until(lambda: _memory_calls(stack, first), what="the memory update metered")
+    assert calls["embedding tasuki-replay-embed"]["calls"] == 2  # its own first prompt's recall, its episode
 
     # The follow-up's first prompt carries the earlier task's facts, for a measured number of tokens more.
     assert "Fix add(): it subtracted." in prompt  # the first task's finish summary

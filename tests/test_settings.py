@@ -50,7 +50,7 @@ def leaf_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tupl
 def yaml_leaf_paths(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     paths: set[tuple[str, ...]] = set()
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:  # an empty mapping is a leaf key's value (pricing: {})
             paths |= yaml_leaf_paths(value, (*prefix, key))
         else:
             paths.add((*prefix, key))
@@ -224,6 +224,27 @@ def test_an_explicit_env_mapping_ignores_the_process_environment(monkeypatch: py
             {"TASUKI__GITHUB__LABEL__TRIGGER": "bug"},
             "config: github.label = {'trigger': 'bug'} (from TASUKI__GITHUB__LABEL__TRIGGER): "
             "unknown key (did you mean labels?)",
+        ),
+        (
+            "pricing: {gpt-4o: {inptu: 2.5, cached_input: 1.25, output: 10}}",
+            {},
+            "config: pricing.gpt-4o.inptu = 2.5: unknown key (did you mean input?)",
+        ),
+        (
+            "pricing: {gpt-4o: {input: 2.5}}",
+            {},
+            "config: pricing.gpt-4o.output = {'input': 2.5}: missing: this key has no default",
+        ),
+        (
+            None,
+            {"TASUKI__LIMITS__TASK_TOKEN": "1000"},
+            "config: limits.task_token = '1000' (from TASUKI__LIMITS__TASK_TOKEN): unknown key (did you mean "
+            "task_tokens?)",
+        ),
+        (
+            "limits: {task_cost: 5}",
+            {},
+            "config: limits.task_cost = 5.0: a price table in pricing (no cost can be counted)",
         ),
         (
             "github: {api_url: api.github.com}",

@@ -88,6 +88,11 @@ def assert_compressed_within_budget(
         assert summary["compression_ratio"] < 1
         expected_start = summary["end_seq"] + 1
     assert [s["previous_summary_id"] for s in summaries] == [None, *range(1, len(summaries))]
+    # Each summary request is metered (whichever process ran it) and counted for the task, as the model answered.
+    answered = [r["usage"] for r in requests if r["kind"] == "summary" and r.get("usage")]
+    assert [s["usage"]["completion_tokens"] for s in summaries] == [u["completion_tokens"] for u in answered]
+    summary_calls = [b for b in state["usage"]["by_call"].values() if b["kind"] == "summary"]
+    assert [b["calls"] for b in summary_calls] == [len(summaries)]
 
     # Nothing was asked twice or skipped across compressions: one assistant record per turn, in order.
     assert [replayed_turn(m) for m in messages if m["role"] == "assistant"] == list(range(STEPS + 1))

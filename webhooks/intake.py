@@ -21,6 +21,8 @@ import structlog
 from celery.result import AsyncResult
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore
+from contexts.clock import utc_now
+from webhooks.budget import not_started, over_budget, reply_text, should_reply
 from webhooks.ci_events import CIFailure
 from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
 from webhooks.followups import Followups, inbox_entry, may_continue_thread, new_task_request
@@ -94,7 +96,9 @@ class Intake:
         if isinstance(action, Ignore):
             return Answer(200, {"status": "ignored", "reason": action.reason}, "ignored")
         key = delivery_key(source, delivery_id)
-        if isinstance(action, Trigger) and not may_continue_thread(action.task_key):
+        # Daily budgets (SPEC §16) read and take Redis counters first: with any set, triggers go the blocking way.
+        budgets = self.settings.limits.per_day
+        if isinstance(action, Trigger) and not may_continue_thread(action.task_key) and not budgets:
             return await self._new_task(key, action)
         return await self.blocking(self._deliver_blocking, key, action)
 
@@ -133,13 +137,36 @@ class Intake:
         if isinstance(action, Note):
             return Answer(*self.followups.note(action))
         if isinstance(action, Command):
-            return Answer(*self.followups.command(action, self.submit))
+            return self._command(action)
+        return self._ci_failure(action)
+
+    def _command(self, action: Command) -> Answer:
+        """A ``/tasuki`` command; a retry starts a task, so it is held to the daily budgets as a trigger is."""
+        if action.name == "retry":
+            over = self._over_budget(action.task_key, action.user)
+            if over is not None:
+                return over
+        answer = Answer(*self.followups.command(action, self.submit))
+        if action.name == "retry" and answer.outcome != "enqueued":
+            not_started(self.settings.limits, self.client, action.user, utc_now())
+        return answer
+
+    def _ci_failure(self, action: CIFailure) -> Answer:
+        """A CI-fix task, unless its repository is over its daily budget (the runaway case: fix, fail, fix)."""
+        repository = {"task_source": action.source, "owner": action.owner, "repo": action.repo}
+        why = over_budget(self.settings.limits, self.client, repository, "", utc_now())
+        if why is not None:
+            log.info("CI failure over budget", repository=action.repo, reason=why)
+            return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
         return Answer(*self.followups.ci_failure(action, self.submit))
 
     def _trigger(self, action: Trigger) -> Answer:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
+        over = self._over_budget(action.task_key, action.user)
+        if over is not None:
+            return over
         return self._answer(action, request, self.submit(request))
 
     def _answer_active(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
@@ -147,6 +174,7 @@ class Intake:
 
     def _answer(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
         if enqueued.already_active:
+            not_started(self.settings.limits, self.client, action.user, utc_now())
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
             # One active task per thread: what was said reaches the running task at its next step.
@@ -158,6 +186,18 @@ class Intake:
         log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(request["task_key"]), user=action.user,
                  followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
+
+    def _over_budget(self, task_key: dict[str, str], user: str) -> Answer | None:
+        """The answer to a trigger whose repository or user is over its daily budget (nothing is queued; the
+        issue is told once a day when the budget resets), else ``None``."""
+        now = utc_now()
+        why = over_budget(self.settings.limits, self.client, task_key, user, now)
+        if why is None:
+            return None
+        log.info("trigger over budget", task_key=task_key_id(task_key), user=user, reason=why)
+        if should_reply(self.client, task_key, now):
+            self.followups.reply(task_key, reply_text(why, now))
+        return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
 
     def _finished(self, uuid: str) -> bool:
         """Whether the task's context is completed (as far as this host's contexts show)."""

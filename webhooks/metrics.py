@@ -16,8 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from contexts.names import ACTIVE_STATUSES
-from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, RUNNING_STATUS_PREFIX, STATS_KEY
+from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, RUNNING_STATUS_PREFIX, SPEND_TOTALS_KEY, STATS_KEY
 from worker.settings_models import Settings
+from worker.spend import fleet_totals
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -53,7 +54,8 @@ class FleetCollector(Collector):
         pipe.zcount(HEARTBEATS_KEY, "-inf", stale_before)
         pipe.hgetall(STATS_KEY)
         pipe.hgetall(ALERTS_KEY)
-        *counts, stale, stats, alerts = pipe.execute()
+        pipe.hgetall(SPEND_TOTALS_KEY)
+        *counts, stale, stats, alerts, spend = pipe.execute()
         running, depths = counts[: len(ACTIVE_STATUSES)], counts[len(ACTIVE_STATUSES):]
         family = GaugeMetricFamily("tasuki_tasks_running", "Running tasks by status (the Redis index the holders "
                                    "keep)", labels=["status"])
@@ -94,6 +96,22 @@ class FleetCollector(Collector):
             except ValueError:
                 continue
         yield alert
+        yield from spend_families(spend)
+
+
+def spend_families(raw: dict[bytes | str, bytes | str]) -> Iterator[Metric]:
+    """Tokens by kind and model, USD by model (no repository or user labels: their number has no bound)."""
+    tokens, costs = fleet_totals(raw)
+    token_family = CounterMetricFamily("tasuki_tokens", "Model tokens used (prompt plus completion), by kind of "
+                                       "call (agent, summary, memory, embedding) and model", labels=["kind", "model"])
+    for (kind, model), count in sorted(tokens.items()):
+        token_family.add_metric([kind, model], count)
+    yield token_family
+    cost_family = CounterMetricFamily("tasuki_cost", "USD spent on models with a configured price, by model",
+                                      labels=["model"])
+    for model, cost in sorted(costs.items()):
+        cost_family.add_metric([model], cost)
+    yield cost_family
 
 
 class Metrics:

@@ -18,9 +18,11 @@ import structlog
 from contexts import CompressionPolicy, Context, TasukiError
 from contexts.lock import process_started
 from contexts.tokens import estimate_message_tokens, estimate_tokens
+from contexts.usage import call_record
 from worker.checkout import Checkout
 from worker.llm import Provider, Reply, ToolCall
 from worker.llm.base import parse_arguments
+from worker.metering import Meter, usage_of
 from worker.prompts import NUDGE
 from worker.sandbox import NoSandbox, Sandbox
 from worker.settings_models import SandboxLimits
@@ -54,6 +56,10 @@ class Cancelled(TasukiError):
 
 class StepLimit(TasukiError):
     """The task used all of its steps without finishing."""
+
+
+class BudgetExceeded(TasukiError):
+    """The task reached ``limits.task_tokens`` or ``limits.task_cost``; the message carries the figures."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,9 @@ class Agent:
         sandbox: Sandbox | None = None,
         sandbox_limits: SandboxLimits | None = None,
         recall: Callable[[str, set[str]], str] | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        self.meter = meter  # prices and counts each call; None: usage is still recorded, without prices
         self.sandbox = sandbox or NoSandbox()
         self.recall = recall  # (query, contents now in the prompt) -> the recall tool's answer
         self.sandbox_limits = sandbox_limits
@@ -125,6 +133,9 @@ class Agent:
         if calls is None:
             if int(state.get("llm_call_count", 0)) >= self.limits.max_steps:
                 raise StepLimit(f"step limit of {self.limits.max_steps} reached without finish")
+            over = self.meter.over_budget(state) if self.meter is not None else None
+            if over is not None:  # checked before every call: the step that reached the cap was the last
+                raise BudgetExceeded(over)
             self.maybe_compress(int(state.get("llm_call_count", 0)))
             reply = self.query()
             calls = reply.tool_calls
@@ -236,14 +247,18 @@ class Agent:
         )
         reply = self.provider.chat(prompt, TOOL_SCHEMAS)
         message = reply.to_message()
-        extra = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
-        self.ctx.append_message("assistant", message["content"], **extra)
-        used = reply.total_tokens or (reply.prompt_tokens or estimated) + (reply.completion_tokens or 0)
+        usage = usage_of(reply, "agent", estimated)
+        priced = self.meter.priced(usage) if self.meter is not None else (usage, None)
+        extra: dict[str, Any] = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+        self.ctx.append_message("assistant", message["content"], usage=call_record(*priced), **extra)
         self.ctx.update_state(
-            add={"llm_call_count": 1, "total_tokens_used": int(used)},
+            add={"llm_call_count": 1},
+            usage=priced,
             current_context_tokens=int(reply.prompt_tokens or estimated),
             last_activity="llm_reply",
         )
+        if self.meter is not None:
+            self.meter.count(usage)
         if reply.prompt_tokens:
             self.ctx.calibrate_tokens(estimated, reply.prompt_tokens)
         log.info("llm call", prompt_tokens=reply.prompt_tokens, tool_calls=[c.name for c in reply.tool_calls])

@@ -42,3 +42,5 @@ LAST_TASK_PREFIX: Final = "tasuki:last-task:"  # + task key, UUID of its newest 
 CI_SEEN_PREFIX: Final = "tasuki:ci-seen:"  # + pull/merge request key:commit, SET NX: one fix task per failed commit
 COMPRESSORS_KEY: Final = "tasuki:compressors"  # sorted set: Celery node consuming `compression`, scored by heartbeat
 AUTOFIX: Final = "tasuki.autofix"  # `/tasuki autofix on|off` from a GitLab note, applied after the access check
+SPEND_PREFIX: Final = "tasuki:spend:"  # + UTC day:repo:R (hash tokens, cost) | :user:U (tasks) | :replied:thread
+SPEND_TOTALS_KEY: Final = "tasuki:spend-totals"  # hash: tokens:{kind}:{model} and cost:{model} since start (/metrics)

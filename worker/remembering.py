@@ -25,7 +25,7 @@ from memory.recall import rank_messages
 from memory.search import Embedder, embed_checked, recall
 from memory.update import REPOSITORY_SYSTEM, THREAD_SYSTEM, episode_material, judge, update_messages
 from memory.upkeep import prune_old
-from worker.llm.embeddings import embedder_for
+from worker.llm.embeddings import Spent, embedder_for
 from worker.settings_models import Settings
 from worker.stores import open_memory
 
@@ -34,9 +34,9 @@ log = structlog.get_logger(__name__)
 Chat = Callable[[list[dict[str, str]]], str | None]
 
 
-def _embedder(settings: Settings) -> Embedder | None:
+def _embedder(settings: Settings, spent: Spent | None = None) -> Embedder | None:
     try:
-        return embedder_for(settings)
+        return embedder_for(settings, spent)
     except EmbeddingError as exc:
         log.warning("memory: no embeddings", error=str(exc))
         return None
@@ -46,8 +46,9 @@ def _embedder(settings: Settings) -> Embedder | None:
 
 
 def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, request: dict[str, Any],
-                        task_text: str, context_length: int) -> str:
-    """The memory block for the first user message; records what it holds in ``state.json.memory``."""
+                        task_text: str, context_length: int, spent: Spent | None = None) -> str:
+    """The memory block for the first user message; records what it holds in ``state.json.memory``
+    (``spent``: told the tokens of each embedding request, for metering)."""
     budget = int(settings.memory.prompt_share * context_length)
     instructions = read_instructions(checkout)
     text, use = memory_block(instructions, None, None, [], budget)
@@ -57,7 +58,7 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
         use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
     else:
         try:
-            text, use = _with_store(settings, store, instructions, request, task_text, budget)
+            text, use = _with_store(settings, store, instructions, request, task_text, budget, spent)
         except Exception as exc:
             use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
         finally:
@@ -69,9 +70,9 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
 
 
 def _with_store(settings: Settings, store: MemoryStore, instructions: list[tuple[str, str]], request: dict[str, Any],
-                task_text: str, budget: int) -> tuple[str, MemoryUse]:
+                task_text: str, budget: int, spent: Spent | None) -> tuple[str, MemoryUse]:
     repository = repository_key(request["task_key"], request.get("repo_path"))
-    found = recall(store, repository, task_text, embedder=_embedder(settings), now=utc_now(),
+    found = recall(store, repository, task_text, embedder=_embedder(settings, spent), now=utc_now(),
                    limit=settings.memory.recall_k)
     thread = thread_key(request["task_key"], repository)
     text, use = memory_block(
@@ -126,12 +127,13 @@ def prune_memory(settings: Settings, now: datetime, *, dry_run: bool = False) ->
 # -- the maintenance task --------------------------------------------------------------------------
 
 
-def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Chat, now: datetime) -> dict[str, Any]:
+def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Chat, now: datetime,
+                    spent: Spent | None = None) -> dict[str, Any]:
     """Embed the episode, then update its thread memory and its repository memory incrementally (004)."""
     episode = store.episode(uuid)
     if episode is None:
         return {"uuid": uuid, "status": "no episode"}
-    outcome: dict[str, Any] = {"uuid": uuid, "embedded": _embed(settings, store, episode)}
+    outcome: dict[str, Any] = {"uuid": uuid, "embedded": _embed(settings, store, episode, spent)}
     if not episode.learned:  # nothing to merge: the model is not asked
         return {**outcome, "thread": "nothing to learn", "repository": "nothing to learn"}
     bound = settings.memory.repo_max_tokens
@@ -169,9 +171,9 @@ def _ask(chat: Chat, messages: list[dict[str, str]]) -> str | None:
         return None
 
 
-def _embed(settings: Settings, store: MemoryStore, episode: Episode) -> bool:
+def _embed(settings: Settings, store: MemoryStore, episode: Episode, spent: Spent | None) -> bool:
     """Store the episode's vector; a failing or mismatched embedding leaves the episode BM25-only."""
-    embedder = _embedder(settings)
+    embedder = _embedder(settings, spent)
     if embedder is None:
         return False
     try:
@@ -190,7 +192,8 @@ RECALLED_MESSAGES = 5
 RECALLED_CHARS = 1500
 
 
-def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query: str, in_prompt: set[str]) -> str:
+def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query: str, in_prompt: set[str],
+                spent: Spent | None = None) -> str:
     """The recall tool's answer: this task's messages no longer in the prompt, then the repository's episodes."""
     from contexts import jsonl
     from contexts.names import MESSAGES_FILE
@@ -203,20 +206,21 @@ def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query
     for _, record in rank_messages(query, own, RECALLED_MESSAGES):
         content = str(record.get("content"))[:RECALLED_CHARS]
         lines.append(f"[message {record.get('seq')}, {record.get('role')}]\n{content}")
-    episodes = _recall_episodes(settings, request, query, ctx.uuid)
+    episodes = _recall_episodes(settings, request, query, ctx.uuid, spent)
     parts = ["Earlier messages of this task (no longer in the prompt):", *(lines or ["(none match)"])]
     parts += ["", "Earlier tasks on this repository:", *(episodes or ["(none match)"])]
     return "\n".join(parts)
 
 
-def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, own_uuid: str) -> list[str]:
+def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, own_uuid: str, spent: Spent | None
+                     ) -> list[str]:
     try:
         store = open_memory(settings)
     except Exception as exc:  # the recall tool answers the model; it never breaks the step
         return [f"(memory unavailable: {_why(exc)})"]
     try:
         repository = repository_key(request["task_key"], request.get("repo_path"))
-        found = recall(store, repository, query, embedder=_embedder(settings), now=utc_now(),
+        found = recall(store, repository, query, embedder=_embedder(settings, spent), now=utc_now(),
                        limit=settings.memory.recall_k)
     except Exception as exc:
         return [f"(memory unavailable: {_why(exc)})"]

@@ -29,8 +29,9 @@ from contexts.atomic import DiskFullError
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
-from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, StepLimit
+from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, comment_message, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
@@ -235,6 +236,7 @@ class TaskRun:
     # (context, query, contents now in the prompt) -> the recall tool's answer; None: no memory in this task
     recall: Callable[[Context, str, set[str]], str] | None = None
     inbox: Callable[[], list[dict[str, Any]]] = list  # comments for this task that arrived since the last call
+    meter: Meter | None = None  # prices and counts model calls, holds the task budget; None: no prices, no caps
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -332,9 +334,21 @@ class TaskRun:
             return self._finish(ctx, "cancelled", str(exc), None, checkout)
         if isinstance(exc, StepLimit):
             return self._finish(ctx, "failed", str(exc), None, checkout)
+        if isinstance(exc, BudgetExceeded):
+            return self._stop_at_budget(ctx, checkout, exc)
         log.exception("task failed")
         error = mask(f"{type(exc).__name__}: {exc}".splitlines()[0])[:2000]
         return self._finish(ctx, "failed", error, None, checkout)
+
+    def _stop_at_budget(self, ctx: Context, checkout: Checkout | None, exc: BudgetExceeded) -> dict[str, Any]:
+        """The task reached its cap: its work so far is pushed as a checkpoint, then it fails with reason budget."""
+        if checkout is not None:
+            try:
+                checkout.checkpoint(int(ctx.read_state().get("llm_call_count", 0)))
+            except Exception as push_error:  # the failure is still recorded and reported
+                log.warning("checkpoint not pushed at the budget stop", error=mask(str(push_error))[:300])
+        log.info("task stopped at its budget", reason=str(exc))
+        return self._finish(ctx, "failed", str(exc), None, checkout, reason="budget")
 
     def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any]) -> Agent:
         s = self.settings
@@ -358,6 +372,7 @@ class TaskRun:
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
             comments=self._comments,
+            meter=self.meter,
         )
 
     def _comments(self) -> list[str]:
@@ -395,8 +410,11 @@ class TaskRun:
         error: str | None,
         result: dict[str, Any] | None,
         checkout: Checkout | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:
-        extra = {"result": result} if result else {}
+        extra: dict[str, Any] = {"result": result} if result else {}
+        if reason is not None:
+            extra["reason"] = reason
         try:
             path = ctx.finish(status, error=error, **extra)
         except FencedError:

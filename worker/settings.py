@@ -75,7 +75,7 @@ def load_settings(
     try:
         settings = Settings.model_validate(recursive_merge(data, overrides))
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(error, origins) for error in exc.errors())) from None
+        raise ConfigError("\n".join(_describe(error, origins) for error in _one_per_problem(exc.errors()))) from None
     source = ConfigSource(path, path.parent if path is not None else here)
     settings = resolve_paths(settings, source.root, env_root=here, from_env=set(origins))
     secrets = Secrets.model_validate({name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)})
@@ -209,6 +209,33 @@ def _model_class(annotation: object) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _one_per_problem(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """A misspelt required key is one problem: the unknown key says it (with "did you mean"), not also a
+    "Field required" for the key it was meant to be."""
+    unknown = {tuple(e["loc"]) for e in errors if e["type"] == "extra_forbidden"}
+
+    def misspelt(error: ErrorDetails) -> bool:
+        loc = tuple(error["loc"])
+        siblings = [str(u[-1]) for u in unknown if u[:-1] == loc[:-1]]
+        return error["type"] == "missing" and bool(difflib.get_close_matches(str(loc[-1]), siblings, n=1))
+
+    return [error for error in errors if not misspelt(error)]
+
+
+def _model_at(path: KeyPath) -> type[BaseModel] | None:
+    """The settings model whose keys ``path`` names: a section, or the value model of a mapping such as
+    ``pricing`` (whose keys are the operator's names)."""
+    if not path:
+        return Settings
+    field = _field_at(path)
+    if field is not None:
+        return _model_class(field.annotation)
+    mapping = _field_at(path[:-1])
+    if mapping is not None and get_origin(mapping.annotation) is dict:
+        return _model_class(get_args(mapping.annotation)[1])
+    return None
+
+
 def _field_at(path: KeyPath) -> FieldInfo | None:
     """The field a dotted key path names, or None when no such key exists."""
     model: type[BaseModel] | None = Settings
@@ -247,21 +274,27 @@ def _describe(error: ErrorDetails, origins: dict[KeyPath, str]) -> str:
     return f"config: {'.'.join(path)} = {_show(value)}{where}: {expected}"
 
 
+_FIXED_EXPECTATIONS = {
+    "missing": "missing: this key has no default",
+    "model_type": "expected a mapping of keys",
+    "model_attributes_type": "expected a mapping of keys",
+    "dict_type": "expected a mapping of keys",
+    "string_too_short": "expected a non-empty string",
+}
+
+
 def _expected(error: ErrorDetails, path: KeyPath) -> str:
     kind, message = error["type"], error["msg"]
     ctx = error.get("ctx") or {}
     if kind == "literal_error":
         return "expected one of " + ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
     if kind == "extra_forbidden":
-        parent = _field_at(path[:-1]) if len(path) > 1 else None
-        model = _model_class(parent.annotation) if parent is not None else Settings
+        model = _model_at(path[:-1])
         known = list(model.model_fields) if model is not None else []
         close = difflib.get_close_matches(path[-1], known, n=1)
         return "unknown key" + (f" (did you mean {close[0]}?)" if close else f"; known: {', '.join(known)}")
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return "expected a mapping of keys"
-    if kind == "string_too_short":
-        return "expected a non-empty string"
+    if kind in _FIXED_EXPECTATIONS:
+        return _FIXED_EXPECTATIONS[kind]
     message = message.removeprefix("Value error, ")
     if message.startswith("Input should be "):
         return "expected " + message.removeprefix("Input should be ")

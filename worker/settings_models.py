@@ -348,6 +348,45 @@ class MemorySettings(Section):
         return self.path if self.path is not None else Path(contexts.base_dir).parent / "memory.db"
 
 
+class ModelPrice(Section):
+    """USD per million tokens of one model (SPEC §16)."""
+
+    input: Annotated[float, Field(ge=0)]
+    """Prompt tokens the provider did not serve from its cache."""
+    cached_input: Annotated[float, Field(ge=0)] = 0.0
+    """Prompt tokens served from the provider's prompt cache."""
+    output: Annotated[float, Field(ge=0)]
+    """Completion tokens."""
+
+
+class PriceTable(dict[str, ModelPrice]):
+    """``pricing``: a mapping that hashes (settings are frozen and hashed; a plain dict would not be)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+Pricing = Annotated[dict[Name, ModelPrice], AfterValidator(PriceTable)]
+
+
+class LimitSettings(Section):
+    task_tokens: PositiveInt | None = None
+    """Tokens one task may use (every model call of it); the task stops within one step. null: no limit."""
+    task_cost: PositiveFloat | None = None
+    """USD one task may cost (needs pricing for its model); the task stops within one step. null: no limit."""
+    repo_tokens: PositiveInt | None = None
+    """Tokens one repository's tasks may use per UTC day; then its triggers get over_budget. null: no limit."""
+    repo_cost: PositiveFloat | None = None
+    """USD one repository's tasks may cost per UTC day; then its triggers get over_budget. null: no limit."""
+    user_tasks: PositiveInt | None = None
+    """Tasks one user may start per UTC day; then the user's triggers get over_budget. null: no limit."""
+
+    @property
+    def per_day(self) -> bool:
+        """Whether any daily cap is set (the intake checks Redis only then)."""
+        return any(v is not None for v in (self.repo_tokens, self.repo_cost, self.user_tasks))
+
+
 class UserConfigAPISettings(Section):
     url: HttpUrl | None = None
     """Base URL answering GET {url}/config/{user} with per-user LLM overrides; null disables it."""
@@ -399,6 +438,10 @@ class Settings(Section):
     """Files kept on this machine."""
     memory: MemorySettings = MemorySettings()
     """Memory that outlives a task: episodes, thread and repository memories, recall."""
+    pricing: Pricing = Field(default_factory=PriceTable)
+    """USD per million tokens by model name: {MODEL: {input, cached_input, output}}; empty: tokens only."""
+    limits: LimitSettings = LimitSettings()
+    """Budgets: per task, and per repository and user per UTC day (SPEC §16)."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
@@ -432,6 +475,15 @@ class Settings(Section):
         if self.broker.visibility_timeout_s <= self.agent.time_limit_s:
             expected = f"more than agent.time_limit_s ({self.agent.time_limit_s})"
             raise cross_field_error("broker.visibility_timeout_s", self.broker.visibility_timeout_s, expected)
+        return self
+
+    @model_validator(mode="after")
+    def _cost_caps_need_prices(self) -> Self:
+        # A cost cap without a price table could never be reached: every cost would be "no prices configured".
+        for name in ("task_cost", "repo_cost"):
+            value = getattr(self.limits, name)
+            if value is not None and not self.pricing:
+                raise cross_field_error(f"limits.{name}", value, "a price table in pricing (no cost can be counted)")
         return self
 
     def llm_profile(self) -> LLMProfile:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import asdict
 from itertools import takewhile
 from pathlib import Path
 from typing import Any, cast
@@ -16,10 +18,12 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
+from contexts.atomic import read_json
 from contexts.clock import utc_now
 from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
-from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
+from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
+from contexts.usage import Usage, repo_of
 from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
@@ -27,6 +31,7 @@ from worker.endings import Ending, announce, on_ending
 from worker.followup_tasks import read_inbox, remember_thread
 from worker.forges.reporter import reporter_for
 from worker.llm import Provider
+from worker.metering import Meter, usage_of
 from worker.names import (
     COMPRESS_CONTEXT,
     COMPRESSION_QUEUE,
@@ -39,6 +44,7 @@ from worker.prompts import summarizer_messages
 from worker.remembering import first_prompt_memory, record_episode, task_recall, update_memories
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
+from worker.settings_models import Settings
 from worker.stores import open_memory
 from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
@@ -80,6 +86,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
             result = cannot_start(uuid, reporter or LocalReporter(parsed), on_finish, s.contexts.base_dir, exc)
             raise TaskEnded(mask(f"failed: {result['error']}")) from None
+        meter = Meter(s, repo_of(parsed.task_key), redis_client)
         try:
             result = TaskRun(
                 uuid=uuid,
@@ -93,10 +100,13 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 on_finish=on_finish,
                 reporter=reporter,
                 recollect=lambda ctx, checkout, task: first_prompt_memory(
-                    s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"])
+                    s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"]),
+                    meter.embeddings_into(ctx),
                 ),
-                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt),
+                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt,
+                                                                 meter.embeddings_into(ctx)),
                 inbox=lambda: read_inbox(redis_client(), uuid),
+                meter=meter,
             ).execute(config)
         finally:
             if reporter is not None:
@@ -137,9 +147,10 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
                                                                                      start_seq)))
         previous = jsonl.last_record(directory / SUMMARIES_FILE)
         config = jsonl_metadata_config(directory)
-        text = summarize(provider_for(config), previous["summary"] if previous else None, span)
+        text, usage = summarize(provider_for(config), previous["summary"] if previous else None, span)
         run_ms = int((time.monotonic() - started) * 1000)
-        return {"summary": text, "start_seq": start_seq, "end_seq": end_seq, "started_at": started_at, "run_ms": run_ms}
+        return {"summary": text, "start_seq": start_seq, "end_seq": end_seq, "started_at": started_at, "run_ms": run_ms,
+                "usage": asdict(usage)}
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
 
@@ -178,14 +189,19 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(uuid=uuid)
     try:
         s = settings()
+        directory: Path | None = None
         try:
-            config = jsonl_metadata_config(context_store(s, index=False).completed_path(uuid))
+            directory = context_store(s, index=False).completed_path(uuid)
+            config = jsonl_metadata_config(directory)
         except (OSError, KeyError, ValueError):
             config = llm_config(s)  # a task that never had a context: the configured model
         provider = provider_for(config)
 
         def chat(messages: list[dict[str, str]]) -> str | None:
-            return provider.chat(messages, None).content
+            reply = provider.chat(messages, None)
+            if directory is not None:
+                meter_memory_update(s, directory, usage_of(reply, "memory"))
+            return reply.content
 
         try:
             store = open_memory(s, must_exist=True)  # no store: no episode was recorded, nothing to update
@@ -193,7 +209,9 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
             log.warning("memory update skipped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
         try:
-            return update_memories(s, store, uuid, chat, utc_now())
+            embedded = (lambda tokens: meter_memory_update(s, directory, Usage("embedding", str(
+                s.memory.embedding_model), tokens))) if directory is not None else None
+            return update_memories(s, store, uuid, chat, utc_now(), embedded)
         except MemoryUnavailable as exc:
             log.warning("memory update stopped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
@@ -201,6 +219,16 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
             store.close()
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def meter_memory_update(s: Settings, directory: Path, usage: Usage) -> None:
+    """A memory update's model call or embedding, counted for the task it learned from (its context is finished
+    by now)."""
+    try:
+        task_key = read_json(directory / METADATA_FILE)["task_key"]
+        Meter(s, repo_of(task_key), redis_client).record_finished(directory, usage)
+    except (OSError, KeyError, ValueError, TasukiError) as exc:  # the task never had a context to count in
+        log.info("memory update not metered: no context", reason=str(exc)[:200])
 
 
 def forget(uuid: str, task_key: dict[str, str], status: str | None = None) -> None:
@@ -221,19 +249,16 @@ def count_finished(client: redis.Redis, status: str) -> None:
 
 def jsonl_metadata_config(directory: Any) -> dict[str, Any]:
     """The task's recorded LLM config (so the summary uses the task's model)."""
-    from contexts.atomic import read_json
-    from contexts.names import METADATA_FILE
-
     config: dict[str, Any] = read_json(directory / METADATA_FILE)["config"]
     return config
 
 
-def summarize(provider: Provider, previous_summary: str | None, span: list[dict[str, Any]]) -> str:
-    """One stateless summarization request; the prompt never enters the task's own messages."""
+def summarize(provider: Provider, previous_summary: str | None, span: list[dict[str, Any]]) -> tuple[str, Usage]:
+    """One stateless summarization request (the prompt never enters the task's own messages), and its usage."""
     reply = provider.chat(summarizer_messages(previous_summary, span), None)
     if not reply.content or not reply.content.strip():
         raise CompressionError("the model returned an empty summary")
-    return reply.content
+    return reply.content, usage_of(reply, "summary")
 
 
 def compress_through_queue(ctx: Context) -> None:
@@ -241,11 +266,14 @@ def compress_through_queue(ctx: Context) -> None:
     takes the job in time (a single busy worker must never wait on itself)."""
     s = settings()
     policy = s.compression.policy()
+    meter = Meter(s, repo_of(ctx.metadata["task_key"]), redis_client)
+    used: list[Usage] = []  # the summary request's usage, recorded once its summary is on disk
 
     def inline(previous: str | None, span: list[dict[str, Any]], waited_ms: int) -> Summarized:
         started = time.monotonic()
-        text = summarize(provider_for(ctx.metadata["config"]), previous, span)
-        return Summarized(text, {"via": "inline", "queue_wait_ms": waited_ms,
+        text, usage = summarize(provider_for(ctx.metadata["config"]), previous, span)
+        used.append(usage)
+        return Summarized(text, {"via": "inline", "queue_wait_ms": waited_ms, "usage": meter.figures(usage),
                                  "run_ms": int((time.monotonic() - started) * 1000)})
 
     def summarizer(previous: str | None, span: list[dict[str, Any]]) -> Summarized:
@@ -261,10 +289,18 @@ def compress_through_queue(ctx: Context) -> None:
             log.info("no worker took the compression job in time; summarizing in this worker")
             return inline(previous, span, int((time.time() - sent) * 1000))
         waited = max(int((float(done.get("started_at", sent)) - sent) * 1000), 0)
-        return Summarized(str(done["summary"]), {"via": "queue", "queue_wait_ms": waited,
-                                                 "run_ms": int(done.get("run_ms", 0))})
+        facts: dict[str, Any] = {"via": "queue", "queue_wait_ms": waited, "run_ms": int(done.get("run_ms", 0))}
+        if isinstance(done.get("usage"), dict):  # a worker of an earlier version during a rolling upgrade sends none
+            used.append(Usage(**done["usage"]))
+            facts["usage"] = meter.figures(used[-1])
+        return Summarized(str(done["summary"]), facts)
 
-    summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    try:
+        summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
+    finally:  # a summary the context refused (too long, empty) was still spent
+        for usage in used:
+            with contextlib.suppress(TasukiError):  # a fenced holder writes nothing more
+                meter.record(ctx, usage)
     if summary is not None:
         count_compression(summary)
 

@@ -20,6 +20,7 @@ from contexts.errors import TasukiError
 from contexts.masking import mask
 from contexts.names import METADATA_FILE
 from contexts.state import read_state
+from contexts.usage import format_cost, format_tokens
 from worker.endings import Ending, on_ending
 from worker.forges import make_forge
 from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
@@ -38,8 +39,11 @@ class TriggerRefused(TasukiError):
     """The user who triggered the task may not start tasks on this repository."""
 
 
-def progress_body(uuid: str, state: dict[str, Any], labels: LabelSettings, change_url: str | None = None) -> str:
-    """The progress comment: status, steps, tokens, attempt and UUID (and the PR/MR once there is one)."""
+def progress_body(
+    uuid: str, state: dict[str, Any], labels: LabelSettings, change_url: str | None = None, *, priced: bool = False
+) -> str:
+    """The progress comment: status, steps, tokens and cost, attempt and UUID (and the PR/MR once there is one).
+    ``priced``: a price table is configured (else the cost says so)."""
     status = str(state.get("status", "queued"))
     calls, tools = int(state.get("llm_call_count", 0)), int(state.get("tool_call_count", 0))
     lines = [
@@ -49,7 +53,8 @@ def progress_body(uuid: str, state: dict[str, Any], labels: LabelSettings, chang
         "| | |",
         "|---|---|",
         f"| Steps | {calls} model calls, {tools} tool runs |",
-        f"| Tokens | {int(state.get('total_tokens_used', 0)):,} |",
+        f"| Tokens | {format_tokens(state)} |",
+        f"| Cost | {format_cost((state.get('usage') or {}).get('cost_usd'), priced)} |",
         f"| Attempt | {int(state.get('attempt', 1))} |",
         f"| Task | `{uuid}` |",
     ]
@@ -98,7 +103,9 @@ class ForgeReporter:
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         ci_log_lines: int = 200,
+        priced: bool = False,
     ) -> None:
+        self.priced = priced  # a price table is configured: the progress comment shows a cost
         self.forge = forge
         self.request = request
         self.uuid = uuid
@@ -192,7 +199,7 @@ class ForgeReporter:
         if self.ref is None or (not force and self.clock() - self._last_progress < self.progress_interval_s):
             return
         self._last_progress = self.clock()
-        body = progress_body(self.uuid, state, self.labels, self.change_url)
+        body = progress_body(self.uuid, state, self.labels, self.change_url, priced=self.priced)
         self.comment_id = self.forge.comment(self.ref, body, self.comment_id)
 
     def deliver(self, branch: str, summary: str) -> dict[str, Any]:
@@ -263,7 +270,7 @@ def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeRe
     forge = make_forge(source, settings)
     section = settings.github if source == "github" else settings.gitlab
     return ForgeReporter(forge, request, uuid, section.labels, section.bot_login,
-                         ci_log_lines=settings.followups.ci_log_lines)
+                         ci_log_lines=settings.followups.ci_log_lines, priced=bool(settings.pricing))
 
 
 def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:

@@ -40,6 +40,7 @@ class Reply:
     completion_tokens: int | None
     total_tokens: int | None
     model: str
+    cached_tokens: int | None = None  # prompt tokens the provider served from its cache (OpenAI reports them)
 
     def to_message(self) -> Message:
         """The reply as the OpenAI-style assistant message that goes into ``messages.jsonl``."""

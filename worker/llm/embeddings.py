@@ -6,7 +6,7 @@ would only delay the task.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 import ollama
@@ -18,11 +18,16 @@ from worker.llm.openai_provider import LOCAL_API_KEY
 from worker.llm.retry import one_line
 from worker.settings_models import Settings
 
+Spent = Callable[[int], None]
+"""Told the prompt tokens of each embedding request the provider answered (metering, SPEC §16)."""
+
 
 class OpenAIEmbedder:
     """``POST {base_url}/embeddings`` through the official client."""
 
-    def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float) -> None:
+    def __init__(self, model: str, *, base_url: str | None, api_key: str | None, timeout_s: float,
+                 spent: Spent | None = None) -> None:
+        self.spent = spent
         if not api_key and not base_url:
             raise EmbeddingError(f"embedding model {model!r}: no API key (set OPENAI_API_KEY) and no base_url")
         self.model = model
@@ -36,13 +41,16 @@ class OpenAIEmbedder:
             answer = self._client.embeddings.create(model=self.model, input=list(texts), encoding_format="float")
         except (openai.OpenAIError, httpx.HTTPError) as exc:
             raise EmbeddingError(f"embedding model {self.model!r}: {one_line(str(exc))}") from None
+        if self.spent is not None and answer.usage is not None:
+            self.spent(int(answer.usage.prompt_tokens))
         return [list(item.embedding) for item in sorted(answer.data, key=lambda d: d.index)]
 
 
 class OllamaEmbedder:
     """``POST {host}/api/embed`` through the official client."""
 
-    def __init__(self, model: str, *, host: str, timeout_s: float) -> None:
+    def __init__(self, model: str, *, host: str, timeout_s: float, spent: Spent | None = None) -> None:
+        self.spent = spent
         self.model = model
         self._client = ollama.Client(host=host, timeout=timeout_s)
 
@@ -52,21 +60,25 @@ class OllamaEmbedder:
             answer = self._client.embed(model=self.model, input=list(texts))
         except (ollama.ResponseError, httpx.HTTPError, ConnectionError) as exc:
             raise EmbeddingError(f"embedding model {self.model!r}: {one_line(str(exc))}") from None
+        if self.spent is not None and answer.prompt_eval_count is not None:
+            self.spent(int(answer.prompt_eval_count))
         return [list(v) for v in answer.embeddings]
 
 
-def embedder_for(settings: Settings) -> Embedder | None:
-    """The configured embedder on the selected provider's endpoint; None when no embedding model is set."""
+def embedder_for(settings: Settings, spent: Spent | None = None) -> Embedder | None:
+    """The configured embedder on the selected provider's endpoint (``spent``: told each answer's tokens); None
+    when no embedding model is set."""
     model = settings.memory.embedding_model
     if model is None:
         return None
     timeout = settings.memory.embedding_timeout_s
     if settings.llm.provider == "ollama":
-        return OllamaEmbedder(model, host=settings.llm.ollama.host, timeout_s=timeout)
+        return OllamaEmbedder(model, host=settings.llm.ollama.host, timeout_s=timeout, spent=spent)
     key = settings.secrets.openai_api_key
     return OpenAIEmbedder(
         model,
         base_url=settings.llm.openai.base_url,
         api_key=key.get_secret_value() if key is not None else None,
         timeout_s=timeout,
+        spent=spent,
     )

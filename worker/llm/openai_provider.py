@@ -119,6 +119,7 @@ def reply_from_completion(completion: ChatCompletion, requested_model: str) -> R
         arguments, raw = parse_arguments(call.function.arguments)
         calls.append(ToolCall(id=call.id, name=call.function.name, arguments=arguments, raw_arguments=raw))
     usage = completion.usage
+    details = usage.prompt_tokens_details if usage else None
     return Reply(
         content=message.content or None,
         tool_calls=calls,
@@ -126,4 +127,5 @@ def reply_from_completion(completion: ChatCompletion, requested_model: str) -> R
         completion_tokens=usage.completion_tokens if usage else None,
         total_tokens=usage.total_tokens if usage else None,
         model=completion.model or requested_model,
+        cached_tokens=details.cached_tokens if details else None,
     )

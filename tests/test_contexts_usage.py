@@ -1,0 +1,49 @@
+"""Spend arithmetic (SPEC §16): prices per million tokens with cached input, a task's totals, its cap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from contexts.usage import Usage, add_usage, cost_of, format_cost, over_task_limit
+
+
+@dataclass(frozen=True)
+class Price:
+    input: float
+    cached_input: float
+    output: float
+
+
+PRICES = {"gpt-4o": Price(input=2.5, cached_input=1.25, output=10.0)}
+
+
+def test_cached_prompt_tokens_are_priced_at_the_cached_rate() -> None:
+    usage = Usage("agent", "gpt-4o", prompt_tokens=1_000_000, completion_tokens=100_000, cached_tokens=400_000)
+    assert cost_of(usage, PRICES) == pytest.approx(0.6 * 2.5 + 0.4 * 1.25 + 0.1 * 10.0)
+
+
+def test_a_model_without_a_price_has_no_cost_and_says_why() -> None:
+    assert cost_of(Usage("agent", "local-llama", 1000, 10), PRICES) is None
+    assert format_cost(None, priced=False) == "no prices configured"
+    assert format_cost(None) == "no price for this model"
+
+
+def test_totals_add_up_per_kind_and_model_and_per_utc_day() -> None:
+    totals = add_usage(None, Usage("agent", "gpt-4o", 100, 10, 50), 0.5, "2026-11-24")
+    totals = add_usage(totals, Usage("summary", "gpt-4o", 200, 20), 0.25, "2026-11-25")
+    totals = add_usage(totals, Usage("agent", "gpt-4o", 300, 30), None, "2026-11-25")  # unpriced: tokens only
+    assert (totals["calls"], totals["tokens"], totals["cached_tokens"], totals["cost_usd"]) == (3, 660, 50, 0.75)
+    assert totals["by_call"]["agent gpt-4o"]["calls"] == 2
+    assert totals["by_call"]["summary gpt-4o"]["tokens"] == 220
+    assert totals["by_day"] == {"2026-11-24": {"tokens": 110, "cost_usd": 0.5},
+                                "2026-11-25": {"tokens": 550, "cost_usd": 0.25}}
+
+
+def test_a_task_stops_once_it_reaches_either_cap() -> None:
+    totals = add_usage(None, Usage("agent", "gpt-4o", 900, 100), 0.02, "2026-11-25")
+    assert over_task_limit(totals, 1001, None) is None
+    assert over_task_limit(totals, 1000, None) == "budget: the task used 1000 tokens, limits.task_tokens is 1000"
+    assert over_task_limit(totals, None, 0.02) == "budget: the task cost $0.0200, limits.task_cost is $0.0200"
+    assert over_task_limit(None, 1, 0.01) is None

@@ -1,0 +1,86 @@
+"""Metering of model calls (SPEC §16): each call's usage from the provider's answer, priced, added to its
+task's ``state.json`` and to the Redis counters that budgets and ``/metrics`` read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+
+from contexts import Context
+from contexts.clock import utc_now
+from contexts.state import update_state
+from contexts.usage import Usage, call_record, cost_of, over_task_limit
+from worker.llm.base import Reply
+from worker.settings_models import LimitSettings, Settings
+from worker.spend import count_usage
+
+log = structlog.get_logger(__name__)
+
+
+def usage_of(reply: Reply, kind: str, estimated_prompt_tokens: int = 0) -> Usage:
+    """A reply's usage as its provider reported it (our estimate when it reported no prompt tokens)."""
+    return Usage(
+        kind=kind,
+        model=reply.model,
+        prompt_tokens=int(reply.prompt_tokens if reply.prompt_tokens is not None else estimated_prompt_tokens),
+        completion_tokens=int(reply.completion_tokens or 0),
+        cached_tokens=int(reply.cached_tokens or 0),
+    )
+
+
+@dataclass(frozen=True)
+class Meter:
+    """Prices calls and counts them under their repository; a Redis that does not answer only costs a log line
+    (the task's own ``state.json`` is what the task budget reads)."""
+
+    settings: Settings
+    repo: str
+    client: Callable[[], redis.Redis] | None = None
+    clock: Callable[[], datetime] = utc_now
+
+    @property
+    def limits(self) -> LimitSettings:
+        """The configured budgets."""
+        return self.settings.limits
+
+    def priced(self, usage: Usage) -> tuple[Usage, float | None]:
+        """The call with its cost (``None`` without a price for its model)."""
+        return usage, cost_of(usage, self.settings.pricing)
+
+    def figures(self, usage: Usage) -> dict[str, Any]:
+        """The per-call record kept beside a step or a summary."""
+        return call_record(*self.priced(usage))
+
+    def count(self, usage: Usage) -> None:
+        """Add the call to the repository's day and the fleet's totals in Redis."""
+        if self.client is None:
+            return
+        try:
+            count_usage(self.client(), self.repo, *self.priced(usage), self.clock())
+        except redis.RedisError as exc:
+            log.warning("usage not counted in Redis", error=str(exc)[:300])
+
+    def over_budget(self, state: dict[str, Any]) -> str | None:
+        """Why the task must stop now (its figures against its cap), or ``None``."""
+        return over_task_limit(state.get("usage"), self.limits.task_tokens, self.limits.task_cost)
+
+    def record(self, ctx: Context, usage: Usage) -> None:
+        """A call made for a running task besides its steps (a summary, an embedding): into its totals and Redis."""
+        ctx.update_state(usage=self.priced(usage))
+        self.count(usage)
+
+    def embeddings_into(self, ctx: Context) -> Callable[[int], None]:
+        """What an embedder tells the tokens of each answer to, for the running task ``ctx``."""
+        model = str(self.settings.memory.embedding_model)
+        return lambda tokens: self.record(ctx, Usage("embedding", model, tokens))
+
+    def record_finished(self, directory: Path, usage: Usage) -> None:
+        """A call made for a task that has ended (its memory update): into its ``state.json`` and Redis."""
+        update_state(directory, self.clock(), fsync=True, usage=self.priced(usage))
+        self.count(usage)
