@@ -226,3 +226,23 @@ def test_the_queued_celery_message_carries_the_request_masked(api: IntakeServer)
     for secret in (token, email):
         assert secret not in body
         assert secret not in raw.decode()
+
+
+def test_a_submission_over_its_users_daily_task_cap_is_429_with_retry_after_and_queues_nothing(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN,
+                              "TASUKI__LIMITS__USER_TASKS": "1"})
+    with intake_server(settings) as server, server.client(headers=AUTH) as client:
+        first = client.post("/api/tasks", json={"repo": "octo/app", "issue": 1, "user": "mona"})
+        again = client.post("/api/tasks", json={"repo": "octo/app", "issue": 1, "user": "mona"})  # active: no task
+        over = client.post("/api/tasks", json={"repo": "octo/app", "issue": 2, "user": "mona"})
+        other = client.post("/api/tasks", json={"repo": "octo/app", "issue": 3, "user": "hubot"})
+        queued = server.queued()
+
+    assert (first.status_code, again.status_code, other.status_code) == (202, 200, 202)
+    assert over.status_code == 429
+    assert over.json()["status"] == "over_budget"
+    assert "limits.user_tasks is 1" in over.json()["reason"]
+    assert 0 < int(over.headers["Retry-After"]) <= 86400
+    assert len(queued) == 2  # mona's first task and hubot's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import uuid as uuid_module
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -14,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from contexts import ContextCompletedError, ContextNotFoundError, InvalidUUIDError, validate_uuid
 from contexts.atomic import read_json
+from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
 from worker.settings_models import Settings
+from worker.spend import resets_at
+from worker.submit import Enqueued
 
 _REPO = r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+$"
 MAX_PROMPT_CHARS = 100_000
@@ -65,6 +69,19 @@ def _error(status_code: int, detail: Any, headers: dict[str, str] | None = None)
     return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
 
 
+def _submitted(enqueued: Enqueued | str) -> JSONResponse:
+    """The answer to a submission: queued (202), already active (200), or over a daily budget (429, with when it
+    resets: the caller hears it now, where a webhook's issue gets a comment)."""
+    if isinstance(enqueued, str):
+        now = utc_now()
+        retry_after = math.ceil((resets_at(now) - now).total_seconds())
+        return JSONResponse({"status": "over_budget", "reason": enqueued}, status_code=429,
+                            headers={"Retry-After": str(retry_after)})
+    if enqueued.already_active:
+        return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
+    return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
+
+
 def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRouter:
     """The ``/api`` routes, guarded by a constant-time bearer-token check; ``blocking`` runs Redis and disk work."""
     router = APIRouter(prefix="/api")
@@ -93,10 +110,7 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
         if submission.repo_path is not None and (problem := await blocking(local_path_refusal, submission.repo_path)):
             return problem
         uuid = str(uuid_module.uuid4())
-        enqueued = await blocking(intake.submit, submission.request(uuid), uuid)
-        if enqueued.already_active:
-            return JSONResponse({"status": "active", "task_id": enqueued.uuid}, status_code=200)
-        return JSONResponse({"task_id": enqueued.uuid}, status_code=202)
+        return _submitted(await blocking(intake.submit_within_budget, submission.request(uuid), uuid))
 
     def local_path_refusal(repo_path: str) -> JSONResponse | None:
         """A token holder may name only git repositories under ``api.allowed_repo_roots``: never make a worker

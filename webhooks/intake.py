@@ -164,17 +164,26 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
-        over = self._over_budget(action.task_key, action.user)
+        active = self._active(request)
+        over = None if active else self._over_budget(action.task_key, action.user)
         if over is not None:
             return over
-        return self._answer(action, request, self.submit(request))
+        enqueued = self.submit(request)
+        if enqueued.already_active and not active:  # became active since: the user's task taken is given back
+            not_started(self.settings.limits, self.client, action.user, utc_now())
+        return self._answer(action, request, enqueued)
+
+    def _active(self, request: dict[str, Any]) -> bool:
+        """Whether the request's task key has a task queued or running: a trigger for it starts nothing (its words go
+        to that task's inbox), so no daily budget holds it back."""
+        key = ACTIVE_PREFIX + task_key_id(request["task_key"])
+        return bool(self.settings.limits.per_day and self.client.exists(key))
 
     def _answer_active(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
         return self._answer(action, request, self._unless_finished(request, enqueued))
 
     def _answer(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
         if enqueued.already_active:
-            not_started(self.settings.limits, self.client, action.user, utc_now())
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
             # One active task per thread: what was said reaches the running task at its next step.
@@ -232,6 +241,19 @@ class Intake:
             return enqueued
         release_active(self.client, request["task_key"], enqueued.uuid)
         return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
+
+    def submit_within_budget(self, request: dict[str, Any], uuid: str) -> Enqueued | str:
+        """:meth:`submit` held to the daily budgets of the request's repository and user (SPEC §16), as a trigger
+        is: the submission, or why nothing was queued."""
+        user, now, active = request.get("user") or "", utc_now(), self._active(request)
+        why = None if active else over_budget(self.settings.limits, self.client, request["task_key"], user, now)
+        if why is not None:
+            log.info("submission over budget", task_key=task_key_id(request["task_key"]), user=user, reason=why)
+            return why
+        enqueued = self.submit(request, uuid)
+        if enqueued.already_active and not active:
+            not_started(self.settings.limits, self.client, user, now)
+        return enqueued
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:
         """The task key of a task this intake enqueued, while Redis remembers it."""
