@@ -1,10 +1,9 @@
 """The worker's side of follow-ups (SPEC §14), piece by piece: the checkout continues a pull request's branch
-without forcing over others' commits, the inbox is taken once, and the reporter lets through what a running
+without forcing over others' commits, and the reporter lets through what a running
 follow-up should hear (new review comments, allowed GitLab authors) and answers in each review thread."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +14,10 @@ from contexts.errors import TasukiError
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import FIXED_CALC, git, make_buggy_repo
 from worker.checkout import Checkout
-from worker.followup_tasks import apply_autofix, read_inbox
+from worker.followup_tasks import apply_autofix
 from worker.forges import GitHubForge, GitLabForge
 from worker.forges.reporter import ForgeReporter
-from worker.names import AUTOFIX_OFF_PREFIX, INBOX_PREFIX
+from worker.names import AUTOFIX_OFF_PREFIX
 from worker.run import TaskRequest
 from worker.settings_models import LabelSettings
 from worker.threads import key_id
@@ -71,13 +70,6 @@ def test_a_follow_up_never_forces_over_commits_pushed_meanwhile(forge: FakeForge
     with pytest.raises(TasukiError):
         work.push()
     assert forge.branch_file(OWNER, REPO, BRANCH, "theirs.txt") == "a person's commit\n"
-
-
-def test_the_inbox_is_taken_once_and_keeps_its_order(redis_client: redis.Redis) -> None:
-    key = INBOX_PREFIX + UUID
-    redis_client.rpush(key, json.dumps({"author": "a", "body": "first"}), "not json", json.dumps({"body": "second"}))
-    assert [e["body"] for e in read_inbox(redis_client, UUID)] == ["first", "second"]
-    assert read_inbox(redis_client, UUID) == []
 
 
 def reporter_for_pull(forge: FakeForge, source: str, pull: int) -> ForgeReporter:

@@ -8,6 +8,7 @@ CI runs start fix tasks up to ``followups.max_ci_fixes`` in a row; ``/tasuki`` c
 from __future__ import annotations
 
 import json
+import uuid as uuid_module
 from collections.abc import Callable
 from typing import Any
 
@@ -181,7 +182,8 @@ class Followups:
 def inbox_entry(author: str, text: str, trigger: dict[str, Any], comments: list[Any] | None = None
                 ) -> dict[str, Any]:
     """One inbox record: who wrote what (and the review comments it carries)."""
-    entry: dict[str, Any] = {"author": author, "body": text, "comments": comments or []}
+    # The id lets a resumed task tell a comment it already holds from one it has not heard (worker/inbox.py).
+    entry: dict[str, Any] = {"id": uuid_module.uuid4().hex, "author": author, "body": text, "comments": comments or []}
     if trigger.get("user_id") is not None:
         entry["user_id"] = trigger["user_id"]  # GitLab: the worker checks the author's access level
     return entry

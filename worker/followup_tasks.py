@@ -3,7 +3,6 @@ leaves behind, replies and commands that need the forge (the intake never waits 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import redis
@@ -14,31 +13,13 @@ from contexts.names import FINAL_STATUSES
 from worker.celery import app
 from worker.forges import ItemRef, make_forge
 from worker.forges.base import Forge
-from worker.names import AUTOFIX, AUTOFIX_OFF_PREFIX, CI_FIXES_PREFIX, FORGE_REPLY, INBOX_PREFIX, LAST_TASK_PREFIX
+from worker.names import AUTOFIX, AUTOFIX_OFF_PREFIX, CI_FIXES_PREFIX, FORGE_REPLY, LAST_TASK_PREFIX
 from worker.run import TaskRequest
 from worker.runtime import redis_client, settings
 from worker.submit import task_key_id
 from worker.threads import THREAD_TTL_S, Thread, change_number, key_id, record_thread
 
 log = structlog.get_logger(__name__)
-
-def read_inbox(client: redis.Redis, uuid: str) -> list[dict[str, Any]]:
-    """Take the comments that arrived for a running task (the intake appends them to a Redis list)."""
-    key = INBOX_PREFIX + uuid
-    pipe = client.pipeline(transaction=True)
-    pipe.lrange(key, 0, -1)
-    pipe.delete(key)
-    raw, _ = pipe.execute()
-    entries = []
-    for item in raw:
-        try:
-            entry = json.loads(item)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            entries.append(entry)
-    return entries
-
 
 @app.task(name=FORGE_REPLY)
 def forge_reply(task_key: dict[str, str], body: str) -> None:

@@ -31,8 +31,9 @@ from contexts.masking import mask
 from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.inbox import Inbox
 from worker.metering import Meter
-from worker.prompts import SYSTEM_PROMPT, comment_message, task_message
+from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 from worker.threads import thread_history
@@ -157,11 +158,11 @@ class ReportingAgent(Agent):
     """The agent loop with a hook after every step (progress reports, cancels flagged from other hosts) and
     the comments that arrived meanwhile, appended for the next model request."""
 
-    def __init__(self, *args: Any, after_step: Callable[[], None],
-                 comments: Callable[[], list[str]] = list, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, after_step: Callable[[], None], inbox: Inbox | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.after_step = after_step
-        self.comments = comments
+        self.inbox = inbox
 
     def step(self) -> None:
         """One step of :class:`Agent`, then the hook (also after the step that finished), then the comments:
@@ -172,11 +173,11 @@ class ReportingAgent(Agent):
             self.after_step()
             raise
         self.after_step()
-        heard = self.comments()
-        for text in heard:
-            self.ctx.append_message("user", text, inbox=True)
-        if heard:
+        if self.inbox is None:
+            return
+        if self.inbox.hear(self.ctx):
             self.ctx.step_done()
+        self.inbox.taken()  # only now: a crash before this step is on disk leaves the comments in the list
 
 
 def branch_name(task_key: dict[str, str], uuid: str) -> str:
@@ -235,7 +236,9 @@ class TaskRun:
     recollect: Callable[[Context, Path, str], str] | None = None
     # (context, query, contents now in the prompt) -> the recall tool's answer; None: no memory in this task
     recall: Callable[[Context, str, set[str]], str] | None = None
-    inbox: Callable[[], list[dict[str, Any]]] = list  # comments for this task that arrived since the last call
+    # the task's inbox: read it (entries, items read) without removing anything; trim the oldest N items
+    inbox: Callable[[], tuple[list[dict[str, Any]], int]] = lambda: ([], 0)
+    inbox_trim: Callable[[int], None] = lambda count: None
     meter: Meter | None = None  # prices and counts model calls, holds the task budget; None: no prices, no caps
 
     def __post_init__(self) -> None:
@@ -371,27 +374,9 @@ class TaskRun:
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
-            comments=self._comments,
+            inbox=Inbox(self.inbox, self.inbox_trim, self.report.heard),
             meter=self.meter,
         )
-
-    def _comments(self) -> list[str]:
-        """The inbox's comments that the reporter lets through, as user messages."""
-        try:
-            entries = self.inbox()
-        except Exception as exc:  # Redis away: the comments wait in the list for a later step
-            log.warning("inbox not read", error=mask(str(exc))[:300])
-            return []
-        heard = []
-        for entry in entries:
-            try:
-                passed = self.report.heard(entry)
-            except Exception as exc:
-                log.warning("comment not taken", error=mask(str(exc))[:300])
-                continue
-            if passed is not None:
-                heard.append(comment_message(passed))
-        return heard
 
     def _after_step(self, ctx: Context) -> None:
         state = ctx.read_state()

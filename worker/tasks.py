@@ -28,8 +28,9 @@ from memory import MemoryUnavailable
 from worker import compressors, lifecycle
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
-from worker.followup_tasks import read_inbox, remember_thread
+from worker.followup_tasks import remember_thread
 from worker.forges.reporter import reporter_for
+from worker.inbox import read_inbox, trim_inbox
 from worker.llm import Provider
 from worker.metering import Meter, usage_of
 from worker.names import (
@@ -106,6 +107,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt,
                                                                  meter.embeddings_into(ctx)),
                 inbox=lambda: read_inbox(redis_client(), uuid),
+                inbox_trim=lambda count: trim_inbox(redis_client(), uuid, count),
                 meter=meter,
             ).execute(config)
         finally:
