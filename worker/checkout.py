@@ -13,8 +13,16 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
 
 from contexts.errors import TasukiError
+
+if TYPE_CHECKING:
+    from worker.workcopy import GitCache
+
+log = structlog.get_logger(__name__)
 
 AUTHOR = {
     "GIT_AUTHOR_NAME": "Tasuki",
@@ -42,10 +50,20 @@ class Checkout:
     branch: str
     git_env: Mapping[str, str] | None = None  # credentials passed out of band (never in the remote URL)
     continues: bool = False  # the branch exists on the remote (a follow-up): start from it, not from the default
+    cache: GitCache | None = None  # warm copies and mirrors of this host; None: a fresh clone per task
 
-    def git(self, *args: str, cwd: Path | None = None, check: bool = True) -> str:
-        """Run ``git args`` in the checkout; return stdout."""
-        return run_git(args, cwd=cwd or self.path, extra_env=self.git_env, check=check)
+    def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False) -> str:
+        """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
+        env = {**(self.git_env or {}), "GIT_INDEX_FILE": str(self.index_file)} if index else self.git_env
+        return run_git(args, cwd=cwd or self.path, extra_env=env, check=check)
+
+    @property
+    def index_file(self) -> Path:
+        """The worker's index of the tree, kept across checkpoints (and, with a cache, across tasks): only
+        files whose stat information changed are hashed again."""
+        if self.cache is not None:
+            return self.cache.index_path(self.path)
+        return self.path / ".git" / "tasuki-checkpoint-index"
 
     @property
     def checkpoint_branch(self) -> str:
@@ -62,38 +80,74 @@ class Checkout:
         if (self.path / ".git").is_dir():
             try:
                 self.git("checkout", "-q", self.branch)
-                return True
-            except GitError:  # a crash left it half made (no task branch yet, or a partial clone)
+                return True  # this task's own tree (a resume on this host)
+            except GitError:  # a crash left it half made, or it is another task's warm copy
                 pass
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
-                extra_env=self.git_env)
+        self._fetch()
         if fresh:
-            self.git("checkout", "-q", "-b", self.branch, *self._start_point())
+            self._switch(self._start_point())
             return False
-        heads = self.git("ls-remote", "--heads", "origin", self.checkpoint_branch, self.branch).split()
-        if f"refs/heads/{self.checkpoint_branch}" not in heads:
-            if f"refs/heads/{self.branch}" not in heads:
-                self.git("checkout", "-q", "-b", self.branch, *self._start_point())
+        heads = self.git("for-each-ref", "--format=%(refname)", f"refs/remotes/origin/{self.checkpoint_branch}",
+                         f"refs/remotes/origin/{self.branch}").split()
+        if f"refs/remotes/origin/{self.checkpoint_branch}" not in heads:
+            if f"refs/remotes/origin/{self.branch}" not in heads:
+                self._switch(self._start_point())
                 return False
             # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
             # context was completed: the branch holds the work, so continue from it.
-            self.git("checkout", "-q", "-b", self.branch, f"origin/{self.branch}")
+            self._switch(f"origin/{self.branch}")
             return True
-        self.git("checkout", "-q", "-b", self.branch, *self._start_point())
+        self._switch(self._start_point())
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
-        self.git("fetch", "-q", "origin", self.checkpoint_branch)
-        self.git("read-tree", "-u", "--reset", "FETCH_HEAD")
+        checkpoint = f"origin/{self.checkpoint_branch}"
+        self.git("read-tree", "-u", "--reset", checkpoint, index=True)
         self.git("reset", "-q")
-        self._pushed_marker.write_text(self.git("rev-parse", "FETCH_HEAD^{tree}"))
+        self._pushed_marker.write_text(self.git("rev-parse", f"{checkpoint}^{{tree}}"))
         return True
 
-    def _start_point(self) -> tuple[str, ...]:
+    def _fetch(self) -> None:
+        """Have the remote's branches as ``origin/*``: a clone, or (with a cache) a warm copy switched onto a
+        freshly fetched mirror; a copy git cannot use is discarded and made again."""
+        if self.cache is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
+                    extra_env=self.git_env)
+            return
+        mirror = self.cache.refresh(self.remote, self.git_env)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.path.exists():
+            self.cache.take(self.remote, self.path)
+        try:
+            self.cache.new_git_dir(self.path, self.remote, mirror)
+        except (GitError, OSError) as exc:
+            log.warning("working copy discarded; making a new one", error=str(exc)[:300])
+            self.cache.discard(self.path)
+            self.cache.new_git_dir(self.path, self.remote, mirror)
+
+    def _switch(self, start: str) -> None:
+        """Put the task branch at ``start`` and the tree exactly at its commit (untracked and ignored files
+        removed), rewriting only the files that differ from the worker's index."""
+        try:
+            self._switch_tree(start)
+        except GitError as exc:
+            if self.cache is None:
+                raise
+            log.warning("working copy discarded; making a new one", error=str(exc)[:300])
+            self.cache.discard(self.path)
+            self._fetch()
+            self._switch_tree(start)
+
+    def _switch_tree(self, start: str) -> None:
+        self.git("checkout", "-q", "-f", "-B", self.branch, start, index=True)
+        self.git("clean", "-q", "-ffdx", index=True)
+        # The agent's own git (status, diff) gets the same stat information: nothing to re-hash for it either.
+        shutil.copyfile(self.index_file, self.path / ".git" / "index")
+
+    def _start_point(self) -> str:
         """Where a new local task branch starts: the remote branch a follow-up continues, else the clone's HEAD."""
-        return (f"origin/{self.branch}",) if self.continues else ()
+        return f"origin/{self.branch}" if self.continues else "origin/HEAD"
 
     def restore_last_checkpoint(self) -> None:
         """Put the working tree back exactly as the last pushed checkpoint (else the branch's commit) left
@@ -130,13 +184,12 @@ class Checkout:
             self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
 
     def checkpoint(self, step: int) -> bool:
-        """Snapshot the working tree (without touching HEAD or the index) and push it beside the task
+        """Snapshot the working tree (without touching HEAD or the agent's index) and push it beside the task
         branch, so another worker can resume from it; returns whether anything new was pushed."""
-        index = self.path / ".git" / "tasuki-checkpoint-index"
-        env = {**(self.git_env or {}), "GIT_INDEX_FILE": str(index)}
-        run_git(("read-tree", "HEAD"), cwd=self.path, extra_env=env)
-        run_git(("add", "-A"), cwd=self.path, extra_env=env)
-        tree = run_git(("write-tree",), cwd=self.path, extra_env=env).strip()
+        if not self.index_file.exists():
+            self.git("read-tree", "HEAD", index=True)
+        self.git("add", "-A", index=True)
+        tree = self.git("write-tree", index=True).strip()
         marker = self._pushed_marker
         previous = marker.read_text().strip() if marker.exists() else self.git("rev-parse", "HEAD^{tree}").strip()
         if tree == previous:
@@ -145,6 +198,18 @@ class Checkout:
         self.git("push", "-q", "--force", "origin", f"{commit}:refs/heads/{self.checkpoint_branch}")
         marker.write_text(tree + "\n")
         return True
+
+    @property
+    def shared_paths(self) -> tuple[Path, ...]:
+        """What the sandbox must see, read-only, for git to work in the checkout: the mirror its objects are in."""
+        return (self.cache.mirror_path(self.remote),) if self.cache is not None else ()
+
+    def release(self) -> None:
+        """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache)."""
+        if self.cache is not None:
+            self.cache.give_back(self.remote, self.path)
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def head(self) -> str:
         """The commit the task branch points at."""

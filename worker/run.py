@@ -6,7 +6,6 @@ lock, not Celery, decides who runs a task (SPEC §5).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from worker.prompts import SYSTEM_PROMPT, comment_message, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 from worker.threads import thread_history
+from worker.workcopy import GitCache
 
 log = structlog.get_logger(__name__)
 
@@ -275,6 +275,8 @@ class TaskRun:
                 str(followup.get("branch") or branch_name(self.request.task_key, self.uuid)),
                 git_env=workplace.git_env,
                 continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
+                cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
+                               Path(self.settings.contexts.workspaces_dir).absolute()),
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:
@@ -353,7 +355,7 @@ class TaskRun:
             policy,
             compressor=self.compressor,
             should_stop=self.should_stop,
-            sandbox=make_sandbox(s.sandbox),
+            sandbox=make_sandbox(s.sandbox, read_only=checkout.shared_paths),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
@@ -410,7 +412,7 @@ class TaskRun:
                       status=status, error=mask(str(exc))[:300])
             return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
         if checkout is not None:
-            shutil.rmtree(checkout.path, ignore_errors=True)
+            checkout.release()
         try:
             self.report.finish(status, read_state(path), result, error)
         except Exception as exc:

@@ -141,8 +141,11 @@ SANDBOXES: dict[str, Callable[[SandboxSettings], Sandbox]] = {"bubblewrap": Bubb
 
 
 @functools.cache
-def make_sandbox(settings: SandboxSettings) -> Sandbox:
-    """The configured sandbox, checked once per process; SandboxUnavailable when it cannot run here."""
+def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> Sandbox:
+    """The configured sandbox, checked once per process; SandboxUnavailable when it cannot run here.
+    ``read_only``: more paths the task's commands see read-only (its checkout's git mirror)."""
+    if read_only:
+        settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
     sandbox = SANDBOXES[settings.backend](settings)
     problem = probe(sandbox)
     if problem is not None:
