@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -65,11 +66,17 @@ class Context:
         self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
         state = read_state(path)
         self.status = str(state.get("status"))
+        self._late_roles: Counter[str] | None = None  # roles of the records after the last state write
         self.unsummarized_tokens, self.unsummarized_count = self._count_unsummarized(state.get(UNSUMMARIZED_FIELD))
         self._calibration = float(state.get("token_calibration", 1.0))
         self._heartbeat: Heartbeat | None = None
         self.closed = False
         self.previous_holder: LockInfo | None = None  # set by ``open`` after a takeover
+        self._staged_fields: dict[str, Any] = {}  # state changes waiting for the step's one write
+        self._staged_add: dict[str, int] = {}
+        missed = self._counts_after(state.get(UNSUMMARIZED_FIELD))
+        if missed:  # a holder died between a step's records and its state write: count them now
+            self.update_state(add=missed)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -118,9 +125,11 @@ class Context:
             except (KeyError, TypeError, ValueError):
                 through = -1
             if self.boundary_seq <= through <= self.last_seq:
+                self._late_roles = Counter()
                 for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1):
                     tokens += int(record.get("token_count", 0))
                     count += 1
+                    self._late_roles[str(record.get("role"))] += 1
                 return tokens, count
         tokens = count = 0
         for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
@@ -129,6 +138,19 @@ class Context:
             tokens += int(record.get("token_count", 0))
             count += 1
         return tokens, count
+
+    def _counts_after(self, kept: object) -> dict[str, int]:
+        """The counters of the records after the last state write (``through_seq``): each ``assistant`` message
+        is one LLM call, each ``tool`` message one tool call. Counters are staged right after their record is
+        appended and written with the step's state, so these are exactly the ones a crash kept off the disk."""
+        roles = self._late_roles
+        if roles is None:  # not read while counting the unsummarized messages: read them now
+            through = kept.get("through_seq") if isinstance(kept, dict) else None
+            if not isinstance(through, int) or not 0 <= through < self.last_seq:
+                return {}
+            roles = Counter(str(r.get("role")) for r in jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1))
+        counts = {"llm_call_count": roles["assistant"], "tool_call_count": roles["tool"]}
+        return {key: value for key, value in counts.items() if value}
 
     def _unsummarized_marker(self) -> dict[str, int]:
         return {"after_seq": self.boundary_seq, "through_seq": self.last_seq, "tokens": self.unsummarized_tokens,
@@ -190,10 +212,13 @@ class Context:
             return self._tools.append(record)  # type: ignore[arg-type]
 
     def step_done(self) -> None:
-        """End of an agent step: fsync the JSONL files under the ``step`` policy."""
+        """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
+        state changes (one ``state.json`` write per step)."""
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.sync()
+        if self._staged_fields or self._staged_add:
+            self.update_state()
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
@@ -223,14 +248,30 @@ class Context:
 
     # -- state ---------------------------------------------------------------------------------
 
+    def stage_state(self, add: dict[str, int] | None = None, **fields: Any) -> None:
+        """Like :meth:`update_state`, but written with the step's one state write (:meth:`step_done`) or the
+        next :meth:`update_state`; a change of ``status`` is written at once (the index mirrors it)."""
+        if "status" in fields and fields["status"] != self.status:
+            self.update_state(add=add, **fields)
+            return
+        with self._write_guard:
+            self._staged_fields.update(fields)
+            for key, delta in (add or {}).items():
+                self._staged_add[key] = self._staged_add.get(key, 0) + delta
+
     def update_state(self, add: dict[str, int] | None = None, **fields: Any) -> dict[str, Any]:
-        """Set ``fields`` (and increment the counters in ``add``) in ``state.json``; returns the new state."""
+        """Set ``fields`` (and increment the counters in ``add``) in ``state.json``, with whatever was staged;
+        returns the new state."""
         with self._write_guard:
             self._check()
+            fields = {**self._staged_fields, **fields}
+            add = dict(Counter(self._staged_add) + Counter(add or {}))
             if self._pinned_complete:  # the counters ride along with every state write: no write of their own
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
             state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add)
+            self._staged_fields.clear()
+            self._staged_add.clear()
         status = str(state.get("status"))
         if status != self.status:
             self.status = status
@@ -248,7 +289,7 @@ class Context:
     def calibrate_tokens(self, estimated_prompt_tokens: int, reported_prompt_tokens: int) -> float:
         """Correct future estimates with the provider's reported prompt tokens; returns the new factor."""
         self._calibration = calibrate(self._calibration, estimated_prompt_tokens, reported_prompt_tokens)
-        self.update_state(token_calibration=self._calibration)
+        self.stage_state(token_calibration=self._calibration)
         return self._calibration
 
     @property
