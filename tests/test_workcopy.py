@@ -31,8 +31,8 @@ def tree_files(path: Path) -> set[str]:
 def test_a_second_task_starts_on_the_first_tasks_tree_switched_exactly_onto_the_remote(tmp_path: Path) -> None:
     remote = make_buggy_repo(tmp_path / "repo")
     first = start_task(tmp_path, remote, "aaaaaaaa-0001")
-    kept = sorted(tracked_files(first))[0]
-    inode = (first.path / kept).stat().st_ino
+    kept = "test_calc.py"  # untouched by the first task
+    before = (first.path / kept).stat()
     (first.path / "calc.py").write_text("changed by the first task\n")
     (first.path / "untracked.txt").write_text("left behind\n")
     (first.path / "build" / "out").mkdir(parents=True)
@@ -42,7 +42,8 @@ def test_a_second_task_starts_on_the_first_tasks_tree_switched_exactly_onto_the_
 
     second = start_task(tmp_path, remote, "bbbbbbbb-0002")
 
-    assert (second.path / kept).stat().st_ino == inode  # the same tree, not a new clone
+    after = (second.path / kept).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # the same tree, not a clone
     assert tree_files(second.path) == tracked_files(second)  # nothing untracked or ignored is left
     assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
     assert second.git("status", "--porcelain") == ""
@@ -125,6 +126,7 @@ def test_a_task_resumed_on_a_warm_copy_gets_its_last_pushed_checkpoint(tmp_path:
     (first.path / "calc.py").write_text("step one\n")
     (first.path / "notes.txt").write_text("note\n")
     first.checkpoint(1)
+    first.settle()  # pushed
 
     resumed = start_task(tmp_path, remote, "aaaaaaaa-0001", fresh=False)
 

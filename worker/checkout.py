@@ -11,13 +11,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from contexts.errors import TasukiError
+from worker.pushes import BackgroundPush
 
 if TYPE_CHECKING:
     from worker.workcopy import GitCache
@@ -37,6 +38,10 @@ AUTHOR = {
 SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
 
 
+CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
+RESTORED_STEP_FILE = "tasuki-restored-step"
+
+
 class GitError(TasukiError):
     """A git command failed; the message holds the command and git's last line of output."""
 
@@ -51,6 +56,7 @@ class Checkout:
     git_env: Mapping[str, str] | None = None  # credentials passed out of band (never in the remote URL)
     continues: bool = False  # the branch exists on the remote (a follow-up): start from it, not from the default
     cache: GitCache | None = None  # warm copies and mirrors of this host; None: a fresh clone per task
+    pushes: BackgroundPush = field(default_factory=BackgroundPush, compare=False, repr=False)
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False) -> str:
         """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
@@ -80,9 +86,13 @@ class Checkout:
         if (self.path / ".git").is_dir():
             try:
                 self.git("checkout", "-q", self.branch)
-                return True  # this task's own tree (a resume on this host)
             except GitError:  # a crash left it half made, or it is another task's warm copy
                 pass
+            else:  # this task's own tree (a resume on this host): its last checkpoint goes out first
+                if self._pending_marker.exists():
+                    commit = self._pending_marker.read_text().strip()
+                    self._push_checkpoint(commit, self.git("rev-parse", f"{commit}^{{tree}}").strip())
+                return True
         self._fetch()
         if fresh:
             self._switch(self._start_point())
@@ -92,10 +102,11 @@ class Checkout:
         if f"refs/remotes/origin/{self.checkpoint_branch}" not in heads:
             if f"refs/remotes/origin/{self.branch}" not in heads:
                 self._switch(self._start_point())
+                self._restored_from(0)  # a resume that finds nothing pushed: every step's changes are gone
                 return False
             # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
             # context was completed: the branch holds the work, so continue from it.
-            self._switch(f"origin/{self.branch}")
+            self._switch(f"origin/{self.branch}")  # all of the work: the end waited for every push
             return True
         self._switch(self._start_point())
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
@@ -104,7 +115,12 @@ class Checkout:
         self.git("read-tree", "-u", "--reset", checkpoint, index=True)
         self.git("reset", "-q")
         self._pushed_marker.write_text(self.git("rev-parse", f"{checkpoint}^{{tree}}"))
+        step = self.git("log", "-1", "--format=%s", checkpoint).strip().removeprefix(CHECKPOINT_SUBJECT)
+        self._restored_from(int(step) if step.isdigit() else 0)
         return True
+
+    def _restored_from(self, step: int) -> None:
+        (self.path / ".git" / RESTORED_STEP_FILE).write_text(f"{step}\n")
 
     def _fetch(self) -> None:
         """Have the remote's branches as ``origin/*``: a clone, or (with a cache) a warm copy switched onto a
@@ -150,18 +166,37 @@ class Checkout:
         return f"origin/{self.branch}" if self.continues else "origin/HEAD"
 
     def restore_last_checkpoint(self) -> None:
-        """Put the working tree back exactly as the last pushed checkpoint (else the branch's commit) left
-        it, untracked files included: after a crash mid-step the tree may hold half of a call's effects."""
-        marker = self._pushed_marker
-        tree = marker.read_text().strip() if marker.exists() else "HEAD"
+        """Put the working tree back exactly as the last checkpoint (made here, else pushed; else the branch's
+        commit) left it, untracked files included: after a crash mid-step the tree may hold half of a call's
+        effects."""
+        pending, marker = self._pending_marker, self._pushed_marker
+        if pending.exists():
+            tree = f"{pending.read_text().strip()}^{{tree}}"
+        else:
+            tree = marker.read_text().strip() if marker.exists() else "HEAD"
         self.git("read-tree", "-u", "--reset", tree)
         self.git("clean", "-q", "-fd")
         self.git("reset", "-q")
+
+    def restored_step(self) -> int | None:
+        """The step whose checkpoint this attempt's tree was rebuilt from (0: none was on the remote); None when
+        the tree is this task's own, left on this host, so no step's changes can be missing from it."""
+        marker = self.path / ".git" / RESTORED_STEP_FILE
+        return int(marker.read_text()) if marker.exists() else None
+
+    def restore_told(self) -> None:
+        """The model has been told what :meth:`restored_step` means for it: no later attempt tells it again."""
+        (self.path / ".git" / RESTORED_STEP_FILE).unlink(missing_ok=True)
 
     @property
     def _pushed_marker(self) -> Path:
         """Holds the tree of the last checkpoint on the remote; absent while none was pushed."""
         return self.path / ".git" / "tasuki-checkpoint-tree"
+
+    @property
+    def _pending_marker(self) -> Path:
+        """Holds the checkpoint commit being pushed; absent once it is on the remote."""
+        return self.path / ".git" / "tasuki-checkpoint-pending"
 
     def has_changes(self) -> bool:
         """True when the working tree differs from the last commit."""
@@ -177,6 +212,7 @@ class Checkout:
 
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes."""
+        self.pushes.wait()  # a checkpoint pushed after the deletion below would come back
         # A follow-up's branch is a pull request's: never force over commits someone else pushed meanwhile.
         force = () if self.continues else ("--force",)
         self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
@@ -185,19 +221,32 @@ class Checkout:
 
     def checkpoint(self, step: int) -> bool:
         """Snapshot the working tree (without touching HEAD or the agent's index) and push it beside the task
-        branch, so another worker can resume from it; returns whether anything new was pushed."""
+        branch in the background, so another worker can resume from it; returns whether there was a new one."""
         if not self.index_file.exists():
             self.git("read-tree", "HEAD", index=True)
         self.git("add", "-A", index=True)
         tree = self.git("write-tree", index=True).strip()
+        self.pushes.wait()
         marker = self._pushed_marker
         previous = marker.read_text().strip() if marker.exists() else self.git("rev-parse", "HEAD^{tree}").strip()
         if tree == previous:
             return False
-        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", f"tasuki: checkpoint after step {step}").strip()
-        self.git("push", "-q", "--force", "origin", f"{commit}:refs/heads/{self.checkpoint_branch}")
-        marker.write_text(tree + "\n")
+        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", f"{CHECKPOINT_SUBJECT}{step}").strip()
+        self._pending_marker.write_text(commit + "\n")  # a resume on this host pushes it, if this process cannot
+        self.pushes.start(lambda: self._push_checkpoint(commit, tree))
         return True
+
+    def _push_checkpoint(self, commit: str, tree: str) -> None:
+        self.git("push", "-q", "--force", "origin", f"{commit}:refs/heads/{self.checkpoint_branch}")
+        self._pushed_marker.write_text(tree + "\n")
+        self._pending_marker.unlink(missing_ok=True)
+
+    def settle(self) -> None:
+        """Wait for the checkpoint push in flight (the task stops here); a failure is only logged."""
+        try:
+            self.pushes.wait()
+        except GitError as exc:
+            log.warning("last checkpoint not pushed", error=str(exc)[:300])
 
     @property
     def shared_paths(self) -> tuple[Path, ...]:
@@ -206,6 +255,7 @@ class Checkout:
 
     def release(self) -> None:
         """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache)."""
+        self.settle()
         if self.cache is not None:
             self.cache.give_back(self.remote, self.path)
         else:

@@ -327,6 +327,8 @@ class TaskRun:
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
         if isinstance(exc, Cancelled):
             if self.should_stop is not None and self.should_stop() and not ctx.read_state().get("cancel_requested"):
+                if checkout is not None:
+                    checkout.settle()  # the next holder may be on another host: the last checkpoint goes out
                 ctx.update_state(add={"handbacks": 1})  # not a lost attempt: it does not count towards the cap
                 ctx.release()  # warm shutdown: hand the baton back; another worker resumes at once
                 log.info("task handed back on shutdown")
