@@ -46,6 +46,14 @@ class GitError(TasukiError):
     """A git command failed; the message holds the command and git's last line of output."""
 
 
+@dataclass
+class TreeState:
+    """What the worker knows of the tree without asking git: ``exact`` is the commit it is exactly at (just
+    switched, nothing run since), else None."""
+
+    exact: str | None = None
+
+
 @dataclass(frozen=True)
 class Checkout:
     """A working copy in ``{workspaces_dir}/{uuid}`` on branch ``branch`` of ``remote``."""
@@ -57,6 +65,7 @@ class Checkout:
     continues: bool = False  # the branch exists on the remote (a follow-up): start from it, not from the default
     cache: GitCache | None = None  # warm copies and mirrors of this host; None: a fresh clone per task
     pushes: BackgroundPush = field(default_factory=BackgroundPush, compare=False, repr=False)
+    tree: TreeState = field(default_factory=TreeState, compare=False, repr=False)
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False) -> str:
         """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
@@ -93,14 +102,13 @@ class Checkout:
                     commit = self._pending_marker.read_text().strip()
                     self._push_checkpoint(commit, self.git("rev-parse", f"{commit}^{{tree}}").strip())
                 return True
-        self._fetch()
+        heads = self._fetch()
         if fresh:
             self._switch(self._start_point())
+            self.tree.exact = heads.get(self._start_point().removeprefix("origin/"))
             return False
-        heads = self.git("for-each-ref", "--format=%(refname)", f"refs/remotes/origin/{self.checkpoint_branch}",
-                         f"refs/remotes/origin/{self.branch}").split()
-        if f"refs/remotes/origin/{self.checkpoint_branch}" not in heads:
-            if f"refs/remotes/origin/{self.branch}" not in heads:
+        if self.checkpoint_branch not in heads:
+            if self.branch not in heads:
                 self._switch(self._start_point())
                 self._restored_from(0)  # a resume that finds nothing pushed: every step's changes are gone
                 return False
@@ -122,25 +130,28 @@ class Checkout:
     def _restored_from(self, step: int) -> None:
         (self.path / ".git" / RESTORED_STEP_FILE).write_text(f"{step}\n")
 
-    def _fetch(self) -> None:
-        """Have the remote's branches as ``origin/*``: a clone, or (with a cache) a warm copy switched onto a
-        freshly fetched mirror; a copy git cannot use is discarded and made again."""
+    def _fetch(self) -> dict[str, str]:
+        """Have the remote's branches as ``origin/*`` (returned: name -> commit): a clone, or (with a cache) a
+        warm copy on a freshly fetched mirror; a copy git cannot use is discarded and made again."""
         if self.cache is None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
                     extra_env=self.git_env)
-            return
+            listed = self.git("for-each-ref", "--format=%(objectname) %(refname:lstrip=3)", "refs/remotes/origin")
+            return {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines())}
         mirror = self.cache.refresh(self.remote, self.git_env)
+        heads = self.cache.heads(mirror)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.path.exists():
             self.cache.take(self.remote, self.path)
         try:
-            self.cache.new_git_dir(self.path, self.remote, mirror)
-        except (GitError, OSError) as exc:
+            self.cache.new_git_dir(self.path, self.remote, mirror, heads)
+        except OSError as exc:
             log.warning("working copy discarded; making a new one", error=str(exc)[:300])
             self.cache.discard(self.path)
-            self.cache.new_git_dir(self.path, self.remote, mirror)
+            self.cache.new_git_dir(self.path, self.remote, mirror, heads)
+        return heads
 
     def _switch(self, start: str) -> None:
         """Put the task branch at ``start`` and the tree exactly at its commit (untracked and ignored files
@@ -204,7 +215,7 @@ class Checkout:
 
     def commit(self, message: str) -> bool:
         """Commit everything (if anything changed); return whether a commit was made."""
-        if not self.has_changes():
+        if self.tree.exact is not None or not self.has_changes():
             return False
         self.git("add", "-A")
         self.git("commit", "-q", "--no-verify", "-m", message)
@@ -222,6 +233,7 @@ class Checkout:
     def checkpoint(self, step: int) -> bool:
         """Snapshot the working tree (without touching HEAD or the agent's index) and push it beside the task
         branch in the background, so another worker can resume from it; returns whether there was a new one."""
+        self.tree.exact = None  # a step ran what may change files
         if not self.index_file.exists():
             self.git("read-tree", "HEAD", index=True)
         self.git("add", "-A", index=True)
@@ -263,7 +275,7 @@ class Checkout:
 
     def head(self) -> str:
         """The commit the task branch points at."""
-        return self.git("rev-parse", "HEAD").strip()
+        return self.tree.exact or self.git("rev-parse", "HEAD").strip()
 
 
 def run_git(

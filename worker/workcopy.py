@@ -116,21 +116,32 @@ class GitCache:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.index_path(copy))
 
-    def new_git_dir(self, copy: Path, remote: str, mirror: Path) -> None:
+    def heads(self, mirror: Path) -> dict[str, str]:
+        """The mirror's branches: name -> commit."""
+        listed = run_git(("for-each-ref", "--format=%(objectname) %(refname:lstrip=2)", "refs/heads"), cwd=mirror)
+        return {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines() if " " in line)}
+
+    def new_git_dir(self, copy: Path, remote: str, mirror: Path, heads: dict[str, str]) -> None:
         """Give ``copy`` a ``.git`` of its own made now (the old one was the agent's): objects through the
-        mirror, ``origin`` the real remote, its branches fetched from the mirror as ``origin/*``."""
+        mirror, ``origin`` the real remote, its ``heads`` as ``origin/*``. Written as files (git's repository
+        format), not by git: three git processes fewer on every task."""
         git_dir = copy / ".git"
         if git_dir.is_dir() and not git_dir.is_symlink():
             shutil.rmtree(git_dir)
         elif git_dir.exists() or git_dir.is_symlink():
             git_dir.unlink()
         copy.mkdir(mode=0o700, parents=True, exist_ok=True)
-        run_git(("init", "-q", "--template=", str(copy)), cwd=copy.parent)
-        (git_dir / "objects" / "info").mkdir(parents=True, exist_ok=True)
+        for directory in ("objects/info", "objects/pack", "refs/heads", "refs/tags", "refs/remotes/origin"):
+            (git_dir / directory).mkdir(parents=True)
+        url = remote.replace("\\", "\\\\").replace('"', '\\"')
+        (git_dir / "config").write_text(
+            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n"
+            f'[remote "origin"]\n\turl = "{url}"\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n'
+        )
         (git_dir / "objects" / "info" / "alternates").write_text(f"{mirror / 'objects'}\n")
-        run_git(("remote", "add", "origin", remote), cwd=copy)
-        run_git(("fetch", "-q", "--no-tags", str(mirror), "+refs/heads/*:refs/remotes/origin/*"), cwd=copy)
+        packed = "".join(f"{sha} refs/remotes/origin/{name}\n" for name, sha in sorted(heads.items()))
+        (git_dir / "packed-refs").write_text(f"# pack-refs with: peeled fully-peeled sorted \n{packed}")
         default = (mirror / "HEAD").read_text().strip().removeprefix("ref: refs/heads/")
-        (git_dir / "refs" / "remotes" / "origin").mkdir(parents=True, exist_ok=True)
         (git_dir / "refs" / "remotes" / "origin" / "HEAD").write_text(f"ref: refs/remotes/origin/{default}\n")
+        (git_dir / "HEAD").write_text(f"ref: refs/heads/{default}\n")
         self.index_path(copy).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
