@@ -117,9 +117,11 @@ class GitCache:
             os.unlink(self.index_path(copy))
 
     def heads(self, mirror: Path) -> dict[str, str]:
-        """The mirror's branches: name -> commit."""
+        """The mirror's branches: name -> commit; ``HEAD`` too (the remote's default branch)."""
         listed = run_git(("for-each-ref", "--format=%(objectname) %(refname:lstrip=2)", "refs/heads"), cwd=mirror)
-        return {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines() if " " in line)}
+        heads = {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines() if " " in line)}
+        default = heads.get(default_branch(mirror))
+        return {**heads, "HEAD": default} if default else heads
 
     def new_git_dir(self, copy: Path, remote: str, mirror: Path, heads: dict[str, str]) -> None:
         """Give ``copy`` a ``.git`` of its own made now (the old one was the agent's): objects through the
@@ -139,9 +141,14 @@ class GitCache:
             f'[remote "origin"]\n\turl = "{url}"\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n'
         )
         (git_dir / "objects" / "info" / "alternates").write_text(f"{mirror / 'objects'}\n")
-        packed = "".join(f"{sha} refs/remotes/origin/{name}\n" for name, sha in sorted(heads.items()))
+        packed = "".join(f"{sha} refs/remotes/origin/{name}\n" for name, sha in sorted(heads.items()) if name != "HEAD")
         (git_dir / "packed-refs").write_text(f"# pack-refs with: peeled fully-peeled sorted \n{packed}")
-        default = (mirror / "HEAD").read_text().strip().removeprefix("ref: refs/heads/")
+        default = default_branch(mirror)
         (git_dir / "refs" / "remotes" / "origin" / "HEAD").write_text(f"ref: refs/remotes/origin/{default}\n")
         (git_dir / "HEAD").write_text(f"ref: refs/heads/{default}\n")
         self.index_path(copy).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def default_branch(mirror: Path) -> str:
+    """The branch the mirror's ``HEAD`` names (the remote's default when it was cloned)."""
+    return (mirror / "HEAD").read_text().strip().removeprefix("ref: refs/heads/")
