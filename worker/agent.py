@@ -111,6 +111,7 @@ class Agent:
         self.should_stop = should_stop or (lambda: False)
         self._skip_compression_until = 0
         self._restore_told = False
+        self.touched = False  # whether this attempt ran anything that can change the checkout
 
     def run(self) -> str:
         """Step until the model finishes; return its summary."""
@@ -140,6 +141,7 @@ class Agent:
             calls = reply.tool_calls
             if not calls:
                 self.ctx.append_message("user", NUDGE)
+        self.touched = self.touched or any(c.name in MUTATING_TOOLS for c in calls)
         summary = self.execute(calls)
         self.ctx.step_done()
         # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.

@@ -48,8 +48,8 @@ class GitError(TasukiError):
 
 @dataclass
 class TreeState:
-    """What the worker knows of the tree without asking git: ``exact`` is the commit it is exactly at (just
-    switched, nothing run since), else None."""
+    """What the worker knows without asking git: ``exact`` is the commit HEAD is at since the switch (None once
+    unknown)."""
 
     exact: str | None = None
 
@@ -215,10 +215,11 @@ class Checkout:
 
     def commit(self, message: str) -> bool:
         """Commit everything (if anything changed); return whether a commit was made."""
-        if self.tree.exact is not None or not self.has_changes():
+        if not self.has_changes():
             return False
         self.git("add", "-A")
         self.git("commit", "-q", "--no-verify", "-m", message)
+        self.tree.exact = None
         return True
 
     def push(self) -> None:
@@ -233,7 +234,6 @@ class Checkout:
     def checkpoint(self, step: int) -> bool:
         """Snapshot the working tree (without touching HEAD or the agent's index) and push it beside the task
         branch in the background, so another worker can resume from it; returns whether there was a new one."""
-        self.tree.exact = None  # a step ran what may change files
         if not self.index_file.exists():
             self.git("read-tree", "HEAD", index=True)
         self.git("add", "-A", index=True)

@@ -299,7 +299,7 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
-        checkout.prepare(fresh=not ctx.pinned)
+        resumed = checkout.prepare(fresh=not ctx.pinned)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
@@ -309,8 +309,10 @@ class TaskRun:
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done()
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-        summary = mask(self._agent(ctx, checkout, ctx.metadata["config"]).run())
-        checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
+        agent = self._agent(ctx, checkout, ctx.metadata["config"])
+        summary = mask(agent.run())
+        if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
+            checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
         checkout.push()
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         result.update(self.report.deliver(checkout.branch, summary))
