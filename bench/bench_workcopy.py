@@ -63,6 +63,7 @@ def checkout_times(scratch: Path, remote: Path, rounds: int) -> tuple[float, flo
         times[3].append(prepared(plain))
         for path in (cache.root, cache.workspaces, plain.path.parent):
             shutil.rmtree(path)
+    print("workcopy    per round (s):", [[round(x, 3) for x in t] for t in times], flush=True)
     first, second, third, clone = (statistics.median(t) for t in times)
     return first, second, third, clone
 
