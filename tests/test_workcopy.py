@@ -108,7 +108,7 @@ def test_a_corrupt_working_copy_is_discarded_and_made_again(tmp_path: Path) -> N
     cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
     first = start_task(tmp_path, remote, "aaaaaaaa-0001")
     first.release()
-    idle = next((tmp_path / "workspaces" / IDLE_DIR).rglob("*/*"))
+    idle = next((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))
     cache.index_path(idle).write_bytes(b"DIRC garbage")
 
     with capture_logs() as logs:
@@ -133,3 +133,40 @@ def test_a_task_resumed_on_a_warm_copy_gets_its_last_pushed_checkpoint(tmp_path:
     assert (resumed.path / "calc.py").read_text() == "step one\n"
     assert (resumed.path / "notes.txt").read_text() == "note\n"
     assert set(resumed.git("status", "--porcelain").split()) == {"M", "calc.py", "??", "notes.txt"}
+
+
+def run_tasks(root: Path, remote: Path, worker: int, tasks: int) -> None:
+    """One worker process on this host: tasks one after another, each writing its own file and pushing."""
+    for n in range(tasks):
+        uuid = f"{worker:04d}{n:04d}-0000"
+        checkout = start_task(root, remote, uuid)
+        leftovers = tree_files(checkout.path) - tracked_files(checkout)
+        (checkout.path / f"from-{uuid}.txt").write_text(uuid)
+        checkout.commit(uuid)
+        checkout.push()
+        checkout.release()
+        if leftovers:
+            raise AssertionError(f"{uuid} started with another task's files: {leftovers}")
+
+
+def test_processes_of_one_host_share_the_mirror_and_never_the_same_copy(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    workers = []
+    for worker in range(3):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                run_tasks(tmp_path, remote, worker, 4)
+                code = 0
+            finally:
+                os._exit(code)
+        workers.append(pid)
+
+    assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in workers] == [0, 0, 0]
+    for worker in range(3):
+        for n in range(4):
+            uuid = f"{worker:04d}{n:04d}-0000"
+            assert git(remote, "ls-tree", "--name-only", f"tasuki/1-{uuid[:8]}").split() == [
+                "calc.py", f"from-{uuid}.txt", "test_calc.py"]
+    assert 1 <= len(list((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))) <= 3
