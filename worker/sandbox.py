@@ -91,13 +91,14 @@ class Bubblewrap:
         if self.network == "none":
             options.append("--unshare-net")
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
+        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen.
+        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
             options += _ro_bind(f"/etc/{name}")
         for directory in self.read_only:
             options += _ro_bind(directory)
-        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
         options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
         return [*options, *argv], checkout
 
