@@ -4,8 +4,10 @@ start, without trusting anything the earlier agent could have touched; broken mi
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from tests.helpers.stack import git, make_buggy_repo
@@ -103,13 +105,18 @@ def test_a_corrupt_mirror_is_discarded_and_cloned_again(tmp_path: Path) -> None:
     assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
 
 
-def test_a_corrupt_working_copy_is_discarded_and_made_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["garbage index", "a file instead of a tree"])
+def test_a_corrupt_working_copy_is_discarded_and_made_again(tmp_path: Path, damage: str) -> None:
     remote = make_buggy_repo(tmp_path / "repo")
     cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
     first = start_task(tmp_path, remote, "aaaaaaaa-0001")
     first.release()
     idle = next((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))
-    cache.index_path(idle).write_bytes(b"DIRC garbage")
+    if damage == "garbage index":
+        cache.index_path(idle).write_bytes(b"DIRC garbage")
+    else:
+        shutil.rmtree(idle)
+        idle.write_text("not a directory\n")
 
     with capture_logs() as logs:
         second = start_task(tmp_path, remote, "bbbbbbbb-0002")

@@ -111,7 +111,9 @@ class GitCache:
             os.rename(self.index_path(copy), self.index_path(target))
 
     def discard(self, copy: Path) -> None:
-        """Delete a working copy and the worker's index of it."""
+        """Delete a working copy (whatever is at its path) and the worker's index of it."""
+        if copy.is_symlink() or copy.is_file():
+            copy.unlink()
         shutil.rmtree(copy, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.index_path(copy))
