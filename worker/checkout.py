@@ -98,9 +98,10 @@ class Checkout:
             except GitError:  # a crash left it half made, or it is another task's warm copy
                 pass
             else:  # this task's own tree (a resume on this host): its last checkpoint goes out first
-                if self._pending_marker.exists():
+                if self._pending_marker.exists():  # in the background, like any checkpoint's push
                     commit = self._pending_marker.read_text().strip()
-                    self._push_checkpoint(commit, self.git("rev-parse", f"{commit}^{{tree}}").strip())
+                    tree = self.git("rev-parse", f"{commit}^{{tree}}").strip()
+                    self.pushes.start(lambda: self._push_checkpoint(commit, tree))
                 return True
         heads = self._fetch()
         if fresh:
@@ -180,6 +181,7 @@ class Checkout:
         """Put the working tree back exactly as the last checkpoint (made here, else pushed; else the branch's
         commit) left it, untracked files included: after a crash mid-step the tree may hold half of a call's
         effects."""
+        self.settle()  # a push in flight moves its commit from pending to pushed
         pending, marker = self._pending_marker, self._pushed_marker
         if pending.exists():
             tree = f"{pending.read_text().strip()}^{{tree}}"
