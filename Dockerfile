@@ -34,13 +34,14 @@ COPY config.yaml ./
 # Contexts, checkouts, the beat schedule and Flower's state live under /data, where docker-compose.yml
 # mounts named volumes (no VOLUME here: it would leave anonymous volumes behind). A fresh named volume
 # copies these directories, with their owner and mode, from the image.
-RUN mkdir -p /data/contexts /data/workspaces /data/beat /data/flower \
+RUN mkdir -p /data/contexts /data/workspaces /data/git-cache /data/beat /data/flower \
     && chown -R tasuki:tasuki /data \
     && chmod -R 0700 /data
 
 ENV TASUKI_CONFIG=/app/config.yaml \
     TASUKI__CONTEXTS__BASE_DIR=/data/contexts \
-    TASUKI__CONTEXTS__WORKSPACES_DIR=/data/workspaces
+    TASUKI__CONTEXTS__WORKSPACES_DIR=/data/workspaces \
+    TASUKI__CONTEXTS__GIT_CACHE_DIR=/data/git-cache
 
 USER tasuki
 ENTRYPOINT ["tasuki"]

@@ -1,13 +1,15 @@
 """Throughput baselines: a bare Celery app with Tasuki's delivery settings and two tasks.
 
-``bench.noop`` does nothing; ``bench.git_roundtrip`` does the work no task can skip — clone, one chat
-request to the model, push a branch — without any of Tasuki's bookkeeping.
+``bench.noop`` does nothing; ``bench.git_roundtrip`` does the work no task can skip — clone (or, after the
+first task of a process, refresh the clone it keeps), one chat request to the model on a kept HTTP client, push
+a branch — without any of Tasuki's bookkeeping.
 ``celery -A bench.noop_app -b URL --result-backend URL worker -Q noop``; late acks and one prefetched
 message per process, like Tasuki's worker, so the baselines pay for the same broker round trips.
 """
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import subprocess
 import tempfile
@@ -41,20 +43,28 @@ def noop(uuid: str, request: dict[str, object]) -> dict[str, str]:
     return {"uuid": uuid, "status": "completed"}
 
 
+HTTP = httpx.Client(timeout=60)  # one per worker process, kept across tasks as Tasuki's provider keeps its own
+CLONES: dict[str, Path] = {}  # repository -> this process's working copy, kept across tasks like Tasuki's
+
+
 @app.task(name=GIT_ROUNDTRIP)  # type: ignore[untyped-decorator]  # celery ships no types
 def git_roundtrip(uuid: str, request: dict[str, str], model_url: str) -> dict[str, str]:
-    """Clone ``request["repo_path"]``, ask the model once, push a branch, remove the clone."""
-    work = Path(tempfile.mkdtemp(prefix="bench-"))
+    """Clone ``request["repo_path"]`` (or refresh this process's clone of it), ask the model once, push a branch."""
     branch = f"bench/{uuid[:8]}"
-    try:
-        git("clone", "-q", "--no-hardlinks", request["repo_path"], str(work / "repo"), cwd=work)
-        git("checkout", "-q", "-b", branch, cwd=work / "repo")
-        messages = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": uuid}]
-        reply = httpx.post(f"{model_url}/v1/chat/completions", json={"model": "b", "messages": messages}, timeout=60)
-        reply.raise_for_status()
-        git("push", "-q", "origin", f"HEAD:refs/heads/{branch}", cwd=work / "repo")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    repo = CLONES.get(request["repo_path"])
+    if repo is None:
+        work = Path(tempfile.mkdtemp(prefix="bench-"))
+        atexit.register(shutil.rmtree, work, True)
+        repo = CLONES[request["repo_path"]] = work / "repo"
+        git("clone", "-q", "--no-hardlinks", request["repo_path"], str(repo), cwd=work)
+    else:
+        git("fetch", "-q", "origin", cwd=repo)
+    git("checkout", "-q", "-f", "-B", branch, "origin/HEAD", cwd=repo)
+    git("clean", "-q", "-ffdx", cwd=repo)
+    messages = [{"role": "system", "content": "You are a benchmark."}, {"role": "user", "content": uuid}]
+    reply = HTTP.post(f"{model_url}/v1/chat/completions", json={"model": "b", "messages": messages})
+    reply.raise_for_status()
+    git("push", "-q", "origin", f"HEAD:refs/heads/{branch}", cwd=repo)
     return {"uuid": uuid, "status": "completed"}
 
 

@@ -28,6 +28,7 @@ from bench import (
     bench_spend,
     bench_throughput,
     bench_webhook,
+    bench_workcopy,
     bench_worker_memory,
 )
 from bench.common import Result, print_table
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "prompt": bench_prompt.run,
     "memory": bench_memory.run,
     "throughput": bench_throughput.run,  # issue 3: real worker, Redis, replay model, git
+    "workcopy": bench_workcopy.run,  # issue 13 §3: warm working copies and checkpoints on a 5,000-file repository
     "worker-memory": bench_worker_memory.run,
     "monitor": bench_monitor.run,  # issue 4
     "failover": bench_failover.run,

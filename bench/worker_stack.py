@@ -121,6 +121,7 @@ def tasuki_env(root: Path, redis_url: str, model_url: str, **overrides: str) -> 
         "TASUKI__BROKER__URL": redis_url,
         "TASUKI__CONTEXTS__BASE_DIR": str(root / "contexts"),
         "TASUKI__CONTEXTS__WORKSPACES_DIR": str(root / "workspaces"),
+        "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(root / "git-cache"),
         "TASUKI__LLM__PROVIDER": "openai",
         "TASUKI__LLM__OPENAI__BASE_URL": f"{model_url}/v1",
         "TASUKI__LLM__OPENAI__MODEL": "scripted",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from contexts.names import (
 from contexts.prompt import build_prompt
 from contexts.state import read_state, update_state
 from contexts.tokens import calibrate, estimate_message_tokens
-from contexts.usage import Usage
+from contexts.usage import Usage, usage_from_record
 
 if TYPE_CHECKING:
     from contexts.store import ContextStore
@@ -66,11 +67,18 @@ class Context:
         self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
         state = read_state(path)
         self.status = str(state.get("status"))
+        self._late: list[dict[str, Any]] | None = None  # the records after the last state write
         self.unsummarized_tokens, self.unsummarized_count = self._count_unsummarized(state.get(UNSUMMARIZED_FIELD))
         self._calibration = float(state.get("token_calibration", 1.0))
         self._heartbeat: Heartbeat | None = None
         self.closed = False
         self.previous_holder: LockInfo | None = None  # set by ``open`` after a takeover
+        self._staged_fields: dict[str, Any] = {}  # state changes waiting for the step's one write
+        self._staged_add: dict[str, int] = {}
+        self._staged_usage: list[tuple[Usage, float | None]] = []
+        missed, spent = self._counts_after(state.get(UNSUMMARIZED_FIELD))
+        if missed or spent:  # a holder died between a step's records and its state write: count them now
+            self.update_state(add=missed, usage=spent)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -119,9 +127,11 @@ class Context:
             except (KeyError, TypeError, ValueError):
                 through = -1
             if self.boundary_seq <= through <= self.last_seq:
+                self._late = []
                 for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1):
                     tokens += int(record.get("token_count", 0))
                     count += 1
+                    self._late.append(record)
                 return tokens, count
         tokens = count = 0
         for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
@@ -130,6 +140,22 @@ class Context:
             tokens += int(record.get("token_count", 0))
             count += 1
         return tokens, count
+
+    def _counts_after(self, kept: object) -> tuple[dict[str, int], list[tuple[Usage, float | None]]]:
+        """The counters and spend of the records after the last state write (``through_seq``): each ``assistant``
+        message is one LLM call (with the usage it recorded), each ``tool`` message one tool call. Both are staged
+        right after their record is appended and written with the step's state, so these are exactly the ones a
+        crash kept off the disk."""
+        late = self._late
+        if late is None:  # not read while counting the unsummarized messages: read them now
+            through = kept.get("through_seq") if isinstance(kept, dict) else None
+            if not isinstance(through, int) or not 0 <= through < self.last_seq:
+                return {}, []
+            late = list(jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1))
+        roles = Counter(str(record.get("role")) for record in late)
+        counts = {"llm_call_count": roles["assistant"], "tool_call_count": roles["tool"]}
+        spent = [usage_from_record(r["usage"]) for r in late if r.get("role") == "assistant" and r.get("usage")]
+        return {key: value for key, value in counts.items() if value}, spent
 
     def _unsummarized_marker(self) -> dict[str, int]:
         return {"after_seq": self.boundary_seq, "through_seq": self.last_seq, "tokens": self.unsummarized_tokens,
@@ -191,10 +217,13 @@ class Context:
             return self._tools.append(record)  # type: ignore[arg-type]
 
     def step_done(self) -> None:
-        """End of an agent step: fsync the JSONL files under the ``step`` policy."""
+        """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
+        state changes (one ``state.json`` write per step)."""
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.sync()
+        if self._staged_fields or self._staged_add:
+            self.update_state()
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
@@ -224,17 +253,38 @@ class Context:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def update_state(
+    def stage_state(
         self, add: dict[str, int] | None = None, usage: tuple[Usage, float | None] | None = None, **fields: Any
+    ) -> None:
+        """Like :meth:`update_state`, but written with the step's one state write (:meth:`step_done`) or the
+        next :meth:`update_state`; a change of ``status`` is written at once (the index mirrors it)."""
+        if "status" in fields and fields["status"] != self.status:
+            self.update_state(add=add, usage=[usage] if usage else (), **fields)
+            return
+        with self._write_guard:
+            self._staged_fields.update(fields)
+            for key, delta in (add or {}).items():
+                self._staged_add[key] = self._staged_add.get(key, 0) + delta
+            if usage is not None:
+                self._staged_usage.append(usage)
+
+    def update_state(
+        self, add: dict[str, int] | None = None, usage: Sequence[tuple[Usage, float | None]] = (), **fields: Any
     ) -> dict[str, Any]:
-        """Set ``fields`` (and increment the counters in ``add``, and add one model call's ``(usage, cost)`` to
-        the totals) in ``state.json``; returns the new state."""
+        """Set ``fields`` (and increment the counters in ``add``, and add model calls' ``(usage, cost)`` to the
+        totals) in ``state.json``, with whatever was staged; returns the new state."""
         with self._write_guard:
             self._check()
+            fields = {**self._staged_fields, **fields}
+            add = dict(Counter(self._staged_add) + Counter(add or {}))
             if self._pinned_complete:  # the counters ride along with every state write: no write of their own
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
+            usage = [*self._staged_usage, *usage]
             state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add, usage=usage)
+            self._staged_fields.clear()
+            self._staged_add.clear()
+            self._staged_usage.clear()
         status = str(state.get("status"))
         if status != self.status:
             self.status = status
@@ -254,7 +304,7 @@ class Context:
     def calibrate_tokens(self, estimated_prompt_tokens: int, reported_prompt_tokens: int) -> float:
         """Correct future estimates with the provider's reported prompt tokens; returns the new factor."""
         self._calibration = calibrate(self._calibration, estimated_prompt_tokens, reported_prompt_tokens)
-        self.update_state(token_calibration=self._calibration)
+        self.stage_state(token_calibration=self._calibration)
         return self._calibration
 
     @property

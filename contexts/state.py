@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,10 +53,10 @@ def update_state(
     fsync: bool,
     set_fields: Mapping[str, Any] | None = None,
     add: Mapping[str, int] | None = None,
-    usage: tuple[Usage, float | None] | None = None,
+    usage: Sequence[tuple[Usage, float | None]] = (),
 ) -> dict[str, Any]:
-    """Apply ``set_fields``, counter increments ``add`` and one model call's ``(usage, cost)`` to
-    ``state.json``; return the new state."""
+    """Apply ``set_fields``, counter increments ``add`` and model calls' ``(usage, cost)`` to ``state.json``;
+    return the new state."""
     lock = filelock.FileLock(str(directory / STATE_LOCK_FILE), timeout=STATE_LOCK_TIMEOUT_S, mode=FILE_MODE)
     try:
         with lock:
@@ -65,9 +65,9 @@ def update_state(
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]
             for key, delta in (add or {}).items():
                 state[key] = int(state.get(key, 0)) + delta
-            if usage is not None:
-                state["usage"] = add_usage(state.get("usage"), usage[0], usage[1], now.date().isoformat())
-                state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + usage[0].tokens
+            for call, cost in usage:
+                state["usage"] = add_usage(state.get("usage"), call, cost, now.date().isoformat())
+                state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + call.tokens
             state["updated_at"] = iso(now)
             write_json_atomic(directory / STATE_FILE, state, fsync=fsync)
             return state

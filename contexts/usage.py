@@ -72,6 +72,14 @@ def call_record(usage: Usage, cost: float | None) -> dict[str, Any]:
     }
 
 
+def usage_from_record(record: Mapping[str, Any]) -> tuple[Usage, float | None]:
+    """A call's ``(usage, cost)`` back from its :func:`call_record` (a resume counts what a crash left uncounted)."""
+    usage = Usage(str(record.get("kind", "agent")), str(record.get("model", "")), int(record.get("prompt_tokens", 0)),
+                  int(record.get("completion_tokens", 0)), int(record.get("cached_tokens", 0)))
+    cost = record.get("cost_usd")
+    return usage, float(cost) if cost is not None else None
+
+
 def _add_cost(total: float | None, cost: float | None) -> float | None:
     if cost is None:
         return total

@@ -107,6 +107,7 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
         base = {
             "TASUKI__CONTEXTS__BASE_DIR": str(tmp_path / "contexts"),
             "TASUKI__CONTEXTS__WORKSPACES_DIR": str(tmp_path / "workspaces"),
+            "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(tmp_path / "git-cache"),
         }
         return load_settings(config_path=empty_config, env={**base, **(env or {})})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -11,15 +12,17 @@ from typing import Any
 
 import pytest
 
-from contexts import ContextStore
+from contexts import Context, ContextStore
+from contexts import context as context_module
 from contexts.clock import utc_now
 from contexts.compression import CompressionPolicy
 from contexts.names import MESSAGES_FILE, TOOLS_FILE
 from replay import ReplayServer
 from tests.helpers.model_server import model_server
-from tests.helpers.stack import make_buggy_repo
+from tests.helpers.stack import git, make_buggy_repo
 from tests.helpers.worker_scenarios import agent_requests, context_records, finish_turn, replayed_turn, tool
 from worker import agent as agent_module
+from worker import checkout as checkout_module
 from worker.agent import Agent, AgentLimits, Cancelled, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.llm import make_provider
@@ -102,6 +105,7 @@ def test_the_reply_is_on_disk_before_its_tool_calls_run(workbench: Workbench, mo
     assert replayed_turn(last) == 0
     assert [c["function"]["name"] for c in last["tool_calls"]] == ["write_file"]
     assert workbench.tools() == []
+    workbench.resume_elsewhere()  # the step's state write never happened: the resume counts the reply on disk
     assert workbench.ctx.read_state()["llm_call_count"] == 1
 
 
@@ -279,3 +283,100 @@ def test_a_resumed_agent_does_not_end_on_a_finish_that_was_refused(workbench: Wo
 
     assert agent.unanswered() is None  # ask the model again, rather than end with an empty summary
     assert agent.run() == "Fixed add()."
+
+
+CRASH_TURNS = [
+    {"content": "Write a.", "tool_calls": [tool("write_file", path="a.txt", content="A\n")]},
+    {"content": "Write b.", "tool_calls": [tool("bash", command="echo B > b.txt")]},
+    finish_turn("Wrote a and b."),
+    finish_turn("Told that steps were lost, finishing anyway."),
+]
+
+
+def kill_at_point(point: int) -> None:
+    """In this (forked) process: SIGKILL just before the ``point``-th thing a step does on disk — a record
+    appended, state.json written, a git process (a checkpoint's add, commit, push; the final commit and push)."""
+    seen = [0]
+
+    def before(function: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            seen[0] += 1
+            if seen[0] == point:  # the machine dies: the worker and any git it runs (a push in the background)
+                os.killpg(0, signal.SIGKILL)
+            return function(*args, **kwargs)
+        return wrapped
+
+    Context.append_message = before(Context.append_message)  # type: ignore[method-assign]
+    Context.append_tool = before(Context.append_tool)  # type: ignore[method-assign]
+    context_module.update_state = before(context_module.update_state)
+    checkout_module.run_git = before(checkout_module.run_git)
+
+
+def run_task_to_the_end(bench: Workbench, checkout: Checkout) -> None:
+    bench.checkout = checkout
+    summary = bench.agent().run()
+    checkout.commit(summary)
+    checkout.push()
+
+
+def crashed_at(bench: Workbench, point: int) -> bool:
+    """Run the task in a child killed at ``point``; False when the task ended before reaching it."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            kill_at_point(point)
+            run_task_to_the_end(bench, bench.checkout)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, status
+    return os.WIFSIGNALED(status)
+
+
+def test_a_worker_killed_at_any_point_of_a_step_resumes_with_nothing_repeated_and_nothing_silently_lost(
+    tmp_path: Path,
+) -> None:
+    with model_server(CRASH_TURNS) as server:
+        for point in range(1, 200):
+            # Resumed on this host (its own tree, an unpushed checkpoint still in it) or on another one (only
+            # what reached the remote), in turn: each git step is a point, so both meet every kind of point.
+            host = "same" if point % 2 else "another"
+            bench = Workbench(tmp_path / str(point), server)
+            if not crashed_at(bench, point):
+                break  # every point before this one was a crash
+            # The remote is another machine, which lives on: a push killed mid-way leaves no ref locked there.
+            for lock in (tmp_path / str(point) / "repo" / ".git").rglob("*.lock"):
+                lock.unlink()
+            on_disk = {replayed_turn(m) for m in bench.messages() if m["role"] == "assistant"}
+            asked_before = len(bench.asked())
+            bench.resume_elsewhere()
+            where = bench.checkout.path if host == "same" else tmp_path / str(point) / "host2"
+            resumed = Checkout(where, bench.checkout.remote, bench.checkout.branch)
+            resumed.prepare(fresh=False)
+            run_task_to_the_end(bench, resumed)
+
+            messages = bench.messages()
+            notes = " ".join(m["content"] for m in messages if m["role"] == "user" and "note: " in m["content"])
+            assistant = [replayed_turn(m) for m in messages if m["role"] == "assistant"]
+            assert assistant in ([0, 1, 2], [0, 1, 2, 3] if notes else None), point  # every reply once
+            assert not on_disk & set(bench.asked()[asked_before:]), point  # none asked again
+            state = bench.ctx.read_state()
+            assert state["llm_call_count"] == len(assistant), point
+            assert state["tool_call_count"] == sum(m["role"] == "tool" for m in messages), point
+            spent = [m["usage"] for m in messages if m["role"] == "assistant"]  # what each kept reply recorded
+            assert state["usage"]["calls"] == len(spent), point
+            assert state["total_tokens_used"] == sum(u["prompt_tokens"] + u["completion_tokens"] for u in spent), point
+            for step, name in ((1, "a.txt"), (2, "b.txt")):
+                call = next(m for m in messages if m["role"] == "assistant" and replayed_turn(m) == step - 1)
+                result = next(m for m in messages if m.get("tool_call_id") == call["tool_calls"][0]["id"])
+                told_lost = f"step(s) {step}" in notes or f", {step}" in notes
+                on_branch = name in git(tmp_path / str(point) / "repo", "ls-tree", "--name-only", bench.checkout.branch)
+                ran = not result["content"].startswith("error")
+                assert on_branch == (ran and not told_lost), (point, name, result["content"], notes)
+            bench.ctx.detach()
+        else:
+            pytest.fail("the task never ended without a crash")
+    assert point > 20  # the crash points really were reached

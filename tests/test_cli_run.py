@@ -52,6 +52,7 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "PYTHONPATH": str(REPO_ROOT),
             "TASUKI__CONTEXTS__BASE_DIR": str(tmp_path / "contexts"),
             "TASUKI__CONTEXTS__WORKSPACES_DIR": str(tmp_path / "workspaces"),
+            "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(tmp_path / "git-cache"),
         }
     )
     env.update(extra)

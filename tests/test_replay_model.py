@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from contexts.tokens import estimate_tokens
 from replay import ReplayModel
+from replay.http import ReplayHandler, ReplayHTTPServer
 from replay.rules import (
     is_summary_request,
     next_turn_index,
@@ -396,3 +398,38 @@ def test_a_marker_quoted_in_the_pinned_task_does_not_move_a_new_conversation_ahe
 
     assert next_turn_index(messages) == 0
     assert next_turn_index([*messages, {"role": "assistant", "content": f"{turn_marker(0)} Looking."}]) == 1
+
+
+class CountingSocket(socket.socket):
+    """The server's end of a connection, counting the writes it is asked for."""
+
+    writes = 0
+
+    def send(self, data: Any, *args: Any) -> int:
+        CountingSocket.writes += 1
+        return super().send(data, *args)
+
+    def sendall(self, data: Any, *args: Any) -> None:
+        CountingSocket.writes += 1
+        super().sendall(data, *args)
+
+
+def test_an_answer_leaves_in_one_write_so_no_delayed_ack_splits_headers_from_body() -> None:
+    model = ReplayModel(turns_from_entries([{"content": "Hi."}]))
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client_end = socket.create_connection(listener.getsockname())
+        server_end, _ = listener.accept()
+    body = json.dumps({"model": "m", "messages": [SYSTEM, TASK]}).encode()
+    client_end.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    counting = CountingSocket(fileno=server_end.detach())
+    server = ReplayHTTPServer.__new__(ReplayHTTPServer)
+    server.replay_model = model
+    ReplayHandler(counting, ("127.0.0.1", 0), server)
+    counting.close()
+    response = client_end.makefile("rb").read()
+    client_end.close()
+
+    assert response.startswith(b"HTTP/1.1 200")
+    assert b"Hi." in response
+    assert CountingSocket.writes == 1

@@ -20,10 +20,12 @@ import pytest
 
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import wait_for
+from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
 from worker.sandbox import Bubblewrap, NoSandbox, SandboxUnavailable, make_sandbox, probe, tool_dirs
 from worker.settings_models import SandboxSettings
 from worker.tools import Workspace, run_tool
+from worker.workcopy import GitCache
 
 SECRET_VALUE = "sk-the-worker-secret-0123456789abcdef"
 
@@ -67,6 +69,7 @@ from pathlib import Path
 from worker.sandbox import make_sandbox
 from worker.settings_models import SandboxSettings
 from worker.tools import Workspace, run_tool
+from worker.workcopy import GitCache
 settings = SandboxSettings(backend=sys.argv[2])
 result = run_tool(Workspace(Path(sys.argv[1])), "bash", {"command": sys.argv[3]}, bash_timeout_s=30,
                   max_output_chars=100000, sandbox=make_sandbox(settings), limits=settings.limits)
@@ -257,3 +260,24 @@ def test_read_and_write_never_escape_through_a_directory_swapped_for_a_symlink(s
             max_output_chars=1000,
         )
         assert (outside / "page.txt").read_text() == "THE OUTSIDE SECRET\n", attempt
+
+
+def test_the_agents_git_works_in_a_warm_copy_and_sees_only_its_own_mirror_read_only(
+    sandbox: Bubblewrap, tmp_path: Path
+) -> None:
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
+    other = Checkout(cache.workspaces / "bbbbbbbb-2", str(make_buggy_repo(tmp_path / "other")), "tasuki/2-b",
+                     cache=cache)
+    other.prepare(fresh=True)
+    mine = Checkout(cache.workspaces / "aaaaaaaa-1", str(make_buggy_repo(tmp_path / "repo")), "tasuki/1-a",
+                    cache=cache)
+    mine.prepare(fresh=True)
+    boxed = make_sandbox(SandboxSettings(), read_only=mine.shared_paths)
+    (mirror,) = mine.shared_paths
+
+    output = bash(boxed, mine.path, f"git log --format=%s -1; touch {mirror}/planted; ls {other.shared_paths[0]}")
+
+    assert "calc with a bug" in output
+    assert "Read-only file system" in output
+    assert "No such file or directory" in output  # another repository's mirror is not there at all
+    assert not (mirror / "planted").exists()

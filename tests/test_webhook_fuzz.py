@@ -89,6 +89,7 @@ def intake(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
         "TASUKI__BROKER__URL": redis_url,
         "TASUKI__CONTEXTS__BASE_DIR": str(root / "contexts"),
         "TASUKI__CONTEXTS__WORKSPACES_DIR": str(root / "workspaces"),
+        "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(root / "git-cache"),
         "TASUKI__WEBHOOK__MAX_BODY_BYTES": str(MAX_BODY),
         "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
         "TASUKI__GITLAB__LABELS__TRIGGER": "Platform",

@@ -15,13 +15,15 @@ from typing import Any
 
 import structlog
 
-from contexts import CompressionPolicy, Context, TasukiError
+from contexts import CompressionPolicy, Context, TasukiError, jsonl
 from contexts.lock import process_started
+from contexts.names import MESSAGES_FILE
 from contexts.tokens import estimate_message_tokens, estimate_tokens
 from contexts.usage import call_record
 from worker.checkout import Checkout
 from worker.llm import Provider, Reply, ToolCall
 from worker.llm.base import parse_arguments
+from worker.lost_steps import lost_steps
 from worker.metering import Meter, usage_of
 from worker.prompts import NUDGE
 from worker.sandbox import NoSandbox, Sandbox
@@ -35,6 +37,11 @@ TOOLS_TOKENS = estimate_tokens(json.dumps(TOOL_SCHEMAS))
 FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the prompt gets far less
 COMPRESSION_RETRY_STEPS = 3
 MUTATING_TOOLS = frozenset({"bash", "write_file", "edit_file"})
+LOST_STEPS = (
+    "note: the worker running attempt {attempt} stopped before the checkout as step {last} left it reached the "
+    "remote, so this attempt's checkout is as it was after step {restored}: the changes made by the tool calls of "
+    "step(s) {steps} are not in it. Check the state and redo what is needed."
+)
 INTERRUPTED = (
     "not run: the worker running attempt {attempt} stopped while this reply's tool calls were being run, so this "
     "call may have run partly. Nothing was run again: the checkout was put back to the last checkpoint, which is "
@@ -111,6 +118,8 @@ class Agent:
         self.compressor = compressor
         self.should_stop = should_stop or (lambda: False)
         self._skip_compression_until = 0
+        self._restore_told = False
+        self.touched = False  # whether this attempt ran anything that can change the checkout
 
     def run(self) -> str:
         """Step until the model finishes; return its summary."""
@@ -127,6 +136,8 @@ class Agent:
             raise Cancelled("cancelled on request")
         if self.should_stop():
             raise Cancelled("worker is shutting down")
+        if not self._restore_told:
+            self.tell_lost_steps(state)
         calls = self.unanswered()
         if calls:
             calls = self.settle_interrupted(calls)
@@ -141,13 +152,14 @@ class Agent:
             calls = reply.tool_calls
             if not calls:
                 self.ctx.append_message("user", NUDGE)
+        self.touched = self.touched or any(c.name in MUTATING_TOOLS for c in calls)
         summary = self.execute(calls)
         self.ctx.step_done()
         # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.
         if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))
         ):
-            self.ctx.update_state(last_activity="checkpoint")
+            self.ctx.stage_state(last_activity="checkpoint")  # written with the next step's state
         if summary is not None:
             raise Finished(summary)
 
@@ -156,24 +168,29 @@ class Agent:
 
         A reply whose calls were all answered, including a ``finish``, ends the task at once.
         """
-        answered: dict[str, str] = {}  # call id → its result's text
+        record, answered = self._newest_reply()
+        if record is None:
+            return None
+        calls = [_stored_call(c) for c in record.get("tool_calls") or []]
+        if not calls:  # a reply without calls whose nudge was lost in a crash
+            self.ctx.append_message("user", NUDGE)
+            return []
+        pending = [c for c in calls if c.id not in answered]
+        finish = next((c for c in calls if c.name == "finish"), None)
+        if not pending and finish is not None and not answered[finish.id].startswith("error:"):
+            raise Finished(str(finish.arguments.get("summary", "")).strip())
+        return pending or None
+
+    def _newest_reply(self) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The newest message if it is a reply or its calls' results follow it (else None), and those results by
+        call id."""
+        answered: dict[str, str] = {}
         for record in self._newest_records():
-            role = record.get("role")
-            if role == "tool":
+            if record.get("role") == "tool":
                 answered[str(record.get("tool_call_id"))] = str(record.get("content") or "")
                 continue
-            if role != "assistant":
-                return None
-            calls = [_stored_call(c) for c in record.get("tool_calls") or []]
-            if not calls:  # a reply without calls whose nudge was lost in a crash
-                self.ctx.append_message("user", NUDGE)
-                return []
-            pending = [c for c in calls if c.id not in answered]
-            finish = next((c for c in calls if c.name == "finish"), None)
-            if not pending and finish is not None and not answered[finish.id].startswith("error:"):
-                raise Finished(str(finish.arguments.get("summary", "")).strip())
-            return pending or None
-        return None
+            return (record if record.get("role") == "assistant" else None), answered
+        return None, answered
 
     def settle_interrupted(self, calls: list[ToolCall]) -> list[ToolCall]:
         """A resumed reply's calls: mutating ones are never run a second time (one may have been running when
@@ -191,6 +208,28 @@ class Agent:
         log.info("interrupted calls answered without running them", calls=[c.id for c in interrupted])
         return [c for c in calls if c.name not in MUTATING_TOOLS]
 
+    def tell_lost_steps(self, state: dict[str, Any]) -> None:
+        """On a tree rebuilt from the remote: tell the model which steps' changes never reached it (their worker
+        died before their checkpoint's push), so it redoes them rather than build on files that are not there.
+        Once per attempt, first thing: the newest reply's calls still pending are answered as not run (a
+        ``finish`` among them, or already answered, must not end the task on a tree without the work)."""
+        self._restore_told = True
+        restored = self.checkout.restored_step()
+        if restored is None:
+            return
+        records = jsonl.iter_records_reversed(self.ctx.path / MESSAGES_FILE)
+        lost = lost_steps(records, restored, int(state.get("llm_call_count", 0)), MUTATING_TOOLS)
+        if lost:
+            note = LOST_STEPS.format(attempt=int(state.get("attempt", 1)) - 1, last=lost[-1], restored=restored,
+                                     steps=", ".join(str(s) for s in lost))
+            record, answered = self._newest_reply()
+            for call in [_stored_call(c) for c in (record or {}).get("tool_calls") or []]:
+                if call.id not in answered:
+                    self._record_result(call, f"error: not run: {note}", "error", note, 0)
+            self.ctx.append_message("user", note)
+            log.warning("steps lost with the previous worker's checkout", steps=lost, restored_step=restored)
+        self.checkout.restore_told()
+
     def stop_leftover_command(self) -> None:
         """Before anything else on resume: a command the dead worker left running on this host (without a
         sandbox it outlives its worker) is killed, so it cannot touch the checkout any more."""
@@ -206,9 +245,6 @@ class Agent:
         self.ctx.update_state(running_command=running)
 
     def _newest_records(self) -> Any:
-        from contexts import jsonl
-        from contexts.names import MESSAGES_FILE
-
         for record in jsonl.iter_records_reversed(self.ctx.path / MESSAGES_FILE):
             if record["seq"] <= (self.ctx.pinned[-1]["seq"] if self.ctx.pinned else 0):
                 return
@@ -242,7 +278,7 @@ class Agent:
         estimated = TOOLS_TOKENS + sum(
             estimate_message_tokens(m.get("content"), m.get("tool_calls")) for m in prompt
         )
-        self.ctx.update_state(
+        self.ctx.stage_state(
             status="processing", last_activity="llm_call", current_context_tokens=int(estimated * self.ctx.token_factor)
         )
         reply = self.provider.chat(prompt, TOOL_SCHEMAS)
@@ -251,7 +287,7 @@ class Agent:
         priced = self.meter.priced(usage) if self.meter is not None else (usage, None)
         extra: dict[str, Any] = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
         self.ctx.append_message("assistant", message["content"], usage=call_record(*priced), **extra)
-        self.ctx.update_state(
+        self.ctx.stage_state(  # right after its record: a resume recounts calls whose state write a crash lost
             add={"llm_call_count": 1},
             usage=priced,
             current_context_tokens=int(reply.prompt_tokens or estimated),
@@ -282,7 +318,7 @@ class Agent:
                 recall=self._recall if self.recall is not None else None,
             )
             if call.name == "bash":
-                self.ctx.update_state(running_command=None)
+                self.ctx.stage_state(running_command=None)  # a resume checks the process's start time anyway
             if result.finished:
                 summary = result.summary
             self._record_result(call, result.output, result.status, result.error, result.duration_ms)
@@ -305,7 +341,7 @@ class Agent:
             content += f"\n[full output: tools.jsonl seq {tool_seq}]"
             extra["truncated_from"] = cut
         self.ctx.append_message("tool", content, **extra)
-        self.ctx.update_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
+        self.ctx.stage_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
 
 
 def _stored_call(raw: dict[str, Any]) -> ToolCall:

@@ -72,7 +72,7 @@ class Meter:
 
     def record(self, ctx: Context, usage: Usage) -> None:
         """A call made for a running task besides its steps (a summary, an embedding): into its totals and Redis."""
-        ctx.update_state(usage=self.priced(usage))
+        ctx.update_state(usage=[self.priced(usage)])
         self.count(usage)
 
     def embeddings_into(self, ctx: Context) -> Callable[[int], None]:
@@ -82,5 +82,5 @@ class Meter:
 
     def record_finished(self, directory: Path, usage: Usage) -> None:
         """A call made for a task that has ended (its memory update): into its ``state.json`` and Redis."""
-        update_state(directory, self.clock(), fsync=True, usage=self.priced(usage))
+        update_state(directory, self.clock(), fsync=True, usage=[self.priced(usage)])
         self.count(usage)

@@ -6,7 +6,6 @@ lock, not Celery, decides who runs a task (SPEC §5).
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 from worker.threads import thread_history
+from worker.workcopy import GitCache
 
 log = structlog.get_logger(__name__)
 
@@ -280,6 +280,8 @@ class TaskRun:
                 str(followup.get("branch") or branch_name(self.request.task_key, self.uuid)),
                 git_env=workplace.git_env,
                 continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
+                cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
+                               Path(self.settings.contexts.workspaces_dir).absolute()),
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:
@@ -302,7 +304,7 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
-        checkout.prepare(fresh=not ctx.pinned)
+        resumed = checkout.prepare(fresh=not ctx.pinned)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
@@ -312,8 +314,10 @@ class TaskRun:
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done()
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-        summary = mask(self._agent(ctx, checkout, ctx.metadata["config"]).run())
-        checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
+        agent = self._agent(ctx, checkout, ctx.metadata["config"])
+        summary = mask(agent.run())
+        if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
+            checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
         checkout.push()
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         result.update(self.report.deliver(checkout.branch, summary))
@@ -330,6 +334,8 @@ class TaskRun:
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
         if isinstance(exc, Cancelled):
             if self.should_stop is not None and self.should_stop() and not ctx.read_state().get("cancel_requested"):
+                if checkout is not None:
+                    checkout.settle()  # the next holder may be on another host: the last checkpoint goes out
                 ctx.update_state(add={"handbacks": 1})  # not a lost attempt: it does not count towards the cap
                 ctx.release()  # warm shutdown: hand the baton back; another worker resumes at once
                 log.info("task handed back on shutdown")
@@ -370,7 +376,7 @@ class TaskRun:
             policy,
             compressor=self.compressor,
             should_stop=self.should_stop,
-            sandbox=make_sandbox(s.sandbox),
+            sandbox=make_sandbox(s.sandbox, read_only=checkout.shared_paths),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
@@ -413,7 +419,7 @@ class TaskRun:
                       status=status, error=mask(str(exc))[:300])
             return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
         if checkout is not None:
-            shutil.rmtree(checkout.path, ignore_errors=True)
+            checkout.release()
         try:
             self.report.finish(status, read_state(path), result, error)
         except Exception as exc:

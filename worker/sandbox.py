@@ -91,13 +91,14 @@ class Bubblewrap:
         if self.network == "none":
             options.append("--unshare-net")
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
+        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen.
+        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
             options += _ro_bind(f"/etc/{name}")
         for directory in self.read_only:
             options += _ro_bind(directory)
-        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
         options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
         return [*options, *argv], checkout
 
@@ -141,8 +142,11 @@ SANDBOXES: dict[str, Callable[[SandboxSettings], Sandbox]] = {"bubblewrap": Bubb
 
 
 @functools.cache
-def make_sandbox(settings: SandboxSettings) -> Sandbox:
-    """The configured sandbox, checked once per process; SandboxUnavailable when it cannot run here."""
+def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> Sandbox:
+    """The configured sandbox, checked once per process; SandboxUnavailable when it cannot run here.
+    ``read_only``: more paths the task's commands see read-only (its checkout's git mirror)."""
+    if read_only:
+        settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
     sandbox = SANDBOXES[settings.backend](settings)
     problem = probe(sandbox)
     if problem is not None:

@@ -88,7 +88,9 @@ class ContextsSettings(Section):
     base_dir: Path = Path("logs/contexts")
     """Root of the context store (holds running/ and completed/)."""
     workspaces_dir: Path = Path("var/workspaces")
-    """Where each task's repository checkout lives, one directory per UUID."""
+    """Where each task's repository checkout lives, one directory per UUID (finished ones wait in .idle/)."""
+    git_cache_dir: Path = Path("var/git-cache")
+    """This host's bare mirror of each task repository (refreshed by git fetch) and the worker's checkout indexes."""
     heartbeat_interval_s: PositiveInt = 30
     """Seconds between heartbeats of a running task."""
     stale_after_s: PositiveInt = 60

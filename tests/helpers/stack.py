@@ -92,6 +92,7 @@ class Stack:
             "TASUKI__BROKER__URL": self.redis_url,
             "TASUKI__CONTEXTS__BASE_DIR": str(self.contexts_dir),
             "TASUKI__CONTEXTS__WORKSPACES_DIR": str(self.root / "workspaces"),
+            "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(self.root / "git-cache"),
             "TASUKI__CONTEXTS__HEARTBEAT_INTERVAL_S": "1",
             "TASUKI__CONTEXTS__STALE_AFTER_S": "3",
             "TASUKI__LLM__PROVIDER": "openai",

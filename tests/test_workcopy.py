@@ -1,0 +1,179 @@
+"""Warm working copies: a task of a repository starts on an earlier task's tree, switched exactly onto its own
+start, without trusting anything the earlier agent could have touched; broken mirrors and copies are remade."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.helpers.stack import git, make_buggy_repo
+from worker.checkout import Checkout
+from worker.workcopy import IDLE_DIR, GitCache
+
+
+def start_task(root: Path, remote: Path, uuid: str, *, fresh: bool = True) -> Checkout:
+    checkout = Checkout(root / "workspaces" / uuid, str(remote), f"tasuki/1-{uuid[:8]}",
+                        cache=GitCache(root / "git-cache", root / "workspaces"))
+    checkout.prepare(fresh=fresh)
+    return checkout
+
+
+def tracked_files(checkout: Checkout) -> set[str]:
+    return set(checkout.git("ls-files").split())
+
+
+def tree_files(path: Path) -> set[str]:
+    return {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".git" not in p.parts}
+
+
+def test_a_second_task_starts_on_the_first_tasks_tree_switched_exactly_onto_the_remote(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    first = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    kept = "test_calc.py"  # untouched by the first task
+    before = (first.path / kept).stat()
+    (first.path / "calc.py").write_text("changed by the first task\n")
+    (first.path / "untracked.txt").write_text("left behind\n")
+    (first.path / "build" / "out").mkdir(parents=True)
+    (first.path / "build" / "out" / "artifact.o").write_bytes(b"\0")
+    first.checkpoint(1)
+    first.release()
+
+    second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+
+    after = (second.path / kept).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # the same tree, not a clone
+    assert tree_files(second.path) == tracked_files(second)  # nothing untracked or ignored is left
+    assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
+    assert second.git("status", "--porcelain") == ""
+    assert second.git("rev-parse", "HEAD").strip() == git(remote, "rev-parse", "HEAD").strip()
+    assert not (tmp_path / "workspaces" / "aaaaaaaa-0001").exists()
+
+
+def test_a_file_changed_behind_the_index_with_its_old_mtime_is_still_put_back(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    first = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    target = first.path / "calc.py"
+    before = target.stat()
+    target.write_text("x" * before.st_size)  # same size, same mtime: only ctime tells
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    first.release()
+
+    second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+
+    assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
+
+
+def test_nothing_the_previous_agent_left_in_git_reaches_the_next_task(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    first = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    first.git("config", "remote.origin.pushurl", str(tmp_path / "elsewhere.git"))
+    first.git("config", "filter.evil.clean", "touch planted")
+    (first.path / ".git" / "info" / "attributes").parent.mkdir(exist_ok=True)
+    (first.path / ".git" / "info" / "attributes").write_text("* filter=evil\n")
+    first.release()
+
+    second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+    (second.path / "new.txt").write_text("work\n")
+    second.checkpoint(1)
+    second.commit("done")
+    second.push()
+
+    assert "evil" not in second.git("config", "--list")
+    assert not (second.path / "planted").exists()
+    assert git(remote, "show", "tasuki/1-bbbbbbbb:new.txt") == "work\n"
+    assert not (tmp_path / "elsewhere.git").exists()
+
+
+def test_a_corrupt_mirror_is_discarded_and_cloned_again(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
+    start_task(tmp_path, remote, "aaaaaaaa-0001").release()
+    mirror = cache.mirror_path(str(remote))
+    for pack in (mirror / "objects").rglob("*"):
+        if pack.is_file():
+            pack.write_bytes(b"garbage")
+    (mirror / "config").write_text("[core\nbroken")
+
+    with capture_logs() as logs:
+        second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["git mirror discarded; cloning it again"]
+    assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
+
+
+@pytest.mark.parametrize("damage", ["garbage index", "a file instead of a tree"])
+def test_a_corrupt_working_copy_is_discarded_and_made_again(tmp_path: Path, damage: str) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
+    first = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    first.release()
+    idle = next((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))
+    if damage == "garbage index":
+        cache.index_path(idle).write_bytes(b"DIRC garbage")
+    else:
+        shutil.rmtree(idle)
+        idle.write_text("not a directory\n")
+
+    with capture_logs() as logs:
+        second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["working copy discarded; making a new one"]
+    assert second.git("status", "--porcelain") == ""
+    assert (second.path / "calc.py").read_text() == git(remote, "show", "HEAD:calc.py")
+
+
+def test_a_task_resumed_on_a_warm_copy_gets_its_last_pushed_checkpoint(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    start_task(tmp_path, remote, "cccccccc-0003").release()  # an idle copy of another task
+    first = start_task(tmp_path / "host1", remote, "aaaaaaaa-0001")
+    (first.path / "calc.py").write_text("step one\n")
+    (first.path / "notes.txt").write_text("note\n")
+    first.checkpoint(1)
+    first.settle()  # pushed
+
+    resumed = start_task(tmp_path, remote, "aaaaaaaa-0001", fresh=False)
+
+    assert (resumed.path / "calc.py").read_text() == "step one\n"
+    assert (resumed.path / "notes.txt").read_text() == "note\n"
+    assert set(resumed.git("status", "--porcelain").split()) == {"M", "calc.py", "??", "notes.txt"}
+
+
+def run_tasks(root: Path, remote: Path, worker: int, tasks: int) -> None:
+    """One worker process on this host: tasks one after another, each writing its own file and pushing."""
+    for n in range(tasks):
+        uuid = f"{worker:04d}{n:04d}-0000"
+        checkout = start_task(root, remote, uuid)
+        leftovers = tree_files(checkout.path) - tracked_files(checkout)
+        (checkout.path / f"from-{uuid}.txt").write_text(uuid)
+        checkout.commit(uuid)
+        checkout.push()
+        checkout.release()
+        if leftovers:
+            raise AssertionError(f"{uuid} started with another task's files: {leftovers}")
+
+
+def test_processes_of_one_host_share_the_mirror_and_never_the_same_copy(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    workers = []
+    for worker in range(3):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                run_tasks(tmp_path, remote, worker, 4)
+                code = 0
+            finally:
+                os._exit(code)
+        workers.append(pid)
+
+    assert [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in workers] == [0, 0, 0]
+    for worker in range(3):
+        for n in range(4):
+            uuid = f"{worker:04d}{n:04d}-0000"
+            assert git(remote, "ls-tree", "--name-only", f"tasuki/1-{uuid[:8]}").split() == [
+                "calc.py", f"from-{uuid}.txt", "test_calc.py"]
+    assert 1 <= len(list((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))) <= 3
