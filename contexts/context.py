@@ -385,8 +385,12 @@ class Context:
         return target
 
     def release(self) -> None:
-        """Hand the context back without finishing it (warm shutdown): stop, sync, remove the lock."""
+        """Hand the context back without finishing it (warm shutdown): stop, sync (what a step staged is written
+        too), remove the lock."""
         self._stop_heartbeat()
+        if self._staged_fields or self._staged_add or self._staged_usage:
+            with contextlib.suppress(FencedError):
+                self.update_state()
         self._close_files()
         with contextlib.suppress(FencedError):
             self._lock.release()

@@ -28,7 +28,7 @@ def _context(base: Path, when: datetime, repo: str, user: str, calls: list[tuple
     key = {"task_source": "github", "owner": "acme", "repo": repo, "task_type": "issue", "task_id": "1"}
     ctx = store.create(key, {"provider": "openai", "model": "gpt-4o"}, user=user, heartbeat=False)
     for usage, cost in calls:
-        ctx.update_state(usage=(usage, cost))
+        ctx.update_state(usage=[(usage, cost)])
     ctx.finish("completed")
 
 
