@@ -236,7 +236,9 @@ class Agent:
         )
         reply = self.provider.chat(prompt, TOOL_SCHEMAS)
         message = reply.to_message()
-        extra = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+        extra: dict[str, Any] = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+        # The prompt's size per step, for the console's chart: as the provider reported it, else estimated.
+        extra["prompt_tokens"] = int(reply.prompt_tokens or estimated * self.ctx.token_factor)
         self.ctx.append_message("assistant", message["content"], **extra)
         used = reply.total_tokens or (reply.prompt_tokens or estimated) + (reply.completion_tokens or 0)
         self.ctx.update_state(
