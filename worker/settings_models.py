@@ -348,6 +348,21 @@ class MemorySettings(Section):
         return self.path if self.path is not None else Path(contexts.base_dir).parent / "memory.db"
 
 
+class ConsoleSettings(Section):
+    enabled: bool = False
+    """Serve the operators' console under /console/ (tasuki up and the demo turn it on, bound to 127.0.0.1)."""
+    token: SecretStr | None = None
+    """The console's sign-in token (set it through TASUKI__CONSOLE__TOKEN); null: the API token."""
+    session_lifetime_s: PositiveInt = 8 * 3600
+    """Seconds a console session lasts after signing in."""
+    signin_attempts_per_minute: PositiveInt = 5
+    """Sign-in attempts allowed per client address and minute; more are refused with 429."""
+    host: str = "127.0.0.1"
+    """Address `tasuki console` binds to when it serves the console alone."""
+    port: Annotated[int, Field(gt=0, lt=65536)] = 8765
+    """Port `tasuki console` listens on when it serves the console alone."""
+
+
 class UserConfigAPISettings(Section):
     url: HttpUrl | None = None
     """Base URL answering GET {url}/config/{user} with per-user LLM overrides; null disables it."""
@@ -399,6 +414,8 @@ class Settings(Section):
     """Files kept on this machine."""
     memory: MemorySettings = MemorySettings()
     """Memory that outlives a task: episodes, thread and repository memories, recall."""
+    console: ConsoleSettings = ConsoleSettings()
+    """The operators' web console: fleet, tasks and each task's context (SPEC §15)."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
@@ -441,6 +458,11 @@ class Settings(Section):
             return LLMProfile("ollama", o.model, o.context_length, o.host)
         a = self.llm.openai
         return LLMProfile("openai", a.model, a.context_length, a.base_url)
+
+    def console_token(self) -> str | None:
+        """The console's sign-in token: ``console.token``, else the API token; None: nobody can sign in."""
+        token = self.console.token or self.secrets.tasuki_api_token
+        return token.get_secret_value() if token is not None else None
 
     def public_dump(self) -> dict[str, Any]:
         """All settings as JSON-ready data, without secrets and with URL credentials masked."""
