@@ -216,10 +216,13 @@ def console_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_console(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the operators' console alone (contexts; Redis when it answers) with uvicorn."""
+    from cli.console_access import console_access
     from console.server import serve
 
-    out(f"console: http://{args.host or settings.console.host}:{args.port or settings.console.port}/console/")
-    serve(settings, args.host, args.port)
+    access = console_access(settings)
+    address = f"http://{args.host or settings.console.host}:{args.port or settings.console.port}/console/"
+    out(f"console: {address} ({access.hint}); Ctrl-C stops it")
+    serve(access.settings, args.host, args.port)
     return 0
 
 

@@ -294,6 +294,8 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
         wait_for_ping(broker, "compression-tasuki@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         wait_for_ping(broker, "maintenance@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         up.wait_for(r"webhook +\| ")  # each service's lines carry its name
+        console = up.wait_for(r"console: +(http://\S+/console/) \(sign in with the token in (\S+)\)")
+        assert _signs_in(console.group(1), Path(console.group(2)).read_text())  # up serves the console, token kept
         recorded = tmp_path / "var" / "embedded-redis.url"
         assert recorded.read_text().strip() == broker
         assert oct(recorded.stat().st_mode & 0o777) == "0o600"
@@ -305,6 +307,21 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
     assert not any(process_alive(pid) for pid in pids)  # every child was stopped with it
     assert not recorded.exists()
     assert not _answers(broker)  # and the embedded redis-server too
+
+
+def _signs_in(console: str, token: str) -> bool:
+    """Whether the console at ``console`` (once it listens) takes ``token`` and then shows the fleet."""
+    import httpx
+
+    from tests.helpers.context_support import wait_for
+
+    def answer() -> httpx.Response | None:
+        try:
+            return httpx.post(console + "signin", data={"token": token}, follow_redirects=True, timeout=5)
+        except httpx.TransportError:
+            return None  # not listening yet
+
+    return "<h1>Fleet</h1>" in wait_for(answer, timeout=60, what="the console of tasuki up").text
 
 
 def _answers(url: str) -> bool:
