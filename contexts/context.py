@@ -234,6 +234,8 @@ class Context:
         status = str(state.get("status"))
         if status != self.status:
             self.status = status
+            steps, tokens = int(state.get("llm_call_count", 0)), int(state.get("total_tokens_used", 0))
+            self.store.mirror(lambda index: index.set_status(self.uuid, status, steps=steps, tokens=tokens))
             if self.store.on_heartbeat is not None:  # the index knows each running task's status at once
                 try:
                     self.store.on_heartbeat(self.uuid, now, status)
@@ -324,6 +326,7 @@ class Context:
         fsync_dir(target.parent)
         self.path = target
         update_state(target, self.store.clock(), fsync=self._fsync != "never", set_fields={"status": status})
+        self.store.mirror(lambda index: index.record(target))
         log.info("context finished", uuid=self.uuid, status=status)
         return target
 

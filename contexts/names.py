@@ -25,3 +25,5 @@ STATE_LOCK_TIMEOUT_S = 5.0
 
 ACTIVE_STATUSES = ("initializing", "processing", "compressing", "completing")
 FINAL_STATUSES = ("completed", "failed", "timeout", "cancelled")
+
+INDEX_FILE = "index.sqlite3"  # the context index (contexts/index.py), beside running/ and completed/

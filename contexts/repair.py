@@ -97,6 +97,7 @@ def finish_move(store: ContextStore, uuid: str, now: datetime) -> str:
         fsync_dir(target.parent)
     status = final_status_of(state)
     update_state(target, now, fsync=True, set_fields={"status": status})
+    store.mirror(lambda index: index.record(target))
     return f"moved to completed/ as {status}"
 
 
@@ -113,6 +114,7 @@ def finish_status(store: ContextStore, uuid: str, now: datetime) -> str:
             raise RepairSkipped(f"{uuid}: finishing right now")
         status = final_status_of(state)
         update_state(directory, now, fsync=True, set_fields={"status": status})
+    store.mirror(lambda index: index.record(directory))
     return f"status set to {status}"
 
 
@@ -148,6 +150,7 @@ def drop_running_copy(store: ContextStore, uuid: str, now: datetime) -> str:
         os.rename(running, trash)  # gone from running/ at once, even if rmtree is interrupted
         fsync_dir(running.parent)
     shutil.rmtree(trash, ignore_errors=True)
+    store.mirror(lambda index: index.record(completed))
     return "running copy removed (the completed copy holds all of it)"
 
 

@@ -92,6 +92,17 @@ def delete_context(store: ContextStore, uuid: str) -> None:
         os.unlink(store.base_dir / MUTEX_DIR / uuid)
 
 
+def _carry_out(store: ContextStore, action: RetentionAction) -> None:
+    """Gzip or delete one context, and its index row after it (gzipped: its new size; deleted: gone)."""
+    path = store.completed_path(action.uuid)
+    if action.action == "gzip":
+        gzip_context(path)
+        store.mirror(lambda index: index.record(path))
+    else:
+        delete_context(store, action.uuid)
+        store.mirror(lambda index: index.forget(action.uuid))
+
+
 def apply_retention(
     store: ContextStore, now: datetime, gzip_after_days: float, delete_after_days: float, *, dry_run: bool = False
 ) -> list[RetentionAction]:
@@ -99,8 +110,8 @@ def apply_retention(
     actions = plan_retention(completed_inventory(store), now, gzip_after_days, delete_after_days)
     if not dry_run:
         for action in actions:
-            if action.action == "gzip":
-                gzip_context(store.completed_path(action.uuid))
-            else:
-                delete_context(store, action.uuid)
+            _carry_out(store, action)
+        # Retention reads every completed context anyway: the one daily pass that also mends rows nothing else would
+        # (a row whose delete was lost, a context copied in by hand).
+        store.mirror(lambda index: index.reconcile(everything=True))
     return actions

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -13,17 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import filelock
+import structlog
 
 from contexts.atomic import fsync_dir, write_json_atomic
 from contexts.clock import iso, utc_now
 from contexts.context import Context, HeartbeatHook
 from contexts.errors import (
     ContextCompletedError,
+    ContextError,
     ContextExistsError,
     ContextNotFoundError,
     InvalidUUIDError,
     LockHeldError,
 )
+from contexts.index import ContextIndex
 from contexts.jsonl import FSYNC_POLICIES, FsyncPolicy
 from contexts.lock import MUTEX_TIMEOUT_S, ContextLock, LockInfo, lock_mutex_path, read_lock
 from contexts.masking import mask_value
@@ -40,6 +42,9 @@ from contexts.names import (
     STATE_FILE,
 )
 from contexts.state import initial_state, read_state, update_state
+from contexts.summary import context_uuids
+
+log = structlog.get_logger(__name__)
 
 TASK_KEY_FIELDS = ("task_source", "owner", "repo", "task_type", "task_id")
 
@@ -82,6 +87,24 @@ class ContextStore:
         self.base_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR):
             (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        self._index: ContextIndex | None = None
+
+    # -- the index -------------------------------------------------------------------------------
+
+    @property
+    def index(self) -> ContextIndex:
+        """The index of this store's contexts (opened, and rebuilt or reconciled as needed, on first use)."""
+        if self._index is None:
+            self._index = ContextIndex(self.base_dir)
+        return self._index
+
+    def mirror(self, write: Callable[[ContextIndex], object]) -> None:
+        """Apply one write to the index.  The directories are the truth: a failed index write is logged, never
+        raised, and the next open's reconciliation (or ``tasuki context reindex``) repairs the row."""
+        try:
+            write(self.index)
+        except (ContextError, OSError) as exc:
+            log.warning("context index not updated", error=str(exc)[:300])
 
     # -- where things are ----------------------------------------------------------------------
 
@@ -111,11 +134,11 @@ class ContextStore:
 
     def running_uuids(self) -> list[str]:
         """UUIDs of the contexts under ``running/``."""
-        return _uuid_dirs(self.base_dir / RUNNING_DIR)
+        return context_uuids(self.base_dir / RUNNING_DIR)
 
     def completed_uuids(self) -> list[str]:
         """UUIDs of the contexts under ``completed/``."""
-        return _uuid_dirs(self.base_dir / COMPLETED_DIR)
+        return context_uuids(self.base_dir / COMPLETED_DIR)
 
     def read_lock(self, uuid: str) -> LockInfo | None:
         """The ``.lock`` of a running context, if any."""
@@ -187,6 +210,7 @@ class ContextStore:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        self.mirror(lambda index: index.record(target))
         return self._hold(uuid, target, lock, heartbeat)
 
     def open(self, uuid: str, *, resume: bool = True, heartbeat: bool = True) -> Context:
@@ -241,13 +265,3 @@ class ContextStore:
 
         alive = holder_alive(current, self.hostname)
         return not is_stale(current, self.clock(), self.stale_after_s, self.hostname, alive)
-
-
-def _uuid_dirs(directory: Path) -> list[str]:
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(directory):
-            # A symlinked directory is never a context: it could point out of the contexts root.
-            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-                out.append(entry.name)
-    return out

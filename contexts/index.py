@@ -1,0 +1,615 @@
+"""The context index (issue 13 §4): one row per context in ``<root>/index.sqlite3``, kept by the writers.
+
+The directories stay the truth; the index is a mirror that makes the common reads cost the same at 10 and at
+10,000 completed contexts: a page of the newest (``page``), counts (``count``), totals from running tallies that
+SQL triggers keep (``totals``) and recent endings (``ended_since``).  The store writes a row when it creates a
+context, when a running context's status changes and after the move to ``completed/``; retention deletes rows.
+
+A crash between a move and its index write leaves a row that still says "running": every open reconciles the
+rows of running contexts against ``running/`` (small) and re-reads the few that moved or vanished.  A missing,
+corrupt or outdated index file rebuilds itself once from a scan of both directories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from contexts.atomic import read_json
+from contexts.clock import parse_iso
+from contexts.errors import ContextError, CorruptRecordError
+from contexts.names import COMPLETED_DIR, FINAL_STATUSES, INDEX_FILE, METADATA_FILE, RUNNING_DIR
+from contexts.summary import ContextSummary, Damaged, context_uuids, disk_usage, summarize
+
+log = structlog.get_logger(__name__)
+
+SCHEMA_VERSION = "1"
+BUSY_TIMEOUT_S = 30.0  # a rebuild holds the write lock while it scans: writers queue behind it, never fail
+_FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUSES) + ")"
+T = TypeVar("T")
+
+# The tallies are keyed by (location, status, user_key): the unfiltered and the status/user-filtered totals read
+# a handful of tally rows, never the context rows.  ``newest`` orders ties as a newest-first count would.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS contexts (
+    uuid TEXT PRIMARY KEY,
+    location TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ended_at REAL,
+    duration_us INTEGER,
+    task_source TEXT NOT NULL,
+    repository TEXT NOT NULL,
+    user TEXT,
+    user_key TEXT NOT NULL,
+    task_type TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    title TEXT,
+    steps INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    messages INTEGER NOT NULL,
+    compressions INTEGER NOT NULL,
+    disk_bytes INTEGER NOT NULL,
+    summary TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS contexts_newest ON contexts (created_at);
+CREATE INDEX IF NOT EXISTS contexts_status ON contexts (status, created_at);
+CREATE INDEX IF NOT EXISTS contexts_user ON contexts (user, created_at);
+CREATE INDEX IF NOT EXISTS contexts_repository ON contexts (repository, created_at);
+CREATE INDEX IF NOT EXISTS contexts_ended ON contexts (ended_at) WHERE ended_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS contexts_tally ON contexts (location, status, user_key, created_at);
+CREATE TABLE IF NOT EXISTS damaged (uuid TEXT PRIMARY KEY, location TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tallies (
+    location TEXT NOT NULL,
+    status TEXT NOT NULL,
+    user_key TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    messages INTEGER NOT NULL,
+    compressions INTEGER NOT NULL,
+    duration_us INTEGER NOT NULL,
+    durations INTEGER NOT NULL,
+    disk_bytes INTEGER NOT NULL,
+    newest REAL NOT NULL,
+    PRIMARY KEY (location, status, user_key)
+);
+"""
+_ADD = """
+INSERT INTO tallies VALUES (new.location, new.status, new.user_key, 1, new.tokens, new.messages, new.compressions,
+    IFNULL(new.duration_us, 0), new.duration_us IS NOT NULL, new.disk_bytes, new.created_at)
+ON CONFLICT DO UPDATE SET n = n + 1, tokens = tokens + excluded.tokens, messages = messages + excluded.messages,
+    compressions = compressions + excluded.compressions, duration_us = duration_us + excluded.duration_us,
+    durations = durations + excluded.durations, disk_bytes = disk_bytes + excluded.disk_bytes,
+    newest = MAX(newest, excluded.newest);
+"""
+_REMOVE = """
+UPDATE tallies SET n = n - 1, tokens = tokens - old.tokens, messages = messages - old.messages,
+    compressions = compressions - old.compressions, duration_us = duration_us - IFNULL(old.duration_us, 0),
+    durations = durations - (old.duration_us IS NOT NULL), disk_bytes = disk_bytes - old.disk_bytes,
+    newest = IFNULL((SELECT MAX(created_at) FROM contexts c WHERE c.location = old.location
+        AND c.status = old.status AND c.user_key = old.user_key), 0)
+WHERE location = old.location AND status = old.status AND user_key = old.user_key;
+DELETE FROM tallies WHERE n <= 0;
+"""
+TRIGGERS = (
+    f"CREATE TRIGGER tally_insert AFTER INSERT ON contexts BEGIN {_ADD} END",
+    f"CREATE TRIGGER tally_delete AFTER DELETE ON contexts BEGIN {_REMOVE} END",
+    f"CREATE TRIGGER tally_update AFTER UPDATE ON contexts BEGIN {_REMOVE} {_ADD} END",
+)
+_COLUMNS = (
+    "uuid, location, status, created_at, ended_at, duration_us, task_source, repository, user, user_key, "
+    "task_type, task_id, title, steps, tokens, messages, compressions, disk_bytes, summary"
+)
+_ENTRY_COLUMNS = (
+    "uuid, status, created_at, ended_at, repository, user, task_type, task_id, title, steps, tokens, "
+    "location, task_source, disk_bytes"
+)
+# A context never goes back from completed/ to running/: a late write of an older running row loses.
+_MARKS = ", ".join("?" * len(_COLUMNS.split(", ")))
+_UPSERT = (  # column names are constants, values are parameters
+    f"INSERT INTO contexts ({_COLUMNS}) VALUES ({_MARKS}) "  # noqa: S608
+    "ON CONFLICT (uuid) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in _COLUMNS.split(", ")[1:])
+    + " WHERE contexts.location = 'running' OR excluded.location = 'completed'"
+)
+
+
+class IndexUnavailable(ContextError):
+    """The context index cannot be opened or written (a read-only or full disk, a lock held too long)."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One context as the index knows it (steps and tokens as of its last index write: final once it ended)."""
+
+    uuid: str
+    status: str
+    created_at: datetime
+    ended_at: datetime | None
+    repository: str  # owner/repo, or the local repository's name
+    user: str | None
+    task_type: str
+    task_id: str
+    title: str | None  # masked, as in metadata.json
+    steps: int
+    tokens: int
+    location: str = RUNNING_DIR  # running | completed
+    task_source: str = ""
+    disk_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts and sums over a set of indexed contexts."""
+
+    by_status: dict[str, int]  # most first; ties: the status of the newest context first
+    tokens: int
+    disk_bytes: int
+    count: int = 0
+    by_location: dict[str, int] = field(default_factory=dict)
+    by_user: dict[str, int] = field(default_factory=dict)  # "(none)" for contexts without a user
+    messages: int = 0
+    compressions: int = 0
+    duration_s: float = 0.0  # summed over the contexts with a start and an end
+    durations: int = 0
+    newest_by_status: dict[str, float] = field(default_factory=dict)  # epoch seconds: merge order for callers
+    newest_by_user: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Tally:
+    location: str
+    status: str
+    user_key: str
+    n: int
+    tokens: int
+    messages: int
+    compressions: int
+    duration_us: int
+    durations: int
+    disk_bytes: int
+    newest: float
+
+
+def repository_name(task_key: dict[str, str]) -> str:
+    """``owner/repo``; a local task's repository by its name alone."""
+    if task_key.get("task_source") == "local":
+        return str(task_key.get("repo", ""))
+    return f"{task_key.get('owner', '')}/{task_key.get('repo', '')}"
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
+
+
+def _moment(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds is not None else None
+
+
+def _title(directory: Path) -> str | None:
+    with suppress(OSError, ValueError, AttributeError):
+        request = read_json(directory / METADATA_FILE).get("request") or {}
+        title = (request.get("issue") or {}).get("title")
+        return str(title) if title else None
+    return None
+
+
+def _summary_json(item: ContextSummary) -> str:
+    data = asdict(item)
+    del data["path"]  # rebuilt from the root on reading: the store may have moved
+    return json.dumps(data, default=lambda value: value.isoformat(), ensure_ascii=False)
+
+
+def summary_from_json(text: str, root: Path) -> ContextSummary:
+    """A :class:`ContextSummary` stored by the index, its path under ``root``."""
+    data = json.loads(text)
+    for name in ("created_at", "started_at", "completed_at"):
+        data[name] = parse_iso(data[name]) if data[name] else None
+    return ContextSummary(**data, path=root / data["location"] / data["uuid"])
+
+
+def _row(item: ContextSummary, directory: Path) -> tuple[Any, ...]:
+    key = item.task_key
+    duration = item.duration_s
+    return (
+        item.uuid,
+        item.location,
+        item.status,
+        item.created_at.timestamp(),
+        _epoch(item.completed_at),
+        None if duration is None else round(duration * 1_000_000),
+        key.get("task_source", ""),
+        repository_name(key),
+        item.user,
+        item.user or "",
+        key.get("task_type", ""),
+        str(key.get("task_id", "")),
+        _title(directory),
+        item.llm_call_count,
+        item.total_tokens_used,
+        item.message_count,
+        item.compression_count,
+        disk_usage(directory),
+        _summary_json(item),
+    )
+
+
+def _create_private(path: Path) -> bool:
+    """Create the file 0600 unless it exists (SQLite gives its -wal and -shm files the same mode); True if new."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _filters(
+    status: str | None, repository: str | None, user: str | None, uuid_prefix: str | None, location: str | None
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (("status", status), ("repository", repository), ("user", user), ("location", location)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if uuid_prefix:
+        clauses.append("substr(uuid, 1, ?) = ?")
+        params += [len(uuid_prefix), uuid_prefix.lower()]
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _mark_damaged(db: sqlite3.Connection, directory: Path, reason: str) -> None:
+    db.execute("INSERT OR REPLACE INTO damaged VALUES (?, ?, ?)", (directory.name, directory.parent.name, reason))
+
+
+def _ordered(counts: dict[str, int], newest: dict[str, float]) -> dict[str, int]:
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], -newest.get(kv[0], 0.0))))
+
+
+def fold(tallies: Iterable[_Tally]) -> Totals:
+    """Totals from tally rows (the index's own, or a filtered aggregate of context rows)."""
+    by_status: dict[str, int] = {}
+    by_user: dict[str, int] = {}
+    by_location: dict[str, int] = {}
+    newest_status: dict[str, float] = {}
+    newest_user: dict[str, float] = {}
+    sums = {"tokens": 0, "messages": 0, "compressions": 0, "duration_us": 0, "durations": 0, "disk_bytes": 0}
+    for t in tallies:
+        user = t.user_key or "(none)"
+        by_status[t.status] = by_status.get(t.status, 0) + t.n
+        by_user[user] = by_user.get(user, 0) + t.n
+        by_location[t.location] = by_location.get(t.location, 0) + t.n
+        newest_status[t.status] = max(newest_status.get(t.status, 0.0), t.newest)
+        newest_user[user] = max(newest_user.get(user, 0.0), t.newest)
+        for name in sums:
+            sums[name] += getattr(t, name)
+    return Totals(
+        by_status=_ordered(by_status, newest_status),
+        tokens=sums["tokens"],
+        disk_bytes=sums["disk_bytes"],
+        count=sum(by_status.values()),
+        by_location=by_location,
+        by_user=_ordered(by_user, newest_user),
+        messages=sums["messages"],
+        compressions=sums["compressions"],
+        duration_s=sums["duration_us"] / 1_000_000,
+        durations=sums["durations"],
+        newest_by_status=newest_status,
+        newest_by_user=newest_user,
+    )
+
+
+class ContextIndex:
+    """The index of the contexts under ``root``; safe to share between threads, reopened after a fork."""
+
+    def __init__(self, root: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.root = Path(root)
+        self.path = self.root / INDEX_FILE
+        self.busy_timeout_s = busy_timeout_s
+        self._guard = threading.RLock()
+        self._pid = -1
+        self._db: sqlite3.Connection | None = None
+        self._attempt(self._connect)
+
+    # -- connection ----------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        new = _create_private(self.path)
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+        self._db, self._pid = db, os.getpid()
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # a lost commit after a power cut is repaired like a crash
+            version = self._schema_version(db)
+            if version != SCHEMA_VERSION:
+                self._build("new" if new else ("missing" if version is None else f"schema {version}"))
+        except BaseException:
+            db.close()
+            self._db = None
+            raise
+        self.reconcile()
+
+    @staticmethod
+    def _schema_version(db: sqlite3.Connection) -> str | None:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            return None
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        return str(row[0]) if row else None
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None or self._pid != os.getpid():  # a connection must not cross a fork
+            self._connect()
+        return self._db  # type: ignore[return-value]  # _connect set it
+
+    def _attempt(self, action: Callable[[], T]) -> T:
+        """Run ``action``; a corrupt file is removed and rebuilt once, any other SQLite error is one line."""
+        with self._guard:
+            try:
+                return action()
+            except sqlite3.OperationalError as exc:
+                raise IndexUnavailable(f"context index {self.path}: {exc}") from None
+            except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+                log.warning("context index corrupt; rebuilding it", path=str(self.path), error=str(exc))
+                self._discard()
+            try:
+                self._connect()
+                return action()
+            except sqlite3.Error as exc:
+                raise IndexUnavailable(f"context index {self.path}: {exc}") from None
+
+    def _discard(self) -> None:
+        if self._db is not None:
+            with suppress(sqlite3.Error):
+                self._db.close()
+        self._db = None
+        for suffix in ("", "-wal", "-shm"):
+            with suppress(FileNotFoundError):
+                os.unlink(f"{self.path}{suffix}")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One immediate transaction: concurrent writers queue on SQLite's lock instead of failing."""
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection (the next call reopens it)."""
+        with self._guard:
+            if self._db is not None and self._pid == os.getpid():
+                self._db.close()
+            self._db = None
+
+    # -- writers -------------------------------------------------------------------------------------
+
+    def record(self, directory: Path) -> None:
+        """Index the context in ``directory`` as its files say now (gone: forgotten; unreadable: damaged)."""
+        self._attempt(lambda: self._record(directory))
+
+    def _record(self, directory: Path) -> None:
+        try:
+            row = _row(summarize(directory), directory)
+        except (OSError, CorruptRecordError) as exc:
+            with self._write() as db:
+                if directory.is_dir():
+                    db.execute("DELETE FROM contexts WHERE uuid = ?", (directory.name,))
+                    _mark_damaged(db, directory, str(exc))
+                elif not self._exists(directory.name):
+                    self._forget(db, directory.name)
+            return
+        with self._write() as db:
+            db.execute(_UPSERT, row)
+            db.execute("DELETE FROM damaged WHERE uuid = ?", (directory.name,))
+
+    def _exists(self, uuid: str) -> bool:
+        return any((self.root / location / uuid).is_dir() for location in (RUNNING_DIR, COMPLETED_DIR))
+
+    def set_status(self, uuid: str, status: str, *, steps: int, tokens: int) -> None:
+        """A running context's new status (and its progress so far); a no-op once it is completed."""
+
+        def update() -> None:
+            with self._write() as db:
+                db.execute(
+                    "UPDATE contexts SET status = ?, steps = ?, tokens = ? WHERE uuid = ? AND location = 'running'",
+                    (status, steps, tokens, uuid),
+                )
+
+        self._attempt(update)
+
+    def forget(self, uuid: str) -> None:
+        """Drop a deleted context's row."""
+
+        def delete() -> None:
+            with self._write() as db:
+                self._forget(db, uuid)
+
+        self._attempt(delete)
+
+    @staticmethod
+    def _forget(db: sqlite3.Connection, uuid: str) -> None:
+        db.execute("DELETE FROM contexts WHERE uuid = ?", (uuid,))
+        db.execute("DELETE FROM damaged WHERE uuid = ?", (uuid,))
+
+    def reconcile(self, *, everything: bool = False) -> int:
+        """Re-read the contexts whose rows may be stale after a crash: running rows whose directory left
+        ``running/``, contexts in ``running/`` without a row, ended rows not yet final; with ``everything``
+        (retention's daily pass) also rows without a directory and ``completed/`` without a row.  Returns how
+        many contexts were re-read."""
+
+        def stale() -> set[str]:
+            db = self._conn()
+            running_now = set(context_uuids(self.root / RUNNING_DIR))
+            rows = db.execute(
+                f"SELECT uuid, location FROM contexts WHERE location = 'running' OR status NOT IN {_FINAL}"  # noqa: S608
+            ).fetchall()
+            indexed = {uuid for uuid, location in rows if location == RUNNING_DIR}
+            moved = {uuid for uuid, location in rows if location != RUNNING_DIR or uuid not in running_now}
+            if not everything:
+                return moved | (running_now - indexed)
+            on_disk = running_now | set(context_uuids(self.root / COMPLETED_DIR))
+            known = {row[0] for row in db.execute("SELECT uuid FROM contexts UNION SELECT uuid FROM damaged")}
+            return moved | (running_now - indexed) | (known - on_disk) | (on_disk - known)
+
+        uuids = self._attempt(stale)
+        for uuid in sorted(uuids):
+            self._attempt(lambda uuid=uuid: self._record(self._locate(uuid)))  # type: ignore[misc]
+        return len(uuids)
+
+    def _locate(self, uuid: str) -> Path:
+        running = self.root / RUNNING_DIR / uuid
+        return running if running.is_dir() else self.root / COMPLETED_DIR / uuid
+
+    def rebuild(self) -> int:
+        """Index every context from a scan of ``running/`` and ``completed/``; returns how many were indexed."""
+        return self._attempt(lambda: self._build("asked"))
+
+    def _build(self, reason: str) -> int:
+        db = self._db if self._db is not None and self._pid == os.getpid() else self._conn()
+        db.execute("BEGIN IMMEDIATE")  # taken before the scan: a second opener waits for this build, not repeats it
+        try:
+            if reason != "asked" and self._schema_version(db) == SCHEMA_VERSION:
+                db.execute("COMMIT")
+                return 0
+            for name in ("tally_insert", "tally_delete", "tally_update"):
+                db.execute(f"DROP TRIGGER IF EXISTS {name}")
+            for name in ("contexts", "damaged", "tallies", "meta"):
+                db.execute(f"DROP TABLE IF EXISTS {name}")
+            # One statement at a time: executescript would commit the transaction that keeps a second builder out.
+            for statement in [*SCHEMA.split(";"), *TRIGGERS]:
+                if statement.strip():
+                    db.execute(statement)
+            indexed = 0
+            for location in (RUNNING_DIR, COMPLETED_DIR):
+                for uuid in context_uuids(self.root / location):
+                    indexed += self._scan_one(db, self.root / location / uuid)
+            db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        # A new file (a new store, a deleted index) is expected; a corrupt or outdated one was warned about.
+        log.info("context index rebuilt", path=str(self.path), reason=reason, contexts=indexed)
+        return indexed
+
+    @staticmethod
+    def _scan_one(db: sqlite3.Connection, directory: Path) -> int:
+        try:
+            db.execute(_UPSERT, _row(summarize(directory), directory))
+        except (OSError, CorruptRecordError) as exc:
+            if directory.is_dir():
+                _mark_damaged(db, directory, str(exc))
+            return 0
+        return 1
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def page(
+        self,
+        *,
+        status: str | None = None,
+        repository: str | None = None,
+        user: str | None = None,
+        uuid_prefix: str | None = None,
+        location: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[IndexEntry]:
+        """One page of contexts, newest first."""
+        where = _filters(status, repository, user, uuid_prefix, location)
+        return [
+            IndexEntry(
+                uuid=r[0], status=r[1], created_at=_moment(r[2]) or datetime.min, ended_at=_moment(r[3]),
+                repository=r[4], user=r[5], task_type=r[6], task_id=r[7], title=r[8], steps=r[9], tokens=r[10],
+                location=r[11], task_source=r[12], disk_bytes=r[13],
+            )
+            for r in self._newest(_ENTRY_COLUMNS, where, limit, offset)
+        ]
+
+    def summaries(
+        self, *, status: str | None = None, user: str | None = None, location: str | None = COMPLETED_DIR,
+        limit: int = 50, offset: int = 0,
+    ) -> list[ContextSummary]:
+        """What the list prints, newest first, as of each context's last index write (final once completed)."""
+        rows = self._newest("summary", _filters(status, None, user, None, location), limit, offset)
+        return [summary_from_json(row[0], self.root) for row in rows]
+
+    def _newest(self, columns: str, where: tuple[str, list[Any]], limit: int, offset: int) -> list[tuple[Any, ...]]:
+        clauses, params = where
+        sql = f"SELECT {columns} FROM contexts{clauses} ORDER BY created_at DESC, uuid DESC LIMIT ? OFFSET ?"  # noqa: S608
+        return self._attempt(lambda: self._conn().execute(sql, [*params, max(limit, 0), max(offset, 0)]).fetchall())
+
+    def count(
+        self,
+        *,
+        status: str | None = None,
+        repository: str | None = None,
+        user: str | None = None,
+        uuid_prefix: str | None = None,
+        location: str | None = None,
+    ) -> int:
+        """How many contexts match (a count of the tallies when only status, user and location filter)."""
+        if repository is None and uuid_prefix is None:
+            return self.totals(status=status, user=user, location=location).count
+        where, params = _filters(status, repository, user, uuid_prefix, location)
+        sql = f"SELECT COUNT(*) FROM contexts{where}"  # noqa: S608 - clauses are constants, values parameters
+        return int(self._attempt(lambda: self._conn().execute(sql, params).fetchone()[0]))
+
+    def totals(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        user: str | None = None,
+        location: str | None = None,
+    ) -> Totals:
+        """Counts and sums of the contexts created in ``[since, until)`` (all without them): from the running
+        tallies when no time bound is given, else from the context rows in that time range."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("status", status), ("user_key", user), ("location", location)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if since is None and until is None:
+            where = (" WHERE " + " AND ".join(clauses)) if clauses else ""
+            sql = f"SELECT * FROM tallies{where}"  # noqa: S608
+        else:
+            for op, bound in ((">=", since), ("<", until)):
+                if bound is not None:
+                    clauses.append(f"created_at {op} ?")
+                    params.append(bound.timestamp())
+            sql = (  # clauses are constants, values parameters
+                "SELECT location, status, user_key, COUNT(*), SUM(tokens), SUM(messages), SUM(compressions), "  # noqa: S608
+                "IFNULL(SUM(duration_us), 0), COUNT(duration_us), SUM(disk_bytes), MAX(created_at) FROM contexts "
+                "WHERE " + " AND ".join(clauses) + " GROUP BY location, status, user_key"
+            )
+        rows = self._attempt(lambda: self._conn().execute(sql, params).fetchall())
+        return fold(_Tally(*row) for row in rows)
+
+    def ended_since(self, since: datetime) -> dict[str, int]:
+        """Contexts that reached ``completed/`` since ``since``, by status (final ones, and any still completing)."""
+        sql = "SELECT status, COUNT(*) FROM contexts WHERE ended_at >= ? AND location = 'completed' GROUP BY status"
+        rows = self._attempt(lambda: self._conn().execute(sql, (since.timestamp(),)).fetchall())
+        return {str(status): int(n) for status, n in rows}
+
+    def damaged(self) -> list[Damaged]:
+        """The contexts the index found unreadable when it last read them."""
+        rows = self._attempt(lambda: self._conn().execute("SELECT uuid, location, reason FROM damaged").fetchall())
+        return [Damaged(uuid, self.root / location / uuid, reason) for uuid, location, reason in sorted(rows)]
