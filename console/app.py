@@ -29,7 +29,7 @@ from console import views
 from console.fleet import read_fleet
 from console.live import POLL_S, Seen, follow
 from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matches, token_matches
-from console.tasklist import Filters, TaskIndex, read_page
+from console.tasklist import Filters, read_page
 from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
 from contexts.store import ContextStore
 from worker.settings_models import Settings
@@ -56,13 +56,12 @@ def templates() -> Jinja2Templates:
 
 
 class Console:
-    """The console's handlers over one store, one optional Redis client and one index."""
+    """The console's handlers over one store (its index too) and one optional Redis client."""
 
-    def __init__(self, settings: Settings, store: ContextStore, index: TaskIndex, client: redis.Redis | None,
+    def __init__(self, settings: Settings, store: ContextStore, client: redis.Redis | None,
                  cancel: Canceller | None, workers: Callable[[], int | None], clock: Callable[[], float]) -> None:
         self.settings = settings
         self.store = store
-        self.index = index
         self.client = client
         self.cancel_task = cancel
         self.workers = workers
@@ -115,7 +114,7 @@ class Console:
         return response
 
     async def fleet(self, request: Request, session: Session) -> Response:
-        fleet = await run_in_threadpool(read_fleet, self.store, self.client, self.index.ended_since, self.now(),
+        fleet = await run_in_threadpool(read_fleet, self.store, self.store.index, self.client, self.now(),
                                         self.workers)
         name = "fleet_live.html" if request.url.path.endswith("/fleet/live") else "fleet.html"
         return self.page(request, name, {"fleet": fleet, "session": session})
@@ -128,7 +127,7 @@ class Console:
             number = int(query.get("page") or 1)
         except ValueError:
             number = 1
-        page = await run_in_threadpool(read_page, self.index, filters, number)
+        page = await run_in_threadpool(read_page, self.store.index, filters, number)
         kept = {k: v for k, v in filters.as_kwargs().items() if v}
         return self.page(request, "tasks.html", {
             "page": page, "filters": filters, "session": session, "statuses": views.STATUSES,
@@ -212,14 +211,13 @@ def create_console(
     settings: Settings,
     store: ContextStore,
     *,
-    index: TaskIndex,
     client: redis.Redis | None = None,
     cancel: Canceller | None = None,
     workers: Callable[[], int | None] = lambda: None,
     clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The console app; mount it under ``/console``. ``client`` None: no broker (the fleet says so)."""
-    c = Console(settings, store, index, client, cancel, workers, clock)
+    c = Console(settings, store, client, cancel, workers, clock)
     routes = [
         Route("/signin", c.signin_form, methods=["GET"]),
         Route("/signin", c.signin, methods=["POST"]),

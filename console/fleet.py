@@ -1,6 +1,7 @@
 """The fleet page's figures (SPEC §15): running tasks, queue depths, workers alive, alerts firing, endings of
 the last 24 h. Counts come from Redis and the index; only the shown running tasks' contexts are read, so the
-page costs the same with ten running tasks and with a thousand. Without Redis the page says "no broker"."""
+page costs the same with ten running tasks and with a thousand. Without Redis the page says "no broker" and
+lists the newest running contexts from the index."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import redis
 
 from contexts.atomic import read_json
 from contexts.errors import BAD_DATA_ERRORS, ContextError
-from contexts.names import METADATA_FILE
+from contexts.index import ContextIndex, repository_name
+from contexts.names import METADATA_FILE, RUNNING_DIR
 from contexts.state import read_state
 from contexts.store import ContextStore
 from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES
@@ -28,6 +30,7 @@ class RunningTask:
 
     uuid: str
     repository: str
+    source: str
     task: str
     status: str
     step: int
@@ -67,7 +70,8 @@ def running_task(store: ContextStore, uuid: str, heartbeat: float | None, now: d
         key = metadata["task_key"]
         return RunningTask(
             uuid=uuid,
-            repository=f"{key.get('task_source')}/{key.get('owner')}/{key.get('repo')}",
+            repository=repository_name(key),
+            source=str(key.get("task_source")),
             task=f"{key.get('task_type')} #{key.get('task_id')}",
             status=str(state.get("status")),
             step=int(state.get("llm_call_count") or 0),
@@ -103,13 +107,13 @@ def alerts_firing(published: dict[Any, Any]) -> list[Alert]:
 
 def read_fleet(
     store: ContextStore,
+    index: ContextIndex,
     client: redis.Redis | None,
-    ended_since: Callable[[datetime], dict[str, int]],
     now: datetime,
     workers: Callable[[], int | None] = lambda: None,
 ) -> Fleet:
-    """The fleet now: from Redis when it answers, else from the store alone ("no broker")."""
-    ended = ended_since(now - timedelta(hours=24))
+    """The fleet now: from Redis when it answers, else from the index alone ("no broker")."""
+    ended = index.ended_since(now - timedelta(hours=24))
     if client is not None:
         try:
             pipe = client.pipeline(transaction=False)
@@ -126,6 +130,6 @@ def read_fleet(
             return Fleet(True, [r for r in rows if r is not None], int(total),
                          dict(zip(QUEUES, (int(d) for d in depths), strict=True)), workers(),
                          alerts_firing(published), ended)
-    uuids = store.running_uuids()
-    rows = [running_task(store, uuid, None, now) for uuid in sorted(uuids)[:SHOWN_RUNNING]]
-    return Fleet(False, [r for r in rows if r is not None], len(uuids), ended_24h=ended)
+    newest = index.page(location=RUNNING_DIR, limit=SHOWN_RUNNING)
+    rows = [running_task(store, entry.uuid, None, now) for entry in newest]
+    return Fleet(False, [r for r in rows if r is not None], index.count(location=RUNNING_DIR), ended_24h=ended)

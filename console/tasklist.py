@@ -1,47 +1,12 @@
-"""The tasks page's source: the context store's index (``store.index``, "A busy fleet stays fast"), never a
-scan of every context directory. The Protocol is what the console needs of it."""
+"""The tasks page's source: the context store's index (``store.index``), never a scan of every context."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+
+from contexts.index import ContextIndex, IndexEntry
 
 PAGE_SIZE = 50
-
-
-class Entry(Protocol):
-    """One row of the index."""
-
-    uuid: str
-    status: str
-    created_at: Any
-    ended_at: Any
-    repository: Any
-    user: Any
-    task_type: Any
-    task_id: Any
-    title: Any
-    steps: Any
-    tokens: Any
-
-
-class TaskIndex(Protocol):
-    """What the console reads of the index."""
-
-    def page(self, *, status: str | None = None, repository: str | None = None, user: str | None = None,
-             uuid_prefix: str | None = None, limit: int = PAGE_SIZE, offset: int = 0) -> list[Any]:
-        """Entries newest first."""
-        ...
-
-    def count(self, *, status: str | None = None, repository: str | None = None, user: str | None = None,
-              uuid_prefix: str | None = None) -> int:
-        """How many entries match."""
-        ...
-
-    def ended_since(self, since: datetime) -> dict[str, int]:
-        """Tasks that ended since ``since``, by final status."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -63,13 +28,13 @@ class Filters:
 class TaskPage:
     """One page of the tasks list."""
 
-    entries: list[Any]
+    entries: list[IndexEntry]
     total: int
     page: int
     pages: int
 
 
-def read_page(index: TaskIndex, filters: Filters, page: int, size: int = PAGE_SIZE) -> TaskPage:
+def read_page(index: ContextIndex, filters: Filters, page: int, size: int = PAGE_SIZE) -> TaskPage:
     """Page ``page`` (from 1) of the entries matching ``filters``, newest first."""
     total = index.count(**filters.as_kwargs())
     pages = max((total + size - 1) // size, 1)

@@ -13,9 +13,6 @@ from starlette.responses import RedirectResponse
 from starlette.routing import Mount, Route
 
 from console.app import create_console
-from console.scan_index import ScanIndex
-from console.tasklist import TaskIndex
-from contexts.store import ContextStore
 from worker.settings_models import Settings
 from worker.stores import open_store
 from worker.submit import request_cancel
@@ -23,12 +20,6 @@ from worker.submit import request_cancel
 MOUNT = "/console"
 WORKERS_TTL_S = 10.0
 PING_TIMEOUT_S = 0.5
-
-
-def task_index(store: ContextStore) -> TaskIndex:
-    """The store's index; a scan stands in for it where the store has none yet."""
-    index = getattr(store, "index", None)
-    return index if index is not None else ScanIndex(store)
 
 
 class WorkerCount:
@@ -56,12 +47,12 @@ def console_app(settings: Settings, client: redis.Redis | None, celery_app: Any 
     """The console over the configured store; Cancel and the workers' count need ``celery_app``."""
     store = open_store(settings, must_exist=False)
     if celery_app is None or client is None:
-        return create_console(settings, store, index=task_index(store), client=client)
+        return create_console(settings, store, client=client)
 
     def cancel(uuid: str) -> str:
         return request_cancel(celery_app, client, store, uuid)
 
-    return create_console(settings, store, index=task_index(store), client=client, cancel=cancel,
+    return create_console(settings, store, client=client, cancel=cancel,
                           workers=WorkerCount(celery_app))
 
 

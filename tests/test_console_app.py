@@ -11,7 +11,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from console.app import create_console
-from console.scan_index import ScanIndex
 from console.server import broker_client
 from console.timeline import entries, token_chart
 from contexts import ContextStore
@@ -46,7 +45,7 @@ def console(make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[
         return "cancel requested"
 
     dead_broker = broker_client("redis://127.0.0.1:1/0")
-    app = create_console(settings, store, index=ScanIndex(store), client=dead_broker, cancel=cancel,
+    app = create_console(settings, store, client=dead_broker, cancel=cancel,
                          clock=lambda: clock[0])
     with TestClient(app, base_url="http://testserver") as http:
         yield Console(http, store, task, clock, cancelled)

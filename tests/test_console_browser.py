@@ -148,7 +148,7 @@ def test_sign_in_opens_the_fleet_with_running_tasks_queues_and_alerts(stack: Sta
     assert (cookie["httpOnly"], cookie["sameSite"], cookie["expires"] > time.time()) == (True, "Strict", True)
     running = page.locator("table.running tbody tr")
     expect(running).to_have_count(2)
-    expect(running.first).to_contain_text("github/octo/hello")
+    expect(running.first).to_contain_text("octo/hello")
     expect(running.first).to_contain_text("1,800 / 8,192")
     expect(page.locator(".figures")).to_contain_text("queued on tasks")
     expect(page.locator(".alerts")).to_contain_text("disk: warning")
