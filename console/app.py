@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from console import views
-from console.fleet import read_fleet
+from console.fleet import RecentEndings, read_fleet
 from console.live import POLL_S, Seen, follow
 from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matches, token_matches
 from console.tasklist import Filters, read_page
@@ -70,6 +70,7 @@ class Console:
         self.sessions = Sessions(self.token, settings.console.session_lifetime_s, clock)
         self.limiter = SignInLimiter(settings.console.signin_attempts_per_minute)
         self.templates = templates()
+        self.endings = RecentEndings()
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -115,7 +116,7 @@ class Console:
 
     async def fleet(self, request: Request, session: Session) -> Response:
         fleet = await run_in_threadpool(read_fleet, self.store, self.store.index, self.client, self.now(),
-                                        self.workers)
+                                        self.workers, self.endings)
         name = "fleet_live.html" if request.url.path.endswith("/fleet/live") else "fleet.html"
         return self.page(request, name, {"fleet": fleet, "session": session})
 

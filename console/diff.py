@@ -37,6 +37,8 @@ def branch_diff(workspace: Path, metadata: Mapping[str, Any], state: Mapping[str
     """The task branch against its base: ``workspace`` is the task's checkout (``{workspaces_dir}/{uuid}``)."""
     result = state.get("result") if isinstance(state.get("result"), dict) else {}
     branch = str((result or {}).get("branch") or "")
+    if branch.startswith("-"):  # never an option to git
+        branch = ""
     try:
         if (workspace / ".git").is_dir():
             base = run_git(("merge-base", "HEAD", "origin/HEAD"), cwd=workspace).strip()

@@ -5,6 +5,7 @@ lists the newest running contexts from the index."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,7 +21,8 @@ from contexts.state import read_state
 from contexts.store import ContextStore
 from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES
 
-SHOWN_RUNNING = 50
+ENDINGS_TTL_S = 30.0
+SHOWN_RUNNING = 20  # the freshest heartbeats; the tasks page lists every running task
 LEVEL_NAMES = {1: "warning", 2: "critical"}
 
 
@@ -105,15 +107,34 @@ def alerts_firing(published: dict[Any, Any]) -> list[Alert]:
     return firing
 
 
+class RecentEndings:
+    """Tasks ended in the last 24 h by status, counted at most every ``ttl_s``: the count reads every ending of
+    the day from the index (10,000 endings: 9 ms), and the page refreshes every few seconds."""
+
+    def __init__(self, ttl_s: float = ENDINGS_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self.lock = threading.Lock()
+        self.counted_at: datetime | None = None
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, index: ContextIndex, now: datetime) -> dict[str, int]:
+        with self.lock:
+            if self.counted_at is None or not 0 <= (now - self.counted_at).total_seconds() < self.ttl_s:
+                self.counts = index.ended_since(now - timedelta(hours=24))
+                self.counted_at = now
+            return self.counts
+
+
 def read_fleet(
     store: ContextStore,
     index: ContextIndex,
     client: redis.Redis | None,
     now: datetime,
     workers: Callable[[], int | None] = lambda: None,
+    endings: RecentEndings | None = None,
 ) -> Fleet:
     """The fleet now: from Redis when it answers, else from the index alone ("no broker")."""
-    ended = index.ended_since(now - timedelta(hours=24))
+    ended = (endings or RecentEndings(0))(index, now)
     if client is not None:
         try:
             pipe = client.pipeline(transaction=False)

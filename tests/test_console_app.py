@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
 from console.app import create_console
+from console.fleet import RecentEndings
 from console.server import broker_client
 from console.timeline import entries, token_chart
 from contexts import ContextStore
@@ -127,3 +129,14 @@ def test_tool_runs_carry_their_exit_code_and_the_chart_estimates_unreported_prom
     assert (run.exit_code, run.duration_ms, run.output) == (2, 12, "boom\nexit code: 2")
     chart = token_chart(messages, [], {"context_length": 1000, "compression_threshold": 0.7})
     assert (chart.prompt_tokens, chart.window, chart.threshold, chart.estimated) == ([100, 400], 1000, 700, True)
+
+
+def test_the_fleets_endings_of_the_day_are_recounted_once_their_count_is_older_than_its_ttl(tmp_path: Path) -> None:
+    store = ContextStore(tmp_path / "contexts")
+    endings = RecentEndings(ttl_s=30)
+    now = datetime.now(UTC)
+    running_task(store, 1).finish("completed")
+    assert endings(store.index, now) == {"completed": 1}
+    running_task(store, 2).finish("failed")
+    assert endings(store.index, now + timedelta(seconds=29)) == {"completed": 1}
+    assert endings(store.index, now + timedelta(seconds=30)) == {"completed": 1, "failed": 1}

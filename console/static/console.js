@@ -12,7 +12,7 @@
       width: Math.min(el.clientWidth || 800, 1000),
       height: 260,
       scales: { x: { time: false }, y: { range: [0, Math.max(data.window, Math.max.apply(null, data.prompt_tokens)) * 1.05] } },
-      axes: [{ label: "step" }, { label: "tokens", size: 70 }],
+      axes: [{ label: "model call", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: "tokens", size: 70 }],
       series: [
         {},
         { label: "prompt tokens", stroke: "#2563eb", width: 2, points: { show: true } },
