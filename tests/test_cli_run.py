@@ -74,6 +74,8 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
     assert "replay model" in done.stdout  # it says plainly which model it uses
     assert "Status: completed" in done.stdout
     assert "+    return a + b" in done.stdout  # the diff of the task branch
+    assert re.search(r"tasuki console, then http://127\.0\.0\.1:8765/console/tasks/[0-9a-f-]{36} \(sign in with "
+                     r"the token in \S+var/console-token\)", done.stdout)  # and how to browse it
     completed = tmp_path / "contexts" / "completed"
     states = {uuid: json.loads((completed / uuid / "state.json").read_text()) for uuid in os.listdir(completed)}
     first, second = sorted(states, key=lambda uuid: states[uuid]["started_at"])
