@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 from starlette.testclient import TestClient
 
 from console.app import create_console
@@ -140,3 +141,13 @@ def test_the_fleets_endings_of_the_day_are_recounted_once_their_count_is_older_t
     running_task(store, 2).finish("failed")
     assert endings(store.index, now + timedelta(seconds=29)) == {"completed": 1}
     assert endings(store.index, now + timedelta(seconds=30)) == {"completed": 1, "failed": 1}
+
+
+def test_an_empty_console_token_lets_nobody_in(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": ""})
+    assert settings.console_token() is None
+    store = ContextStore(tmp_path / "contexts")
+    forced = settings.model_copy(update={"console": settings.console.model_copy(update={"token": SecretStr("")})})
+    assert forced.console_token() is None
+    with TestClient(create_console(forced, store)) as http:
+        assert sign_in(http, "") == 401

@@ -461,8 +461,10 @@ class Settings(Section):
 
     def console_token(self) -> str | None:
         """The console's sign-in token: ``console.token``, else the API token; None: nobody can sign in."""
-        token = self.console.token or self.secrets.tasuki_api_token
-        return token.get_secret_value() if token is not None else None
+        for token in (self.console.token, self.secrets.tasuki_api_token):
+            if token is not None and token.get_secret_value():  # an empty token would let an empty password in
+                return token.get_secret_value()
+        return None
 
     def public_dump(self) -> dict[str, Any]:
         """All settings as JSON-ready data, without secrets and with URL credentials masked."""
