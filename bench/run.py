@@ -17,6 +17,7 @@ from bench import (
     bench_console,
     bench_failover,
     bench_followups,
+    bench_index,
     bench_memory,
     bench_metrics,
     bench_monitor,
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "sandbox": bench_sandbox.run,  # the bash tool in bubblewrap vs unsandboxed
     "followups": bench_followups.run,  # issue 12: review -> follow-up's first request, comment mid-run -> model
     "metrics": bench_metrics.run,  # issue 13 §4: a scrape does not read the running contexts
+    "index": bench_index.run,  # issue 13 §4: context list, stats and alerts do not read the completed contexts
     "resume": bench_resume.run,  # issue 13 §4: a resume does not re-read unsummarized history
     "compression-span": bench_compression_span.run,  # issue 13 §4: a compression reads only its span
     "compression": bench_compression.run,  # issue 13: compression on a worker whose task process is busy

@@ -23,6 +23,11 @@ def warn(text: str) -> None:
     sys.stderr.write(f"tasuki: warning: {mask(text)}\n")
 
 
+def note(text: str) -> None:
+    """One line on stderr about the output (how much of it there is), never mixed into stdout's data."""
+    sys.stderr.write(f"tasuki: note: {text}\n")
+
+
 def out(text: str) -> None:
     """Print one block of output and flush it (a pipe reader such as ``head`` sees it at once)."""
     sys.stdout.write(text + "\n")

@@ -66,6 +66,11 @@ GROUPS: dict[tuple[str, ...], str] = {
 COMMANDS: list[Command] = [
     Command(("context", "list"), "contexts, newest first", reading.cmd_context_list, reading.list_arguments),
     Command(
+        ("context", "reindex"),
+        "rebuild the context index from every context directory",
+        reading.cmd_context_reindex,
+    ),
+    Command(
         ("context", "show"),
         "one context: header, statistics, messages, summaries",
         reading.cmd_context_show,

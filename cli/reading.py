@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.common import UsageError, out, parse_day, terminal_width, warn
+from cli.common import UsageError, note, out, parse_day, terminal_width, warn
 from contexts.errors import CorruptRecordError
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
 from worker.stores import open_store
@@ -15,23 +15,45 @@ if TYPE_CHECKING:
 
 STATUSES = (*ACTIVE_STATUSES, *FINAL_STATUSES)
 EXIT_OK = 0
+PAGE = 50  # contexts `context list` shows unless --limit says otherwise
+ALL = 2**62  # a page with no end (SQLite's LIMIT takes a 64-bit count)
 
 
 def list_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status", choices=STATUSES, help="only contexts with this status")
     parser.add_argument("--user", metavar="USER", help="only contexts of this user")
+    parser.add_argument("--limit", type=_count, default=PAGE, metavar="N", help=f"show N contexts (default {PAGE})")
+    parser.add_argument("--offset", type=_count, default=0, metavar="N", help="skip the newest N first")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def cmd_context_list(args: argparse.Namespace, settings: Settings) -> int:
-    """Contexts, newest first."""
-    from cli import viewer
-    from contexts.queries import read_contexts
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (0, 1, 2, ...)")
+    return int(text)
 
-    listing = read_contexts(open_store(settings), status=args.status, user=args.user)
-    items = listing.items
+
+def cmd_context_list(args: argparse.Namespace, settings: Settings) -> int:
+    """Contexts, newest first, one page (from the index: the same cost at any number of completed contexts)."""
+    from cli import viewer
+    from contexts.queries import list_page
+
+    page = list_page(open_store(settings), status=args.status, user=args.user, limit=args.limit, offset=args.offset)
+    items = page.items
     out(viewer.to_json([item.to_json() for item in items]) if args.json else viewer.format_list(items))
-    warn_damaged([{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged])
+    if len(items) < page.total:
+        note(f"{len(items):,} of {page.total:,} contexts shown (--offset {args.offset}); --limit and --offset page")
+    warn_damaged([{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in page.damaged])
+    return EXIT_OK
+
+
+def cmd_context_reindex(_args: argparse.Namespace, settings: Settings) -> int:
+    """Rebuild the context index from a scan of every context directory."""
+    index = open_store(settings).index
+    indexed = index.rebuild()
+    damaged = index.damaged()
+    out(f"indexed {indexed:,} contexts into {index.path}" + (f"; {len(damaged):,} damaged" if damaged else ""))
+    warn_damaged([{"uuid": item.uuid, "reason": item.reason} for item in damaged])
     return EXIT_OK
 
 
@@ -92,7 +114,7 @@ def stats_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     """001 §9.2's statistics; with filters, also the tasks that match (unless ``--summary``)."""
     from cli import viewer
-    from contexts.queries import compute_stats, list_contexts
+    from contexts.queries import indexed_stats, list_page
 
     date_from, date_to = parse_day(args.date_from, "--from"), parse_day(args.date_to, "--to")
     if date_from and date_to and date_from > date_to:
@@ -100,14 +122,11 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     given = {"user": args.user, "status": args.status, "from": date_from, "to": date_to}
     filters = {key: str(value) for key, value in given.items() if value is not None}
     store = open_store(settings)
-    stats = compute_stats(store, user=args.user, status=args.status, date_from=date_from, date_to=date_to)
+    stats = indexed_stats(store, user=args.user, status=args.status, date_from=date_from, date_to=date_to)
     matching = None
-    if filters and not args.summary:
-        matching = [
-            item
-            for item in list_contexts(store, status=args.status, user=args.user)
-            if viewer.created_within(item, date_from, date_to)
-        ]
+    if filters and not args.summary:  # every matching task: as long as the answer, not as the history
+        everything = list_page(store, status=args.status, user=args.user, limit=ALL)
+        matching = [item for item in everything.items if viewer.created_within(item, date_from, date_to)]
     if args.json:
         data = {"filters": filters, **stats.to_json()}
         if matching is not None:

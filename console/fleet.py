@@ -15,7 +15,8 @@ import redis
 
 from contexts.atomic import read_json
 from contexts.errors import BAD_DATA_ERRORS, ContextError
-from contexts.index import ContextIndex, repository_name
+from contexts.index import ContextIndex
+from contexts.index_schema import repository_name
 from contexts.names import METADATA_FILE, RUNNING_DIR
 from contexts.state import read_state
 from contexts.store import ContextStore

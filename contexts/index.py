@@ -12,117 +12,39 @@ corrupt or outdated index file rebuilds itself once from a scan of both director
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
-from contexts.atomic import read_json
-from contexts.clock import parse_iso
 from contexts.errors import ContextError, CorruptRecordError
-from contexts.names import COMPLETED_DIR, FINAL_STATUSES, INDEX_FILE, METADATA_FILE, RUNNING_DIR
-from contexts.summary import ContextSummary, Damaged, context_uuids, disk_usage, summarize
+from contexts.index_schema import (
+    ENTRY_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    TRIGGERS,
+    UNFINISHED,
+    UPSERT,
+    row_of,
+    summary_from_json,
+)
+from contexts.names import ACTIVE_STATUSES, COMPLETED_DIR, INDEX_FILE, RUNNING_DIR
+from contexts.summary import ContextSummary, Damaged, context_uuids, summarize
+from contexts.totals import Tally, Totals, fold, tally_of
+
+__all__ = ["ContextIndex", "IndexEntry", "IndexUnavailable", "Tally", "Totals", "fold", "tally_of"]
 
 log = structlog.get_logger(__name__)
 
-SCHEMA_VERSION = "1"
 BUSY_TIMEOUT_S = 30.0  # a rebuild holds the write lock while it scans: writers queue behind it, never fail
-_FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUSES) + ")"
 T = TypeVar("T")
-
-# The tallies are keyed by (location, status, user_key): the unfiltered and the status/user-filtered totals read
-# a handful of tally rows, never the context rows.  ``newest`` orders ties as a newest-first count would.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS contexts (
-    uuid TEXT PRIMARY KEY,
-    location TEXT NOT NULL,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    ended_at REAL,
-    duration_us INTEGER,
-    task_source TEXT NOT NULL,
-    repository TEXT NOT NULL,
-    user TEXT,
-    user_key TEXT NOT NULL,
-    task_type TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    title TEXT,
-    steps INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    messages INTEGER NOT NULL,
-    compressions INTEGER NOT NULL,
-    disk_bytes INTEGER NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS contexts_newest ON contexts (created_at);
-CREATE INDEX IF NOT EXISTS contexts_status ON contexts (status, created_at);
-CREATE INDEX IF NOT EXISTS contexts_user ON contexts (user, created_at);
-CREATE INDEX IF NOT EXISTS contexts_repository ON contexts (repository, created_at);
-CREATE INDEX IF NOT EXISTS contexts_ended ON contexts (ended_at) WHERE ended_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS contexts_tally ON contexts (location, status, user_key, created_at);
-CREATE TABLE IF NOT EXISTS damaged (uuid TEXT PRIMARY KEY, location TEXT NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tallies (
-    location TEXT NOT NULL,
-    status TEXT NOT NULL,
-    user_key TEXT NOT NULL,
-    n INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    messages INTEGER NOT NULL,
-    compressions INTEGER NOT NULL,
-    duration_us INTEGER NOT NULL,
-    durations INTEGER NOT NULL,
-    disk_bytes INTEGER NOT NULL,
-    newest REAL NOT NULL,
-    PRIMARY KEY (location, status, user_key)
-);
-"""
-_ADD = """
-INSERT INTO tallies VALUES (new.location, new.status, new.user_key, 1, new.tokens, new.messages, new.compressions,
-    IFNULL(new.duration_us, 0), new.duration_us IS NOT NULL, new.disk_bytes, new.created_at)
-ON CONFLICT DO UPDATE SET n = n + 1, tokens = tokens + excluded.tokens, messages = messages + excluded.messages,
-    compressions = compressions + excluded.compressions, duration_us = duration_us + excluded.duration_us,
-    durations = durations + excluded.durations, disk_bytes = disk_bytes + excluded.disk_bytes,
-    newest = MAX(newest, excluded.newest);
-"""
-_REMOVE = """
-UPDATE tallies SET n = n - 1, tokens = tokens - old.tokens, messages = messages - old.messages,
-    compressions = compressions - old.compressions, duration_us = duration_us - IFNULL(old.duration_us, 0),
-    durations = durations - (old.duration_us IS NOT NULL), disk_bytes = disk_bytes - old.disk_bytes,
-    newest = IFNULL((SELECT MAX(created_at) FROM contexts c WHERE c.location = old.location
-        AND c.status = old.status AND c.user_key = old.user_key), 0)
-WHERE location = old.location AND status = old.status AND user_key = old.user_key;
-DELETE FROM tallies WHERE n <= 0;
-"""
-TRIGGERS = (
-    f"CREATE TRIGGER tally_insert AFTER INSERT ON contexts BEGIN {_ADD} END",
-    f"CREATE TRIGGER tally_delete AFTER DELETE ON contexts BEGIN {_REMOVE} END",
-    f"CREATE TRIGGER tally_update AFTER UPDATE ON contexts BEGIN {_REMOVE} {_ADD} END",
-)
-_COLUMNS = (
-    "uuid, location, status, created_at, ended_at, duration_us, task_source, repository, user, user_key, "
-    "task_type, task_id, title, steps, tokens, messages, compressions, disk_bytes, summary"
-)
-_ENTRY_COLUMNS = (
-    "uuid, status, created_at, ended_at, repository, user, task_type, task_id, title, steps, tokens, "
-    "location, task_source, disk_bytes"
-)
-# A context never goes back from completed/ to running/: a late write of an older running row loses.
-_MARKS = ", ".join("?" * len(_COLUMNS.split(", ")))
-_UPSERT = (  # column names are constants, values are parameters
-    f"INSERT INTO contexts ({_COLUMNS}) VALUES ({_MARKS}) "  # noqa: S608
-    "ON CONFLICT (uuid) DO UPDATE SET "
-    + ", ".join(f"{name} = excluded.{name}" for name in _COLUMNS.split(", ")[1:])
-    + " WHERE contexts.location = 'running' OR excluded.location = 'completed'"
-)
 
 
 class IndexUnavailable(ContextError):
@@ -149,102 +71,6 @@ class IndexEntry:
     disk_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class Totals:
-    """Counts and sums over a set of indexed contexts."""
-
-    by_status: dict[str, int]  # most first; ties: the status of the newest context first
-    tokens: int
-    disk_bytes: int
-    count: int = 0
-    by_location: dict[str, int] = field(default_factory=dict)
-    by_user: dict[str, int] = field(default_factory=dict)  # "(none)" for contexts without a user
-    messages: int = 0
-    compressions: int = 0
-    duration_s: float = 0.0  # summed over the contexts with a start and an end
-    durations: int = 0
-    newest_by_status: dict[str, float] = field(default_factory=dict)  # epoch seconds: merge order for callers
-    newest_by_user: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Tally:
-    location: str
-    status: str
-    user_key: str
-    n: int
-    tokens: int
-    messages: int
-    compressions: int
-    duration_us: int
-    durations: int
-    disk_bytes: int
-    newest: float
-
-
-def repository_name(task_key: dict[str, str]) -> str:
-    """``owner/repo``; a local task's repository by its name alone."""
-    if task_key.get("task_source") == "local":
-        return str(task_key.get("repo", ""))
-    return f"{task_key.get('owner', '')}/{task_key.get('repo', '')}"
-
-
-def _epoch(moment: datetime | None) -> float | None:
-    return moment.timestamp() if moment is not None else None
-
-
-def _moment(seconds: float | None) -> datetime | None:
-    return datetime.fromtimestamp(seconds, UTC) if seconds is not None else None
-
-
-def _title(directory: Path) -> str | None:
-    with suppress(OSError, ValueError, AttributeError):
-        request = read_json(directory / METADATA_FILE).get("request") or {}
-        title = (request.get("issue") or {}).get("title")
-        return str(title) if title else None
-    return None
-
-
-def _summary_json(item: ContextSummary) -> str:
-    data = asdict(item)
-    del data["path"]  # rebuilt from the root on reading: the store may have moved
-    return json.dumps(data, default=lambda value: value.isoformat(), ensure_ascii=False)
-
-
-def summary_from_json(text: str, root: Path) -> ContextSummary:
-    """A :class:`ContextSummary` stored by the index, its path under ``root``."""
-    data = json.loads(text)
-    for name in ("created_at", "started_at", "completed_at"):
-        data[name] = parse_iso(data[name]) if data[name] else None
-    return ContextSummary(**data, path=root / data["location"] / data["uuid"])
-
-
-def _row(item: ContextSummary, directory: Path) -> tuple[Any, ...]:
-    key = item.task_key
-    duration = item.duration_s
-    return (
-        item.uuid,
-        item.location,
-        item.status,
-        item.created_at.timestamp(),
-        _epoch(item.completed_at),
-        None if duration is None else round(duration * 1_000_000),
-        key.get("task_source", ""),
-        repository_name(key),
-        item.user,
-        item.user or "",
-        key.get("task_type", ""),
-        str(key.get("task_id", "")),
-        _title(directory),
-        item.llm_call_count,
-        item.total_tokens_used,
-        item.message_count,
-        item.compression_count,
-        disk_usage(directory),
-        _summary_json(item),
-    )
-
-
 def _create_private(path: Path) -> bool:
     """Create the file 0600 unless it exists (SQLite gives its -wal and -shm files the same mode); True if new."""
     try:
@@ -263,51 +89,14 @@ def _filters(
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
-    if uuid_prefix:
-        clauses.append("substr(uuid, 1, ?) = ?")
-        params += [len(uuid_prefix), uuid_prefix.lower()]
+    if uuid_prefix:  # a range of the primary key: "~" sorts after every character of a UUID
+        clauses.append("uuid >= ? AND uuid < ?")
+        params += [uuid_prefix.lower(), uuid_prefix.lower() + "~"]
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
 def _mark_damaged(db: sqlite3.Connection, directory: Path, reason: str) -> None:
     db.execute("INSERT OR REPLACE INTO damaged VALUES (?, ?, ?)", (directory.name, directory.parent.name, reason))
-
-
-def _ordered(counts: dict[str, int], newest: dict[str, float]) -> dict[str, int]:
-    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], -newest.get(kv[0], 0.0))))
-
-
-def fold(tallies: Iterable[_Tally]) -> Totals:
-    """Totals from tally rows (the index's own, or a filtered aggregate of context rows)."""
-    by_status: dict[str, int] = {}
-    by_user: dict[str, int] = {}
-    by_location: dict[str, int] = {}
-    newest_status: dict[str, float] = {}
-    newest_user: dict[str, float] = {}
-    sums = {"tokens": 0, "messages": 0, "compressions": 0, "duration_us": 0, "durations": 0, "disk_bytes": 0}
-    for t in tallies:
-        user = t.user_key or "(none)"
-        by_status[t.status] = by_status.get(t.status, 0) + t.n
-        by_user[user] = by_user.get(user, 0) + t.n
-        by_location[t.location] = by_location.get(t.location, 0) + t.n
-        newest_status[t.status] = max(newest_status.get(t.status, 0.0), t.newest)
-        newest_user[user] = max(newest_user.get(user, 0.0), t.newest)
-        for name in sums:
-            sums[name] += getattr(t, name)
-    return Totals(
-        by_status=_ordered(by_status, newest_status),
-        tokens=sums["tokens"],
-        disk_bytes=sums["disk_bytes"],
-        count=sum(by_status.values()),
-        by_location=by_location,
-        by_user=_ordered(by_user, newest_user),
-        messages=sums["messages"],
-        compressions=sums["compressions"],
-        duration_s=sums["duration_us"] / 1_000_000,
-        durations=sums["durations"],
-        newest_by_status=newest_status,
-        newest_by_user=newest_user,
-    )
 
 
 class ContextIndex:
@@ -320,11 +109,14 @@ class ContextIndex:
         self._guard = threading.RLock()
         self._pid = -1
         self._db: sqlite3.Connection | None = None
+        self._inherited: list[sqlite3.Connection] = []  # a parent's, after a fork: kept open, never used or closed
         self._attempt(self._connect)
 
     # -- connection ----------------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        if self._db is not None and self._pid != os.getpid():
+            self._inherited.append(self._db)  # closing it here could checkpoint the parent's WAL under it
         new = _create_private(self.path)
         db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
         self._db, self._pid = db, os.getpid()
@@ -404,7 +196,7 @@ class ContextIndex:
 
     def _record(self, directory: Path) -> None:
         try:
-            row = _row(summarize(directory), directory)
+            row = row_of(summarize(directory), directory)
         except (OSError, CorruptRecordError) as exc:
             with self._write() as db:
                 if directory.is_dir():
@@ -414,7 +206,7 @@ class ContextIndex:
                     self._forget(db, directory.name)
             return
         with self._write() as db:
-            db.execute(_UPSERT, row)
+            db.execute(UPSERT, row)
             db.execute("DELETE FROM damaged WHERE uuid = ?", (directory.name,))
 
     def _exists(self, uuid: str) -> bool:
@@ -455,9 +247,7 @@ class ContextIndex:
         def stale() -> set[str]:
             db = self._conn()
             running_now = set(context_uuids(self.root / RUNNING_DIR))
-            rows = db.execute(
-                f"SELECT uuid, location FROM contexts WHERE location = 'running' OR status NOT IN {_FINAL}"  # noqa: S608
-            ).fetchall()
+            rows = db.execute(UNFINISHED, ACTIVE_STATUSES).fetchall()
             indexed = {uuid for uuid, location in rows if location == RUNNING_DIR}
             moved = {uuid for uuid, location in rows if location != RUNNING_DIR or uuid not in running_now}
             if not everything:
@@ -510,7 +300,7 @@ class ContextIndex:
     @staticmethod
     def _scan_one(db: sqlite3.Connection, directory: Path) -> int:
         try:
-            db.execute(_UPSERT, _row(summarize(directory), directory))
+            db.execute(UPSERT, row_of(summarize(directory), directory))
         except (OSError, CorruptRecordError) as exc:
             if directory.is_dir():
                 _mark_damaged(db, directory, str(exc))
@@ -534,11 +324,12 @@ class ContextIndex:
         where = _filters(status, repository, user, uuid_prefix, location)
         return [
             IndexEntry(
-                uuid=r[0], status=r[1], created_at=_moment(r[2]) or datetime.min, ended_at=_moment(r[3]),
+                uuid=r[0], status=r[1], created_at=datetime.fromtimestamp(r[2], UTC),
+                ended_at=None if r[3] is None else datetime.fromtimestamp(r[3], UTC),
                 repository=r[4], user=r[5], task_type=r[6], task_id=r[7], title=r[8], steps=r[9], tokens=r[10],
                 location=r[11], task_source=r[12], disk_bytes=r[13],
             )
-            for r in self._newest(_ENTRY_COLUMNS, where, limit, offset)
+            for r in self._newest(ENTRY_COLUMNS, where, limit, offset)
         ]
 
     def summaries(
@@ -581,6 +372,18 @@ class ContextIndex:
     ) -> Totals:
         """Counts and sums of the contexts created in ``[since, until)`` (all without them): from the running
         tallies when no time bound is given, else from the context rows in that time range."""
+        return fold(self.tallies(since=since, until=until, status=status, user=user, location=location))
+
+    def tallies(
+        self,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        user: str | None = None,
+        location: str | None = None,
+    ) -> list[Tally]:
+        """The tallies :meth:`totals` folds (callers add tallies of contexts they read themselves)."""
         clauses: list[str] = []
         params: list[Any] = []
         for column, value in (("status", status), ("user_key", user), ("location", location)):
@@ -601,7 +404,7 @@ class ContextIndex:
                 "WHERE " + " AND ".join(clauses) + " GROUP BY location, status, user_key"
             )
         rows = self._attempt(lambda: self._conn().execute(sql, params).fetchall())
-        return fold(_Tally(*row) for row in rows)
+        return [Tally(*row) for row in rows]
 
     def ended_since(self, since: datetime) -> dict[str, int]:
         """Contexts that reached ``completed/`` since ``since``, by status (final ones, and any still completing)."""

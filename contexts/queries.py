@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ from contexts.errors import CorruptRecordError
 from contexts.names import COMPLETED_DIR, MESSAGES_FILE, METADATA_FILE, RUNNING_DIR, SUMMARIES_FILE, TOOLS_FILE
 from contexts.state import read_state
 from contexts.store import ContextStore
-from contexts.summary import STATUSES, ContextSummary, Damaged, disk_usage, summarize
+from contexts.summary import STATUSES, ContextSummary, Damaged, context_uuids, disk_usage, summarize
+from contexts.totals import Totals, fold, tally_of
 
 __all__ = ["STATUSES", "ContextSummary", "Damaged", "disk_usage", "summarize"]  # their home is contexts.summary
 
@@ -27,22 +27,58 @@ class Listing:
     damaged: list[Damaged]
 
 
-def read_contexts(store: ContextStore, *, status: str | None = None, user: str | None = None) -> Listing:
-    """Every readable context, newest first, optionally filtered; damaged ones are listed apart."""
+def _read(store: ContextStore, location: str, status: str | None, user: str | None) -> Listing:
     items, damaged = [], []
-    for location, uuids in ((RUNNING_DIR, store.running_uuids()), (COMPLETED_DIR, store.completed_uuids())):
-        for uuid in uuids:
-            directory = store.base_dir / location / uuid
-            try:
-                item = summarize(directory)
-            except (OSError, CorruptRecordError) as exc:
-                if directory.is_dir():  # else it vanished mid-listing (moved to completed/ or deleted)
-                    damaged.append(Damaged(uuid, directory, str(exc)))
-                continue
-            if (status is None or item.status == status) and (user is None or item.user == user):
-                items.append(item)
-    items.sort(key=lambda item: item.created_at, reverse=True)
+    for uuid in context_uuids(store.base_dir / location):
+        directory = store.base_dir / location / uuid
+        try:
+            item = summarize(directory)
+        except (OSError, CorruptRecordError) as exc:
+            if directory.is_dir():  # else it vanished mid-listing (moved to completed/ or deleted)
+                damaged.append(Damaged(uuid, directory, str(exc)))
+            continue
+        if (status is None or item.status == status) and (user is None or item.user == user):
+            items.append(item)
     return Listing(items, damaged)
+
+
+def read_contexts(store: ContextStore, *, status: str | None = None, user: str | None = None) -> Listing:
+    """Every readable context, newest first, optionally filtered; damaged ones are listed apart.
+
+    Reads every context directory: what the index is checked against. The commands read :func:`list_page`."""
+    running, completed = (_read(store, location, status, user) for location in (RUNNING_DIR, COMPLETED_DIR))
+    items = sorted([*running.items, *completed.items], key=lambda item: item.created_at, reverse=True)
+    return Listing(items, [*running.damaged, *completed.damaged])
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the newest contexts, how many match in all, and the damaged ones known."""
+
+    items: list[ContextSummary]
+    total: int
+    damaged: list[Damaged]
+
+
+def list_page(
+    store: ContextStore, *, status: str | None = None, user: str | None = None, limit: int = 50, offset: int = 0
+) -> Page:
+    """The newest contexts: running ones read from their directories (few), completed ones from the index (a page
+    costs the same at 10 and at 10,000 completed contexts)."""
+    running = _read(store, RUNNING_DIR, status, user)
+    completed = store.index.summaries(status=status, user=user, location=COMPLETED_DIR, limit=offset + limit)
+    moved = {item.uuid for item in completed}  # finished between the two reads: shown once, as it ended
+    newest = sorted(
+        [*(item for item in running.items if item.uuid not in moved), *completed],
+        key=lambda item: item.created_at,
+        reverse=True,
+    )
+    total = len(running.items) + store.index.count(status=status, user=user, location=COMPLETED_DIR)
+    return Page(newest[offset : offset + limit], total, [*running.damaged, *_damaged_completed(store)])
+
+
+def _damaged_completed(store: ContextStore) -> list[Damaged]:
+    return [damaged for damaged in store.index.damaged() if damaged.path.parent.name == COMPLETED_DIR]
 
 
 def list_contexts(store: ContextStore, *, status: str | None = None, user: str | None = None) -> list[ContextSummary]:
@@ -109,6 +145,29 @@ class Stats:
         return asdict(self)
 
 
+def _within(item: ContextSummary, date_from: date | None, date_to: date | None) -> bool:
+    day = item.created_at.astimezone(UTC).date()
+    return (date_from is None or day >= date_from) and (date_to is None or day <= date_to)
+
+
+def _stats(totals: Totals, running_bytes: int, completed_bytes: int, damaged: list[Damaged]) -> Stats:
+    count = totals.count or 1
+    return Stats(
+        total=totals.count,
+        running=totals.by_location.get(RUNNING_DIR, 0),
+        completed=totals.by_location.get(COMPLETED_DIR, 0),
+        by_status=totals.by_status,
+        disk_running_bytes=running_bytes,
+        disk_completed_bytes=completed_bytes,
+        avg_messages=totals.messages / count,
+        avg_tokens=totals.tokens / count,
+        avg_duration_s=totals.duration_s / totals.durations if totals.durations else None,
+        avg_compressions=totals.compressions / count,
+        by_user=totals.by_user,
+        damaged=[{"uuid": item.uuid, "reason": item.reason} for item in damaged],
+    )
+
+
 def compute_stats(
     store: ContextStore,
     *,
@@ -117,27 +176,29 @@ def compute_stats(
     date_from: date | None = None,
     date_to: date | None = None,
 ) -> Stats:
-    """Statistics over contexts created between ``date_from`` and ``date_to`` (inclusive, UTC)."""
+    """Statistics over contexts created between ``date_from`` and ``date_to`` (inclusive, UTC), read from every
+    context directory: what the index is checked against. The commands read :func:`indexed_stats`."""
     listing = read_contexts(store, status=status, user=user)
-    items = [
-        item
-        for item in listing.items
-        if (date_from is None or item.created_at.date() >= date_from)
-        and (date_to is None or item.created_at.date() <= date_to)
-    ]
-    count = len(items) or 1
-    durations = [d for d in (item.duration_s for item in items) if d is not None]
-    return Stats(
-        total=len(items),
-        running=sum(1 for item in items if item.location == RUNNING_DIR),
-        completed=sum(1 for item in items if item.location == COMPLETED_DIR),
-        by_status=dict(Counter(item.status for item in items).most_common()),
-        disk_running_bytes=disk_usage(store.base_dir / RUNNING_DIR),
-        disk_completed_bytes=disk_usage(store.base_dir / COMPLETED_DIR),
-        avg_messages=sum(item.message_count for item in items) / count,
-        avg_tokens=sum(item.total_tokens_used for item in items) / count,
-        avg_duration_s=sum(durations) / len(durations) if durations else None,
-        avg_compressions=sum(item.compression_count for item in items) / count,
-        by_user=dict(Counter(item.user or "(none)" for item in items).most_common()),
-        damaged=[{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged],
-    )
+    totals = fold(tally_of(item) for item in listing.items if _within(item, date_from, date_to))
+    running, completed = (disk_usage(store.base_dir / location) for location in (RUNNING_DIR, COMPLETED_DIR))
+    return _stats(totals, running, completed, listing.damaged)
+
+
+def indexed_stats(
+    store: ContextStore,
+    *,
+    user: str | None = None,
+    status: str | None = None,
+    date_from: date | None = None,
+    date_to: date | None = None,
+) -> Stats:
+    """:func:`compute_stats` from the index's running tallies plus the running contexts' own directories: without
+    filters (or filtered by user and status) it costs the same at 10 and at 10,000 completed contexts."""
+    running = _read(store, RUNNING_DIR, status, user)
+    since = datetime.combine(date_from, time.min, UTC) if date_from else None
+    until = datetime.combine(date_to + timedelta(days=1), time.min, UTC) if date_to else None
+    tallies = store.index.tallies(since=since, until=until, status=status, user=user, location=COMPLETED_DIR)
+    totals = fold([*tallies, *(tally_of(item) for item in running.items if _within(item, date_from, date_to))])
+    completed_bytes = store.index.totals(location=COMPLETED_DIR).disk_bytes
+    damaged = [*running.damaged, *_damaged_completed(store)]
+    return _stats(totals, disk_usage(store.base_dir / RUNNING_DIR), completed_bytes, damaged)

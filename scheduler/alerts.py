@@ -7,7 +7,6 @@ values in Redis (``ALERTS_KEY``), which the HTTP intake's ``/metrics`` serves as
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -123,33 +122,21 @@ def evaluate(m: Measurements, limits: AlertSettings) -> tuple[Alert, ...]:
 
 
 def measure(store: ContextStore, now: datetime, recent: timedelta, max_runtime: timedelta) -> Measurements:
-    """Read disk use, recently finished tasks and running tasks' ages from the store."""
+    """Read disk use, recently finished tasks and running tasks' ages: the running contexts from their directories
+    (few), the completed ones from the index's running totals (the same cost at any number of them)."""
     running = store.running_uuids()
     long_running = []
     for uuid in running:
         started = _state_time(store.running_path(uuid), "started_at")
         if started is not None and now - started > max_runtime:
             long_running.append(uuid)
-    finished = failed = 0
-    cutoff = (now - recent).timestamp()
-    with os.scandir(store.base_dir / COMPLETED_DIR) as entries:
-        for entry in entries:
-            # A context's directory changes (and its ctime moves) when it is completed: older ones are skipped unread.
-            if entry.name.startswith(".") or not entry.is_dir() or entry.stat().st_ctime < cutoff:
-                continue
-            state = _state(Path(entry.path))
-            completed_at = state.get("completed_at")
-            if not isinstance(completed_at, str) or parse_iso(completed_at).timestamp() < cutoff:
-                continue
-            status = state.get("status")
-            finished += status in FINISHED
-            failed += status in FAILURES
+    endings = store.index.ended_since(now - recent)
     return Measurements(
         running_bytes=disk_usage(store.base_dir / RUNNING_DIR),
-        completed_bytes=disk_usage(store.base_dir / COMPLETED_DIR),
+        completed_bytes=store.index.totals(location=COMPLETED_DIR).disk_bytes,
         running_count=len(running),
-        recent_finished=finished,
-        recent_failed=failed,
+        recent_finished=sum(endings.get(status, 0) for status in FINISHED),
+        recent_failed=sum(endings.get(status, 0) for status in FAILURES),
         long_running=tuple(sorted(long_running)),
     )
 

@@ -20,13 +20,16 @@ RATIO_LINES = (
     r"^prompt: build_prompt [\d,]+ vs 1,000 messages  ratio \d+\.\d\d  target <= 2  (PASS|MISS)",
     r"^memory: .* reduction -?\d+\.\d%  target >= 90%  (PASS|MISS)",
     r"^memory growth reduction +-?\d+\.\d% +>= 90% +(PASS|MISS)$",
+    r"^index: list with [\d,]+ completed contexts .*: \d+\.\d\d$",
+    r"^stats, [\d,]+ vs 10 completed +\d+\.\d\d +<= 2 +(PASS|MISS)$",
 )
 
 
 @pytest.mark.timeout(60)
 def test_quick_run_prints_every_ratio_and_the_summary_table(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "appends", "prompt", "memory", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "appends", "prompt", "memory", "index", "--dir",
+         str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -261,6 +261,20 @@ def test_list_filters_by_status_and_user(store: Store) -> None:
     assert ok(tasuki(store.base, "context", "list", "--user", "nobody")) == "No contexts.\n"
 
 
+def test_list_shows_one_page_and_says_on_stderr_how_many_match(store: Store) -> None:
+    first = tasuki(store.base, "context", "list", "--limit", "2")
+    assert [line.split()[0] for line in first.stdout.splitlines()[1:]] == [store.running, store.failed]
+    assert first.stderr == "tasuki: note: 2 of 4 contexts shown (--offset 0); --limit and --offset page\n"
+
+    second = tasuki(store.base, "context", "list", "--limit", "2", "--offset", "2", "--json")
+    assert [item["uuid"] for item in json.loads(second.stdout)] == [store.timeout, store.completed]
+
+
+def test_reindex_rebuilds_the_index_from_every_context_directory(store: Store) -> None:
+    assert ok(tasuki(store.base, "context", "reindex")) == f"indexed 4 contexts into {store.base / 'index.sqlite3'}\n"
+    assert len(ok(tasuki(store.base, "context", "list")).splitlines()) == 5
+
+
 # -- stats -----------------------------------------------------------------------------------------
 
 
@@ -313,6 +327,7 @@ def test_stats_json(store: Store) -> None:
         (["stats", "--from", "2024-02-01", "--to", "2024-01-01"], 2, "--from 2024-02-01 is after --to 2024-01-01"),
         (["context", "list", "--status", "sleeping"], 2, "invalid choice: 'sleeping'"),
         (["context", "list", "--colour"], 2, "unrecognized arguments: --colour"),
+        (["context", "list", "--limit", "ten"], 2, "argument --limit: 'ten' is not a count"),
     ],
 )
 def test_bad_input_is_one_line_and_a_nonzero_exit(store: Store, args: list[str], code: int, says: str) -> None:

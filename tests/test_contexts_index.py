@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
+import sqlite3
+from contextlib import closing
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from contexts.clock import iso
-from contexts.index import ContextIndex, IndexEntry
-from contexts.queries import compute_stats
+from contexts.index import ContextIndex, IndexEntry, Tally, fold, tally_of
+from contexts.queries import compute_stats, indexed_stats, list_page, read_contexts
 from contexts.repair import finish_move
 from contexts.retention import apply_retention
 from contexts.state import update_state
@@ -109,6 +114,16 @@ def test_a_page_is_newest_first_and_filters_by_status_repository_user_and_uuid_p
     assert [e.uuid for e in index.page(user="alice")] == [c, a]
     assert [e.uuid for e in index.page(uuid_prefix=a[:6].upper())] == [a]
     assert (index.count(), index.count(user="alice"), index.count(repository="octo/two", status="failed")) == (3, 2, 1)
+
+
+def test_an_entry_carries_the_issue_title_masked_as_in_metadata(store: ContextStore) -> None:
+    request = {"issue": {"number": 42, "title": "Crash with token ghp_" + "a1B2" * 9}}
+    ctx = store.create(TASK_KEY, CONFIG, heartbeat=False, extra_metadata={"request": request})
+    ctx.release()
+
+    (entry,) = store.index.page()
+
+    assert entry.title == "Crash with token [GITHUB_TOKEN]" == ctx.metadata["request"]["issue"]["title"]
 
 
 def test_totals_and_endings_agree_with_a_scan_of_the_directories(store: ContextStore, clock: Clock) -> None:
@@ -241,3 +256,59 @@ def test_a_status_change_after_completion_never_takes_a_row_back_to_running(stor
 
     assert rows(fresh(store)) == {uuid: ("completed", "completed")}
 
+
+
+def test_the_indexed_list_and_statistics_equal_a_scan_of_every_directory(store: ContextStore, clock: Clock) -> None:
+    uuids = [
+        task(store, clock, user=user, llm_call_count=n, total_tokens_used=10 * n, compression_count=n % 2)
+        for n, user in enumerate(["alice", "alice", None, "alice", "carol", "bob"])
+    ]
+    for uuid, status in zip(uuids, ["completed", "completed", "cancelled", "completed"], strict=False):
+        finish(store, clock, uuid, status)
+    clock.advance(8 * 86400)
+    apply_retention(store, clock.now, gzip_after_days=7, delete_after_days=30)  # gzips them all
+    clock.advance(-8 * 86400)
+    finish(store, clock, uuids[4])
+    index = fresh(store)
+    assert index.count() == 6
+
+    assert list_page(store, limit=100).items == read_contexts(store).items
+    assert list_page(store, limit=2, offset=3).items == read_contexts(store).items[3:5]
+    assert list_page(store, user="alice").items == read_contexts(store, user="alice").items
+    completed = [item for item in read_contexts(store).items if item.location == "completed"]
+    assert replace(index.totals(location="completed"), disk_bytes=0) == fold(map(tally_of, completed))
+    day = START.date()
+    for filters in ({}, {"user": "alice"}, {"status": "completed"}, {"date_from": day, "date_to": day}):
+        assert indexed_stats(store, **filters) == compute_stats(store, **filters), filters  # type: ignore[arg-type]
+
+
+def _create_and_finish(base: str, count: int, start: Any) -> None:
+    store = ContextStore(base, fsync="never")
+    start.wait()
+    for n in range(count):
+        ctx = store.create(TASK_KEY, CONFIG, user=f"user{n % 3}", heartbeat=False)
+        ctx.update_state(status="processing", add={"total_tokens_used": n})
+        ctx.finish("failed" if n % 4 == 0 else "completed")
+
+
+def test_writers_in_several_processes_at_once_lose_no_row_and_keep_the_tallies_exact(tmp_path: Path) -> None:
+    base = tmp_path / "contexts"
+    ContextStore(base).index  # noqa: B018 - the file exists before the race, as in a running fleet
+    forked = multiprocessing.get_context("fork")
+    start = forked.Event()
+    writers = [forked.Process(target=_create_and_finish, args=(str(base), 15, start)) for _ in range(4)]
+    for writer in writers:
+        writer.start()
+    start.set()
+    for writer in writers:
+        writer.join(timeout=120)
+    assert [writer.exitcode for writer in writers] == [0, 0, 0, 0]
+
+    completed = read_contexts(ContextStore(base)).items
+    assert len(completed) == 60
+    with closing(sqlite3.connect(base / "index.sqlite3")) as db:  # as the writers left it: no reconciliation
+        rows = {uuid: (location, status) for uuid, location, status in db.execute(
+            "SELECT uuid, location, status FROM contexts")}
+        tallies = [Tally(*row) for row in db.execute("SELECT * FROM tallies")]
+    assert rows == {item.uuid: ("completed", item.status) for item in completed}
+    assert replace(fold(tallies), disk_bytes=0) == fold(map(tally_of, completed))

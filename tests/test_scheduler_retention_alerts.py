@@ -14,7 +14,7 @@ import structlog
 
 from contexts import ContextStore
 from contexts.clock import iso
-from contexts.state import update_state
+from contexts.summary import disk_usage
 from scheduler.alerts import Measurements, check, evaluate
 from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import CONFIG, TASK_KEY
@@ -25,12 +25,12 @@ NOW = datetime.now(UTC)
 
 
 def finished(store: ContextStore, status: str, days_ago: float) -> str:
-    ctx = store.create(TASK_KEY, CONFIG, heartbeat=False)
+    """A task that ended ``days_ago``: run by a store whose clock says so, as the index learns of it then."""
+    then = ContextStore(store.base_dir, clock=lambda: NOW - timedelta(days=days_ago))
+    ctx = then.create(TASK_KEY, CONFIG, heartbeat=False)
     ctx.append_message("user", "the task")
     ctx.append_message("assistant", "done")
-    directory = ctx.finish(status, error="boom" if status == "failed" else None)
-    completed_at = iso(NOW - timedelta(days=days_ago))
-    update_state(directory, NOW, fsync=False, set_fields={"completed_at": completed_at})
+    ctx.finish(status, error="boom" if status == "failed" else None)
     return ctx.uuid
 
 
@@ -115,6 +115,19 @@ def test_alerts_cross_every_threshold_and_log_each_as_a_structured_event(tmp_pat
     assert all(e["log_level"] == "warning" for e in alerts)
     old.detach()
     young.detach()
+
+
+def test_alerts_take_completed_contexts_from_the_index_without_reading_their_directories(tmp_path: Path) -> None:
+    store = ContextStore(tmp_path / "contexts")
+    finished(store, "failed", 0.1)
+    finished(store, "completed", 0.2)
+    completed_bytes = disk_usage(store.base_dir / "completed")
+    for uuid in store.completed_uuids():  # what a walk of completed/ would need is gone; the index still knows
+        (store.completed_path(uuid) / "state.json").unlink()
+
+    m = check(ContextStore(tmp_path / "contexts"), AlertSettings(), NOW).measurements
+
+    assert (m.recent_finished, m.recent_failed, m.completed_bytes) == (2, 1, completed_bytes)
 
 
 def test_no_alert_below_the_thresholds_and_critical_disk_above_the_critical_one() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,14 @@ def test_task_fixes_failing_test_and_leaves_branch_with_the_fix(stack: Stack, tm
     assert git(repo, "show", f"{branch}:calc.py") == FIXED_CALC
     assert git(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"  # the operator's checkout untouched
     stack.wait_until(lambda: not (tmp_path / "workspaces" / uuid).exists(), what="workspace removal")
+    # The worker's own write to the context index, read as it left it (opening a ContextIndex would reconcile).
+    stack.wait_until(lambda: indexed(stack.contexts_dir, uuid) == ("completed", "completed", 5), what="index row")
+
+
+def indexed(contexts_dir: Path, uuid: str) -> tuple[str, str, int] | None:
+    with closing(sqlite3.connect(contexts_dir / "index.sqlite3")) as db:
+        row = db.execute("SELECT location, status, steps FROM contexts WHERE uuid = ?", (uuid,)).fetchone()
+    return None if row is None else (row[0], row[1], row[2])
 
 
 LEAKY_SUMMARY = "Fixed it with ghp_0123456789abcdefABCDEF0123456789abcd; ask alice@example.com."
