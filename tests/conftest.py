@@ -29,8 +29,11 @@ SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first)."""
-    items.sort(key=lambda item: item.get_closest_marker("compose") is not None)  # stable: the rest keep their order
+    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first). The browser
+    tests run just before it: after Playwright has run in this process, a test that forks without exec (the
+    index's writers in several processes) hangs in the child."""
+    items.sort(key=lambda item: (item.get_closest_marker("compose") is not None,
+                                 item.get_closest_marker("browser") is not None))  # stable: the rest keep their order
 
 
 

@@ -1,7 +1,7 @@
 """The console end to end in a real browser (SPEC §15): Debian's chromium driven by Playwright against the
 intake's app (console enabled) on a real uvicorn server, real Redis, contexts written through the real store.
 
-One browser for the whole module (pytest-playwright's session ``browser``); each test gets a fresh page.
+One browser for the whole module; each test gets a fresh page (a new browser context).
 Screenshots of the three pages go to ``$TASUKI_SCREENSHOTS`` when it is set (``docs/`` for the README).
 """
 
@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -37,9 +36,9 @@ from worker.names import ALERTS_KEY, CANCEL_PREFIX, HEARTBEATS_KEY
 from worker.settings import load_settings
 
 pytest.importorskip("playwright")
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
 CHROMIUM = Path("/usr/bin/chromium")
 TOKEN = "console-test-token-0123456789"
@@ -48,12 +47,19 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args() -> dict[str, Any]:
-    """pytest-playwright's launch options: Debian's chromium by its path (Playwright's download does not work)."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One browser for the module: Debian's chromium by its path (Playwright's download does not work here).
+
+    Module-scoped, not pytest-playwright's session-long one: Playwright's driver and its event loop would stay
+    in this process for the rest of the session, and later tests that fork (the index's writers) hang in it.
+    """
     if not CHROMIUM.exists():
         cannot_run(f"no chromium at {CHROMIUM} (apt-get install chromium)")
-    return {"executable_path": str(CHROMIUM), "args": CHROMIUM_ARGS}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
 
 
 @dataclass
