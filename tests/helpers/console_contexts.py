@@ -85,5 +85,5 @@ def finished_task(store: ContextStore, repo: Path, branch: str, task_id: int = 2
     ctx.compress(lambda _previous, span: f"Ran the tests {len(span)} times; answer() returned 41.", policy)
     step(ctx, steps + 1, prompt_tokens=1500)
     ctx.finish("completed", result={"summary": "answer() returns 42", "branch": branch, "commit": "abc",
-                                    "pr_url": "javascript:window.__pwned=5"})
+                                    "pull_request_url": "javascript:window.__pwned=5"})
     return ctx.uuid
