@@ -14,6 +14,7 @@ from bench import (
     bench_compose_failover,
     bench_compression,
     bench_compression_span,
+    bench_console,
     bench_failover,
     bench_followups,
     bench_index,
@@ -54,6 +55,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
     "recall-quality": bench_recall_quality.run,  # issue 11: recall@5 hybrid vs BM25 vs vectors on a real history
     "spend": bench_spend.run,  # issue 17: a 40-step task with pricing and limits vs without
+    "console": bench_console.run,  # issue 16: fleet and tasks pages at 11,000 vs 10 contexts; step -> open page
 }
 
 

@@ -209,6 +209,23 @@ def cmd_webhook(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def console_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="address to listen on (default: console.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: console.port, 8765)")
+
+
+def cmd_console(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve the operators' console alone (contexts; Redis when it answers) with uvicorn."""
+    from cli.console_access import console_access
+    from console.server import serve
+
+    access = console_access(settings)
+    address = f"http://{args.host or settings.console.host}:{args.port or settings.console.port}/console/"
+    out(f"console: {address} ({access.hint}); Ctrl-C stops it")
+    serve(access.settings, args.host, args.port)
+    return 0
+
+
 # -- up, demo, replay-model ----------------------------------------------------------------------------
 
 
@@ -247,13 +264,12 @@ def replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_replay_model(args: argparse.Namespace, settings: Settings) -> int:
     """Serve the replay model (OpenAI and Ollama APIs) until interrupted."""
-    from cli.common import locate_inside
     from replay import run_replay_model
     from worker.stores import open_store
 
     messages = None
     if args.context:
-        messages = locate_inside(open_store(settings), args.context) / "messages.jsonl"
+        messages = open_store(settings).locate_inside(args.context) / "messages.jsonl"
     elif not args.trajectory.is_file():
         raise TasukiError(f"no trajectory file at {args.trajectory}")
     run_replay_model(args.trajectory, messages, args.port)

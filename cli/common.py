@@ -1,4 +1,4 @@
-"""What the commands share: printing, one-line usage errors, dates, the contexts root's edge."""
+"""What the commands share: printing, one-line usage errors, dates."""
 
 from __future__ import annotations
 
@@ -6,13 +6,8 @@ import re
 import shutil
 import sys
 from datetime import date
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from contexts.errors import InvalidUUIDError, TasukiError
-
-if TYPE_CHECKING:
-    from contexts.store import ContextStore
+from contexts.errors import TasukiError
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
@@ -42,15 +37,6 @@ def out(text: str) -> None:
 def terminal_width() -> int:
     """Columns to fit one-line views into (``$COLUMNS`` when set, 100 when not a terminal)."""
     return max(shutil.get_terminal_size((100, 24)).columns, 40)
-
-
-def locate_inside(store: ContextStore, uuid: str) -> Path:
-    """The directory of ``uuid``; refuses one that resolves outside the contexts root (a symlink)."""
-    directory = store.locate(uuid)  # also rejects anything that is not a canonical UUID, e.g. ../../etc
-    root = store.base_dir.resolve()
-    if not directory.resolve().is_relative_to(root):
-        raise InvalidUUIDError(f"context {uuid} leads outside the contexts root {root}")
-    return directory
 
 
 def parse_day(text: str | None, option: str) -> date | None:

@@ -20,6 +20,7 @@ import httpx
 from celery import Celery
 
 from cli import viewer
+from cli.console_access import console_access
 from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
 from cli.embedded import EmbeddedRedis
 from cli.progress import watch
@@ -111,6 +112,8 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
                                   check=False).stdout
             say(f"\nbranch {branch} in {repo}:\n{diff}")
         say(f"look again with: tasuki context show {uuid} --messages")
+        say(f"or in a browser: tasuki console, then http://{settings.console.host}:{settings.console.port}"
+            f"/console/tasks/{uuid} ({console_access(settings).hint})")
         if state.get("status") != "completed":
             return 1
         return _second_task(settings, say, broker, repo, store, alive=lambda: all(w.alive() for w in workers))

@@ -134,6 +134,12 @@ COMMANDS: list[Command] = [
         commands.cmd_webhook,
         commands.webhook_arguments,
     ),
+    Command(
+        ("console",),
+        "the operators' web console alone: fleet, tasks, each task's context, live",
+        commands.cmd_console,
+        commands.console_arguments,
+    ),
     Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo, commands.demo_arguments),
     Command(
         ("replay-model",),

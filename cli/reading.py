@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cli.common import UsageError, locate_inside, note, out, parse_day, terminal_width, warn
+from cli.common import UsageError, note, out, parse_day, terminal_width, warn
 from contexts.errors import CorruptRecordError
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
 from worker.stores import open_store
@@ -81,7 +81,7 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
     if args.follow and args.json:
         raise UsageError("--follow prints lines as they come; it cannot be combined with --json")
     store = open_store(settings)
-    locate_inside(store, args.uuid)
+    store.locate_inside(args.uuid)
     limit = None if args.messages or args.tools else viewer.SHOWN_BY_DEFAULT
     try:
         detail = show_context(store, args.uuid, limit=limit)

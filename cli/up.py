@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 
+from cli.console_access import console_access
 from cli.embedded import EmbeddedRedis, record_broker, redis_answers
 from cli.services import (
     TASK_QUEUES,
@@ -44,6 +45,10 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
             overrides["TASUKI__BROKER__URL"] = embedded.url
             tell(f"broker:     embedded Redis at {embedded.url} (data in {embedded.data_dir}; other tasuki "
                  f"commands with this configuration find it)")
+        if webhook:
+            access = console_access(settings)
+            overrides.update({"TASUKI__CONSOLE__ENABLED": "true", **access.env})
+            tell(f"console:    http://127.0.0.1:{settings.webhook.port}/console/ ({access.hint})")
         services = _services(child_env(overrides), tell, beat=beat, webhook=webhook, settings=settings)
         stack.callback(stop_all, services)
         for service in services:

@@ -123,6 +123,15 @@ class ContextStore:
                 return path
         raise ContextNotFoundError(f"no context {uuid} under {self.base_dir}")
 
+    def locate_inside(self, uuid: str) -> Path:
+        """:meth:`locate`, refusing a directory that resolves outside the contexts root (a symlink on its way):
+        what every reader that takes a UUID from a person (the viewer, the console) goes through."""
+        directory = self.locate(uuid)  # also rejects anything that is not a canonical UUID, e.g. ../../etc
+        root = self.base_dir.resolve()
+        if not directory.resolve().is_relative_to(root):
+            raise InvalidUUIDError(f"context {uuid} leads outside the contexts root {root}")
+        return directory
+
     def running_uuids(self) -> list[str]:
         """UUIDs of the contexts under ``running/``."""
         return context_uuids(self.base_dir / RUNNING_DIR)

@@ -29,15 +29,20 @@ SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first).
+    """The compose stack runs last: its images are built meanwhile (.ci/run starts that build first). The browser
+    tests run just before it: after Playwright has run in a process, a test that forks without exec hangs in the
+    child.
 
-    Its tests share one stack on the host's network, so they form one pytest-xdist group: one worker runs them
-    all, in order (``--dist loadgroup``), while the other workers go on with the rest.
+    Each of the two is one pytest-xdist group, run in order by one worker (``--dist loadgroup``) while the other
+    workers go on with the rest: the compose tests share one stack on the host's network, the browser tests one
+    browser.
     """
-    items.sort(key=lambda item: item.get_closest_marker("compose") is not None)  # stable: the rest keep their order
+    items.sort(key=lambda item: (item.get_closest_marker("compose") is not None,
+                                 item.get_closest_marker("browser") is not None))  # stable: the rest keep their order
     for item in items:
-        if item.get_closest_marker("compose") is not None:
-            item.add_marker(pytest.mark.xdist_group("compose"))
+        for group in ("compose", "browser"):
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 

@@ -75,6 +75,8 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
     assert "replay model" in done.stdout  # it says plainly which model it uses
     assert "Status: completed" in done.stdout
     assert "+    return a + b" in done.stdout  # the diff of the task branch
+    assert re.search(r"tasuki console, then http://127\.0\.0\.1:8765/console/tasks/[0-9a-f-]{36} \(sign in with "
+                     r"the token in \S+var/console-token\)", done.stdout)  # and how to browse it
     completed = tmp_path / "contexts" / "completed"
     states = {uuid: json.loads((completed / uuid / "state.json").read_text()) for uuid in os.listdir(completed)}
     first, second = sorted(states, key=lambda uuid: states[uuid]["started_at"])
@@ -295,6 +297,8 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
         wait_for_ping(broker, "compression-tasuki@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         wait_for_ping(broker, "maintenance@", up.process, tmp_path / "none.log")  # type: ignore[arg-type]
         up.wait_for(r"webhook +\| ")  # each service's lines carry its name
+        console = up.wait_for(r"console: +(http://\S+/console/) \(sign in with the token in (\S+)\)")
+        assert _signs_in(console.group(1), Path(console.group(2)).read_text())  # up serves the console, token kept
         recorded = tmp_path / "var" / "embedded-redis.url"
         assert recorded.read_text().strip() == broker
         assert oct(recorded.stat().st_mode & 0o777) == "0o600"
@@ -306,6 +310,21 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
     assert not any(process_alive(pid) for pid in pids)  # every child was stopped with it
     assert not recorded.exists()
     assert not _answers(broker)  # and the embedded redis-server too
+
+
+def _signs_in(console: str, token: str) -> bool:
+    """Whether the console at ``console`` (once it listens) takes ``token`` and then shows the fleet."""
+    import httpx
+
+    from tests.helpers.context_support import wait_for
+
+    def answer() -> httpx.Response | None:
+        try:
+            return httpx.post(console + "signin", data={"token": token}, follow_redirects=True, timeout=5)
+        except httpx.TransportError:
+            return None  # not listening yet
+
+    return "<h1>Fleet</h1>" in wait_for(answer, timeout=60, what="the console of tasuki up").text
 
 
 def _answers(url: str) -> bool:

@@ -1,4 +1,5 @@
-"""The ASGI app of the HTTP intake (SPEC §8): webhooks, the task API, ``/healthz`` and ``/metrics``."""
+"""The ASGI app of the HTTP intake (SPEC §8): webhooks, the task API, ``/healthz``, ``/metrics``, and the
+console under ``/console/`` when ``console.enabled`` (SPEC §15)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def create_app(
     metrics = Metrics(settings, redis_client)
     app.include_router(webhook_router(settings, intake, metrics, clock))
     app.include_router(task_api(settings, intake, blocking))
+
+    if settings.console.enabled:
+        from console.wiring import mount_console
+
+        mount_console(app, settings, redis_client, celery_app)
 
     @app.get("/healthz")
     async def healthz() -> Response:

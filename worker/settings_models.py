@@ -387,6 +387,19 @@ class LimitSettings(Section):
     def per_day(self) -> bool:
         """Whether any daily cap is set (the intake checks Redis only then)."""
         return any(v is not None for v in (self.repo_tokens, self.repo_cost, self.user_tasks))
+class ConsoleSettings(Section):
+    enabled: bool = False
+    """Serve the operators' console under /console/ (tasuki up and the demo turn it on, bound to 127.0.0.1)."""
+    token: SecretStr | None = None
+    """The console's sign-in token (set it through TASUKI__CONSOLE__TOKEN); null: the API token."""
+    session_lifetime_s: PositiveInt = 8 * 3600
+    """Seconds a console session lasts after signing in."""
+    signin_attempts_per_minute: PositiveInt = 5
+    """Sign-in attempts allowed per client address and minute; more are refused with 429."""
+    host: str = "127.0.0.1"
+    """Address `tasuki console` binds to when it serves the console alone."""
+    port: Annotated[int, Field(gt=0, lt=65536)] = 8765
+    """Port `tasuki console` listens on when it serves the console alone."""
 
 
 class UserConfigAPISettings(Section):
@@ -444,6 +457,8 @@ class Settings(Section):
     """USD per million tokens by model name: {MODEL: {input, cached_input, output}}; empty: tokens only."""
     limits: LimitSettings = LimitSettings()
     """Budgets: per task, and per repository and user per UTC day (SPEC §16)."""
+    console: ConsoleSettings = ConsoleSettings()
+    """The operators' web console: fleet, tasks and each task's context (SPEC §15)."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
@@ -495,6 +510,13 @@ class Settings(Section):
             return LLMProfile("ollama", o.model, o.context_length, o.host)
         a = self.llm.openai
         return LLMProfile("openai", a.model, a.context_length, a.base_url)
+
+    def console_token(self) -> str | None:
+        """The console's sign-in token: ``console.token``, else the API token; None: nobody can sign in."""
+        for token in (self.console.token, self.secrets.tasuki_api_token):
+            if token is not None and token.get_secret_value():  # an empty token would let an empty password in
+                return token.get_secret_value()
+        return None
 
     def public_dump(self) -> dict[str, Any]:
         """All settings as JSON-ready data, without secrets and with URL credentials masked."""

@@ -1,0 +1,234 @@
+"""The console's ASGI application (SPEC §15): sign-in, the fleet, tasks and task pages, a running task's event
+stream, and Cancel. Mounted under ``/console/`` by the intake's app, or served alone by ``tasuki console``.
+
+Every page and stream needs a session; everything shown is escaped by Jinja2's autoescape and comes from the
+masked context files. The pages load their scripts and styles from ``/console/static/`` only (the CSP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import redis
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from console import views
+from console.fleet import RecentEndings, read_fleet
+from console.live import POLL_S, Seen, follow
+from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matches, token_matches
+from console.tasklist import Filters, read_page
+from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
+from contexts.store import ContextStore
+from worker.settings_models import Settings
+
+HERE = Path(__file__).parent
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+Canceller = Callable[[str], str]
+
+
+def templates() -> Jinja2Templates:
+    """The page templates; autoescape on for every one of them (they are all HTML)."""
+    env = Jinja2Templates(directory=str(HERE / "templates"))
+    env.env.autoescape = True
+    env.env.filters.update(views.FILTERS)
+    return env
+
+
+class Console:
+    """The console's handlers over one store (its index too) and one optional Redis client."""
+
+    def __init__(self, settings: Settings, store: ContextStore, client: redis.Redis | None,
+                 cancel: Canceller | None, workers: Callable[[], int | None], clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = client
+        self.cancel_task = cancel
+        self.workers = workers
+        self.clock = clock
+        self.token = settings.console_token()
+        self.sessions = Sessions(self.token, settings.console.session_lifetime_s, clock)
+        self.limiter = SignInLimiter(settings.console.signin_attempts_per_minute)
+        self.templates = templates()
+        self.endings = RecentEndings()
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock(), UTC)
+
+    # -- pages ------------------------------------------------------------------------------------
+
+    def page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+        base = {"prefix": request.scope.get("root_path", ""), "now": self.now()}
+        response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.read(request.cookies.get(COOKIE))
+
+    async def signin_form(self, request: Request) -> Response:
+        return self.page(request, "signin.html", {"error": None, "configured": self.token is not None})
+
+    async def signin(self, request: Request) -> Response:
+        client = request.client.host if request.client else "?"
+        if not self.limiter.allow(client, self.clock()):
+            response = self.page(request, "signin.html", {"error": "Too many attempts; wait a minute.",
+                                                          "configured": True}, status=429)
+            response.headers["Retry-After"] = "60"
+            return response
+        form = await request.form()
+        given = form.get("token")
+        if not isinstance(given, str) or not token_matches(given, self.token):
+            return self.page(request, "signin.html", {"error": "That is not the console token.",
+                                                      "configured": self.token is not None}, status=401)
+        _, cookie = self.sessions.new()
+        prefix = request.scope.get("root_path", "")
+        response = RedirectResponse(f"{prefix}/", status_code=303)
+        response.set_cookie(COOKIE, cookie, max_age=self.sessions.lifetime_s, path=f"{prefix}/", httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")
+        return response
+
+    async def signout(self, request: Request) -> Response:
+        prefix = request.scope.get("root_path", "")
+        response = RedirectResponse(f"{prefix}/signin", status_code=303)
+        response.delete_cookie(COOKIE, path=f"{prefix}/", httponly=True, samesite="strict")
+        return response
+
+    async def fleet(self, request: Request, session: Session) -> Response:
+        fleet = await run_in_threadpool(read_fleet, self.store, self.store.index, self.client, self.now(),
+                                        self.workers, self.endings)
+        name = "fleet_live.html" if request.url.path.endswith("/fleet/live") else "fleet.html"
+        return self.page(request, name, {"fleet": fleet, "session": session})
+
+    async def tasks(self, request: Request, session: Session) -> Response:
+        query = request.query_params
+        filters = Filters(**{name: (query.get(name) or "").strip() or None
+                             for name in ("status", "repository", "user", "uuid_prefix")})
+        try:
+            number = int(query.get("page") or 1)
+        except ValueError:
+            number = 1
+        page = await run_in_threadpool(read_page, self.store.index, filters, number)
+        kept = {k: v for k, v in filters.as_kwargs().items() if v}
+        return self.page(request, "tasks.html", {
+            "page": page, "filters": filters, "session": session, "statuses": views.STATUSES,
+            "query": lambda n: urlencode({**kept, "page": n}),
+        })
+
+    async def task(self, request: Request, session: Session) -> Response:
+        uuid = request.path_params["uuid"]
+        view = await run_in_threadpool(views.task_view, self.settings, self.store, uuid)
+        return self.page(request, "task.html", {"view": view, "session": session})
+
+    async def events(self, request: Request, session: Session) -> Response:
+        uuid = request.path_params["uuid"]
+        self.store.locate_inside(uuid)
+        try:
+            seen = Seen(int(request.query_params.get("after", 0)), int(request.query_params.get("summaries", 0)))
+            last_id = request.headers.get("last-event-id")
+            if last_id:  # a reconnect: go on from what the browser already has
+                messages, summaries = (int(part) for part in last_id.split(".", 1))
+                seen = Seen(messages, summaries)
+        except ValueError:
+            return PlainTextResponse("bad position", status_code=400)
+        return EventSourceResponse(self._stream(request, uuid, seen), headers=SECURITY_HEADERS, ping=15)
+
+    async def _stream(self, request: Request, uuid: str, seen: Seen) -> AsyncIterator[dict[str, str]]:
+        polls = follow(self.store, uuid, seen)
+        while True:
+            step = await run_in_threadpool(next, polls, None)
+            if step is None:
+                return
+            seen, found = step
+            if found is not None:
+                position = f"{seen.messages}.{seen.summaries}"
+                if found.messages or found.summaries:
+                    html = self.templates.get_template("timeline_entries.html").render(
+                        entries=views.news_entries(found), prefix=request.scope.get("root_path", ""))
+                    yield {"event": "step", "data": html, "id": position}
+                if found.ended:
+                    yield {"event": "ended", "data": f"The task ended: {found.status}.", "id": position}
+                    return
+            await asyncio.sleep(POLL_S)
+
+    async def cancel(self, request: Request, session: Session) -> Response:
+        uuid = request.path_params["uuid"]
+        form = await request.form()
+        token = form.get("csrf")
+        if not csrf_matches(session, token if isinstance(token, str) else None):
+            return PlainTextResponse("CSRF token missing or wrong", status_code=403, headers=SECURITY_HEADERS)
+        self.store.locate_inside(uuid)
+        if self.cancel_task is None:
+            return PlainTextResponse("no broker: cancelling needs Redis", status_code=503, headers=SECURITY_HEADERS)
+        await run_in_threadpool(self.cancel_task, uuid)
+        prefix = request.scope.get("root_path", "")
+        return RedirectResponse(f"{prefix}/tasks/{uuid}", status_code=303)
+
+
+Handler = Callable[[Request, Session], Awaitable[Response]]
+
+
+def guarded(console: Console, handler: Handler, *, page: bool) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` for signed-in browsers only: a page sends others to the sign-in page, a stream, fragment or
+    form answers 401. A UUID that is not a context's is a 404 page, never a traceback."""
+
+    async def endpoint(request: Request) -> Response:
+        session = console.session(request)
+        if session is None:
+            if page:
+                return RedirectResponse(f"{request.scope.get('root_path', '')}/signin", status_code=303)
+            return PlainTextResponse("sign in first", status_code=401, headers=SECURITY_HEADERS)
+        try:
+            return await handler(request, session)
+        except (ContextNotFoundError, InvalidUUIDError) as exc:
+            return console.page(request, "error.html", {"message": str(exc), "session": session}, status=404)
+        except TasukiError as exc:
+            return console.page(request, "error.html", {"message": str(exc), "session": session}, status=409)
+
+    return endpoint
+
+
+def create_console(
+    settings: Settings,
+    store: ContextStore,
+    *,
+    client: redis.Redis | None = None,
+    cancel: Canceller | None = None,
+    workers: Callable[[], int | None] = lambda: None,
+    clock: Callable[[], float] = time.time,
+) -> Starlette:
+    """The console app; mount it under ``/console``. ``client`` None: no broker (the fleet says so)."""
+    c = Console(settings, store, client, cancel, workers, clock)
+    routes = [
+        Route("/signin", c.signin_form, methods=["GET"]),
+        Route("/signin", c.signin, methods=["POST"]),
+        Route("/signout", c.signout, methods=["POST"]),
+        Route("/", guarded(c, c.fleet, page=True)),
+        Route("/fleet/live", guarded(c, c.fleet, page=False)),
+        Route("/tasks", guarded(c, c.tasks, page=True)),
+        Route("/tasks/{uuid}", guarded(c, c.task, page=True)),
+        Route("/tasks/{uuid}/events", guarded(c, c.events, page=False)),
+        Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    return Starlette(routes=routes)

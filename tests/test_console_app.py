@@ -1,0 +1,155 @@
+"""The console's rules that need no browser (SPEC §15): sessions expire, sign-in is rate-limited, the cookie is
+Secure behind HTTPS, Cancel needs its CSRF token, the fleet says "no broker", the timeline reads records."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from starlette.testclient import TestClient
+
+from console.app import create_console
+from console.fleet import RecentEndings
+from console.server import broker_client
+from console.timeline import entries, token_chart
+from contexts import ContextStore
+from contexts.context import Context
+from contexts.state import read_state
+from tests.helpers.console_contexts import running_task
+from worker.settings_models import Settings
+
+TOKEN = "unit-console-token"
+
+
+@dataclass
+class Console:
+    http: TestClient
+    store: ContextStore
+    task: Context
+    clock: list[float]
+    cancelled: list[str]
+
+
+@pytest.fixture
+def console(make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[Console]:
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__CONSOLE__SESSION_LIFETIME_S": "600",
+                              "TASUKI__CONSOLE__SIGNIN_ATTEMPTS_PER_MINUTE": "3"})
+    store = ContextStore(tmp_path / "contexts")
+    task = running_task(store)
+    clock = [1_800_000_000.0]
+    cancelled: list[str] = []
+
+    def cancel(uuid: str) -> str:
+        cancelled.append(uuid)
+        return "cancel requested"
+
+    dead_broker = broker_client("redis://127.0.0.1:1/0")
+    app = create_console(settings, store, client=dead_broker, cancel=cancel,
+                         clock=lambda: clock[0])
+    with TestClient(app, base_url="http://testserver") as http:
+        yield Console(http, store, task, clock, cancelled)
+    task.release()
+
+
+def sign_in(http: TestClient, token: str = TOKEN) -> int:
+    return http.post("/signin", data={"token": token}, follow_redirects=False).status_code
+
+
+def test_a_session_ends_after_its_lifetime(console: Console) -> None:
+    assert sign_in(console.http) == 303
+    assert console.http.get("/", follow_redirects=False).status_code == 200
+    console.clock[0] += 601
+    answer = console.http.get("/", follow_redirects=False)
+    assert (answer.status_code, answer.headers["location"]) == (303, "/signin")
+
+
+def test_sign_in_attempts_over_the_limit_are_refused_even_with_the_right_token(console: Console) -> None:
+    assert [sign_in(console.http, "wrong") for _ in range(3)] == [401, 401, 401]
+    assert sign_in(console.http) == 429
+    console.clock[0] += 61
+    assert sign_in(console.http) == 303
+
+
+def test_the_session_cookie_is_secure_only_behind_https(console: Console) -> None:
+    plain = console.http.post("/signin", data={"token": TOKEN}, follow_redirects=False).headers["set-cookie"]
+    tls = console.http.post("https://testserver/signin", data={"token": TOKEN},
+                            follow_redirects=False).headers["set-cookie"]
+    assert {"httponly", "samesite=strict", "max-age=600"} <= {part.strip() for part in plain.lower().split(";")}
+    assert "secure" not in plain.lower()
+    assert "secure" in tls.lower()
+
+
+def test_cancel_without_the_sessions_csrf_token_is_refused(console: Console) -> None:
+    assert sign_in(console.http) == 303
+    uuid = console.task.uuid
+    assert console.http.post(f"/tasks/{uuid}/cancel", data={}).status_code == 403
+    assert console.http.post(f"/tasks/{uuid}/cancel", data={"csrf": "guessed"}).status_code == 403
+    assert console.cancelled == []
+    page = console.http.get(f"/tasks/{uuid}").text
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    answer = console.http.post(f"/tasks/{uuid}/cancel", data={"csrf": csrf}, follow_redirects=False)
+    assert (answer.status_code, console.cancelled) == (303, [uuid])
+    assert read_state(console.store.running_path(uuid)).get("cancel_requested") is not True  # the canceller's job
+
+
+def test_the_fleet_without_redis_says_no_broker_and_still_lists_running_tasks(console: Console) -> None:
+    assert sign_in(console.http) == 303
+    fragment = console.http.get("/fleet/live").text
+    assert 'id="no-broker"' in fragment
+    assert console.task.uuid in fragment
+
+
+def test_a_path_that_is_not_a_context_uuid_is_a_404_page(console: Console, tmp_path: Path) -> None:
+    assert sign_in(console.http) == 303
+    outside = tmp_path / "outside" / "11111111-1111-4111-8111-111111111111"
+    outside.mkdir(parents=True)
+    (console.store.base_dir / "completed" / outside.name).symlink_to(outside)
+    for path in ("/tasks/..%2F..%2Fetc", "/tasks/11111111-1111-4111-8111-111111111111",
+                 "/tasks/22222222-2222-4222-8222-222222222222", "/tasks/11111111-1111-4111-8111-111111111111/events"):
+        assert console.http.get(path).status_code == 404, path
+
+
+def test_tool_runs_carry_their_exit_code_and_the_chart_estimates_unreported_prompts() -> None:
+    messages = [
+        {"seq": 1, "role": "user", "content": "fix it", "token_count": 100},
+        {"seq": 2, "role": "assistant", "content": "", "token_count": 20, "tool_calls": [
+            {"id": "c1", "function": {"name": "bash", "arguments": '{"command": "make"}'}}]},
+        {"seq": 3, "role": "tool", "content": "cut", "token_count": 30, "tool_call_id": "c1", "tool_name": "bash"},
+        {"seq": 4, "role": "assistant", "content": "done", "token_count": 5,
+         "usage": {"kind": "agent", "model": "m", "prompt_tokens": 400, "completion_tokens": 5, "cached_tokens": 0,
+                   "cost_usd": None}},
+    ]
+    tools = [{"seq": 1, "tool_name": "bash", "arguments": {"command": "make"}, "status": "success",
+              "duration_ms": 12, "result": "boom\nexit code: 2", "tool_call_id": "c1"}]
+    timeline = entries(messages, tools, [{"summary_id": 1, "start_seq": 1, "end_seq": 2, "summary": "s"}])
+    assert [e.kind for e in timeline] == ["message", "message", "compression", "message", "message"]
+    run = timeline[3].run
+    assert run is not None
+    assert (run.exit_code, run.duration_ms, run.output) == (2, 12, "boom\nexit code: 2")
+    chart = token_chart(messages, [], {"context_length": 1000, "compression_threshold": 0.7})
+    assert (chart.prompt_tokens, chart.window, chart.threshold, chart.estimated) == ([100, 400], 1000, 700, True)
+
+
+def test_the_fleets_endings_of_the_day_are_recounted_once_their_count_is_older_than_its_ttl(tmp_path: Path) -> None:
+    store = ContextStore(tmp_path / "contexts")
+    endings = RecentEndings(ttl_s=30)
+    now = datetime.now(UTC)
+    running_task(store, 1).finish("completed")
+    assert endings(store.index, now) == {"completed": 1}
+    running_task(store, 2).finish("failed")
+    assert endings(store.index, now + timedelta(seconds=29)) == {"completed": 1}
+    assert endings(store.index, now + timedelta(seconds=30)) == {"completed": 1, "failed": 1}
+
+
+def test_an_empty_console_token_lets_nobody_in(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": ""})
+    assert settings.console_token() is None
+    store = ContextStore(tmp_path / "contexts")
+    forced = settings.model_copy(update={"console": settings.console.model_copy(update={"token": SecretStr("")})})
+    assert forced.console_token() is None
+    with TestClient(create_console(forced, store)) as http:
+        assert sign_in(http, "") == 401
