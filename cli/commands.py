@@ -246,13 +246,16 @@ def demo_arguments(parser: argparse.ArgumentParser) -> None:
 def up_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-beat", action="store_true", help="do not start the scheduler")
     parser.add_argument("--no-webhook", action="store_true", help="do not start the HTTP intake")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the intake (and its console) binds to (default 127.0.0.1: this machine only; "
+                             "0.0.0.0 to receive webhooks from elsewhere)")
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     """Worker, beat and webhook intake on one machine; an embedded Redis when none answers."""
     from cli.up import run_up
 
-    return run_up(settings, out, beat=not args.no_beat, webhook=not args.no_webhook)
+    return run_up(settings, out, beat=not args.no_beat, webhook=not args.no_webhook, host=args.host)
 
 
 def replay_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,9 +23,11 @@ from cli.services import (
 from worker.settings_models import Settings
 
 
-def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True) -> int:
-    """Start Redis if needed, a worker, the beat and the webhook intake; stop them all on Ctrl-C, SIGTERM or
-    SIGHUP, or as soon as one of them dies (saying which, its exit code and its last lines)."""
+def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True,
+           host: str = "127.0.0.1") -> int:
+    """Start Redis if needed, a worker, the beat and the webhook intake (bound to ``host``, with the console on);
+    stop them all on Ctrl-C, SIGTERM or SIGHUP, or as soon as one of them dies (saying which, its exit code and
+    its last lines)."""
     var_dir = settings.local.var_dir
     lock = threading.Lock()
 
@@ -47,8 +49,9 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
                  f"commands with this configuration find it)")
         if webhook:
             access = console_access(settings)
-            overrides.update({"TASUKI__CONSOLE__ENABLED": "true", **access.env})
-            tell(f"console:    http://127.0.0.1:{settings.webhook.port}/console/ ({access.hint})")
+            overrides.update({"TASUKI__CONSOLE__ENABLED": "true", "TASUKI__WEBHOOK__HOST": host, **access.env})
+            shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - what the operator chose
+            tell(f"console:    http://{shown}:{settings.webhook.port}/console/ ({access.hint})")
         services = _services(child_env(overrides), tell, beat=beat, webhook=webhook, settings=settings)
         stack.callback(stop_all, services)
         for service in services:

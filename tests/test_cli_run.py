@@ -276,8 +276,7 @@ def up_env(tmp_path: Path, port: int) -> dict[str, str]:
     return cli_env(
         tmp_path,
         TASUKI__BROKER__URL="redis://127.0.0.1:9/0",  # the discard port: nothing answers, so up embeds one
-        TASUKI__WEBHOOK__PORT=str(port),
-        TASUKI__WEBHOOK__HOST="127.0.0.1",
+        TASUKI__WEBHOOK__PORT=str(port),  # the host is up's own default, 127.0.0.1: the tests check it
         TASUKI__LOCAL__VAR_DIR=str(tmp_path / "var"),
     )
 
@@ -299,6 +298,8 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
         up.wait_for(r"webhook +\| ")  # each service's lines carry its name
         console = up.wait_for(r"console: +(http://\S+/console/) \(sign in with the token in (\S+)\)")
         assert _signs_in(console.group(1), Path(console.group(2)).read_text())  # up serves the console, token kept
+        if (outside := _non_loopback_address()) is not None:  # the intake and its console: this machine only
+            assert not _listens(outside, port)
         recorded = tmp_path / "var" / "embedded-redis.url"
         assert recorded.read_text().strip() == broker
         assert oct(recorded.stat().st_mode & 0o777) == "0o600"
@@ -325,6 +326,23 @@ def _signs_in(console: str, token: str) -> bool:
             return None  # not listening yet
 
     return "<h1>Fleet</h1>" in wait_for(answer, timeout=60, what="the console of tasuki up").text
+
+
+def _non_loopback_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), or None on a machine with loopback only."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2: routing only picks the local address
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def _listens(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex((host, port)) == 0
 
 
 def _answers(url: str) -> bool:
