@@ -19,11 +19,14 @@ import redis
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import views
 from console.fleet import RecentEndings, read_fleet
@@ -45,6 +48,30 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 Canceller = Callable[[str], str]
+
+
+class SecurityHeaders:
+    """Every answer of the console — pages, streams, refusals and the vendored static files — carries the
+    security headers (static files may be cached: they change only with the package)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        static = str(scope.get("path", "")).startswith(f"{scope.get('root_path', '')}/static/")
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    if not (static and name == "Cache-Control"):
+                        headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def templates() -> Jinja2Templates:
@@ -79,9 +106,7 @@ class Console:
 
     def page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
         base = {"prefix": request.scope.get("root_path", ""), "now": self.now()}
-        response = self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
-        response.headers.update(SECURITY_HEADERS)
-        return response
+        return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
 
     def session(self, request: Request) -> Session | None:
         return self.sessions.read(request.cookies.get(COOKIE))
@@ -151,7 +176,7 @@ class Console:
                 seen = Seen(messages, summaries)
         except ValueError:
             return PlainTextResponse("bad position", status_code=400)
-        return EventSourceResponse(self._stream(request, uuid, seen), headers=SECURITY_HEADERS, ping=15)
+        return EventSourceResponse(self._stream(request, uuid, seen), ping=15)
 
     async def _stream(self, request: Request, uuid: str, seen: Seen) -> AsyncIterator[dict[str, str]]:
         polls = follow(self.store, uuid, seen)
@@ -176,10 +201,10 @@ class Console:
         form = await request.form()
         token = form.get("csrf")
         if not csrf_matches(session, token if isinstance(token, str) else None):
-            return PlainTextResponse("CSRF token missing or wrong", status_code=403, headers=SECURITY_HEADERS)
+            return PlainTextResponse("CSRF token missing or wrong", status_code=403)
         self.store.locate_inside(uuid)
         if self.cancel_task is None:
-            return PlainTextResponse("no broker: cancelling needs Redis", status_code=503, headers=SECURITY_HEADERS)
+            return PlainTextResponse("no broker: cancelling needs Redis", status_code=503)
         await run_in_threadpool(self.cancel_task, uuid)
         prefix = request.scope.get("root_path", "")
         return RedirectResponse(f"{prefix}/tasks/{uuid}", status_code=303)
@@ -197,7 +222,7 @@ def guarded(console: Console, handler: Handler, *, page: bool) -> Callable[[Requ
         if session is None:
             if page:
                 return RedirectResponse(f"{request.scope.get('root_path', '')}/signin", status_code=303)
-            return PlainTextResponse("sign in first", status_code=401, headers=SECURITY_HEADERS)
+            return PlainTextResponse("sign in first", status_code=401)
         try:
             return await handler(request, session)
         except (ContextNotFoundError, InvalidUUIDError) as exc:
@@ -231,4 +256,4 @@ def create_console(
         Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])

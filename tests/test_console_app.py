@@ -153,3 +153,17 @@ def test_an_empty_console_token_lets_nobody_in(make_settings: Callable[..., Sett
     assert forced.console_token() is None
     with TestClient(create_console(forced, store)) as http:
         assert sign_in(http, "") == 401
+
+
+def test_every_answer_carries_the_security_headers_and_only_static_files_may_be_cached(console: Console) -> None:
+    answers = {
+        "sign-in page": console.http.get("/signin"),
+        "redirect to sign-in": console.http.get("/tasks", follow_redirects=False),
+        "refused stream": console.http.get(f"/tasks/{console.task.uuid}/events"),
+        "static file": console.http.get("/static/console.js"),
+    }
+    for what, answer in answers.items():
+        assert answer.headers["content-security-policy"].startswith("default-src 'none'"), what
+        assert answer.headers["x-content-type-options"] == "nosniff", what
+        assert answer.headers["x-frame-options"] == "DENY", what
+        assert ("cache-control" not in answer.headers) == (what == "static file"), what
