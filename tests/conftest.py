@@ -25,7 +25,8 @@ SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 # Keys a test may leave behind; Celery's bindings (_kombu.*) stay until the session ends, because a
 # publisher that already declared its queue would not declare it again and its messages would vanish.
 TEST_KEY_PATTERNS = ("tasuki:*", "celery-task-meta-*")
-SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *(f"{q}*" for q in names.QUEUES))
+QUEUE_PATTERNS = tuple(f"{q}*" for q in names.QUEUES)  # a queue's list and its priority lists
+SESSION_KEY_PATTERNS = (*TEST_KEY_PATTERNS, "celery*", "_kombu*", "unacked*", *QUEUE_PATTERNS)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,6 +90,23 @@ def redis_client(redis_database: tuple[str, DatabaseClaim | None]) -> Iterator[r
     yield client
     delete_keys(client, TEST_KEY_PATTERNS)
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_queued_messages_outlive_their_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Messages a test left on a queue (a reply it caused, a job nobody took) are dropped after it, so that the next
+    test's workers on the same database never take them. Only the queues' lists go, not Celery's bindings."""
+    yield
+    if "redis_database" not in request.fixturenames:
+        return
+    url, _claim = request.getfixturevalue("redis_database")
+    client = redis.Redis.from_url(url)
+    try:
+        delete_keys(client, QUEUE_PATTERNS)
+    except redis.RedisError:
+        pass  # a test that stopped this Redis: nothing of it to clean
+    finally:
+        client.close()
 
 
 @pytest.fixture
