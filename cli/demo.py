@@ -7,6 +7,7 @@ summary of the finished context.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -111,12 +112,18 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
             diff = subprocess.run(["git", "diff", f"main..{branch}"], cwd=repo, capture_output=True, text=True,
                                   check=False).stdout
             say(f"\nbranch {branch} in {repo}:\n{diff}")
-        say(f"look again with: tasuki context show {uuid} --messages")
-        say(f"or in a browser: tasuki console, then http://{settings.console.host}:{settings.console.port}"
+        tasuki = launcher()
+        say(f"look again with: {tasuki} context show {uuid} --messages")
+        say(f"or in a browser: {tasuki} console, then http://{settings.console.host}:{settings.console.port}"
             f"/console/tasks/{uuid} ({console_access(settings).hint})")
         if state.get("status") != "completed":
             return 1
         return _second_task(settings, say, broker, repo, store, alive=lambda: all(w.alive() for w in workers))
+
+
+def launcher() -> str:
+    """The command to name in hints: the checkout's ``./tasuki`` (or the path it was run by), else ``tasuki``."""
+    return os.environ.get("TASUKI_LAUNCHER") or "tasuki"
 
 
 def _second_task(settings: Settings, say: Callable[[str], None], broker: str, repo: Path, store: ContextStore,
@@ -143,7 +150,7 @@ def _second_task(settings: Settings, say: Callable[[str], None], broker: str, re
     block = str(first.get("content") or "").partition("\n\n")[2]
     for line in block.splitlines()[:12]:
         say(f"  | {line[:110]}")
-    say(f"look again with: tasuki context show {uuid} --messages   and   tasuki memory show {repo}")
+    say(f"look again with: {launcher()} context show {uuid} --messages   and   {launcher()} memory show {repo}")
     return 0 if state.get("status") == "completed" else 1
 
 

@@ -62,7 +62,7 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_remembers(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    env = cli_env(tmp_path, TASUKI__BROKER__URL=redis_url)
+    env = cli_env(tmp_path, TASUKI__BROKER__URL=redis_url, TASUKI_LAUNCHER="./tasuki")  # as the checkout's launcher
     before = set(redis_client.keys("*"))
     done = tasuki(["demo"], env, tmp_path)
 
@@ -75,8 +75,9 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
     assert "replay model" in done.stdout  # it says plainly which model it uses
     assert "Status: completed" in done.stdout
     assert "+    return a + b" in done.stdout  # the diff of the task branch
-    assert re.search(r"tasuki console, then http://127\.0\.0\.1:8765/console/tasks/[0-9a-f-]{36} \(sign in with "
-                     r"the token in \S+var/console-token\)", done.stdout)  # and how to browse it
+    assert re.search(r"in a browser: \./tasuki console, then http://127\.0\.0\.1:8765/console/tasks/[0-9a-f-]{36} "
+                     r"\(sign in with the token in \S+var/console-token\)", done.stdout)  # and how to browse it
+    assert "look again with: ./tasuki context show " in done.stdout  # the command as the user reached it
     completed = tmp_path / "contexts" / "completed"
     states = {uuid: json.loads((completed / uuid / "state.json").read_text()) for uuid in os.listdir(completed)}
     first, second = sorted(states, key=lambda uuid: states[uuid]["started_at"])
