@@ -268,9 +268,15 @@ class Up:
             time.sleep(0.05)  # polling interval, bounded by the deadline
 
     def kill(self) -> None:
+        """Stop it as an operator would, SIGTERM (up stops its services, each in a session of its own), and
+        SIGKILL only if that fails: a SIGKILLed up leaves its services running."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
 
 
 def up_env(tmp_path: Path, port: int) -> dict[str, str]:
