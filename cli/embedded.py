@@ -13,6 +13,7 @@ from pathlib import Path
 
 import redis
 
+from cli.children import dies_with_this_process
 from contexts.errors import TasukiError
 
 
@@ -94,6 +95,7 @@ class EmbeddedRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=dies_with_this_process(),  # noqa: PLW1509 - one prctl, see cli.children
         )
         deadline = time.monotonic() + timeout_s
         while not redis_answers(self.url, 0.5):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from cli.children import dies_with_this_process
 from worker.names import COMPRESSION_QUEUE, QUEUES
 
 STOP_TIMEOUT_S = 30.0
@@ -129,7 +130,7 @@ class Service:
         stdout: IO[bytes] | int | None = subprocess.PIPE if self.say is not None else self.log
         self.process = subprocess.Popen(
             self.argv, env=dict(self.env), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=dies_with_this_process(),  # noqa: PLW1509 - one prctl, see cli.children
         )
         if self.say is not None and self.process.stdout is not None:
             self._reader = threading.Thread(

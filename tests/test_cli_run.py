@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -23,6 +24,7 @@ import redis
 from cli.embedded import free_port
 from contexts.lock import process_alive
 from tests.helpers.celery_worker import wait_for_ping
+from tests.helpers.context_support import wait_for
 from tests.helpers.model_server import model_server, write_trajectory
 from tests.helpers.stack import Stack, fix_calc_trajectory, git, make_buggy_repo
 
@@ -324,7 +326,6 @@ def _signs_in(console: str, token: str) -> bool:
     """Whether the console at ``console`` (once it listens) takes ``token`` and then shows the fleet."""
     import httpx
 
-    from tests.helpers.context_support import wait_for
 
     def answer() -> httpx.Response | None:
         try:
@@ -333,6 +334,26 @@ def _signs_in(console: str, token: str) -> bool:
             return None  # not listening yet
 
     return "<h1>Fleet</h1>" in wait_for(answer, timeout=60, what="the console of tasuki up").text
+
+
+def test_a_killed_up_takes_its_services_and_its_embedded_redis_with_it(tmp_path: Path) -> None:
+    up = Up(up_env(tmp_path, free_port()), tmp_path)
+    pids: list[int] = []
+    try:
+        up.wait_for(r"running \(")
+        broker = up.wait_for(r"embedded Redis at (redis://\S+)").group(1)
+        pids += [int(m) for m in re.findall(r"pid (\d+)", "".join(up.lines))]
+        assert len(pids) == 5
+        up.process.kill()  # SIGKILL: up itself cannot stop anything
+        up.process.wait()
+        wait_for(lambda: not any(process_alive(pid) for pid in pids) or None, timeout=120,
+                 what="up's services to stop after up was killed")
+        wait_for(lambda: not _answers(broker) or None, timeout=60, what="the embedded Redis to stop")
+    finally:
+        up.kill()
+        for pid in pids:  # what this test failed to see stop
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _non_loopback_address() -> str | None:
