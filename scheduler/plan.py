@@ -90,7 +90,7 @@ def _plan_one(seen: Seen, now: datetime, policy: Policy) -> list[Action]:
     actions = _plan_completed(seen.uuid, completed, now, policy) if completed is not None else []
     if running is None:
         if seen.indexed and completed is not None and completed.status != "completing":
-            actions.append(_repair(seen.uuid, "unindex", f"finished ({completed.status})"))
+            actions.append(_left_in_the_index(seen.uuid, completed, now, policy))
         return actions
     if _live(running, now, policy):
         return [*actions, Action(seen.uuid, "skip", f"held by a live worker ({_holder(running)})")]
@@ -140,6 +140,14 @@ def _live(copy: Copy, now: datetime, policy: Policy) -> bool:
     if copy.lock is None:
         return False
     return not is_stale(copy.lock, now, policy.stale_after_s, policy.hostname, copy.holder_alive)
+
+
+def _left_in_the_index(uuid: str, completed: Copy, now: datetime, policy: Policy) -> Action:
+    """A finished context still in the heartbeat index: its finisher (a worker, or another monitor that just failed
+    it) unindexes it right after the move, so only one that has been quiet for a while is repaired here."""
+    if not _quiet(completed, now, policy):
+        return Action(uuid, "skip", f"finished moments ago ({completed.status})")
+    return _repair(uuid, "unindex", f"finished ({completed.status})")
 
 
 def _quiet(copy: Copy, now: datetime, policy: Policy) -> bool:

@@ -106,7 +106,10 @@ def test_context_in_both_places_drops_the_running_copy_unless_it_is_held() -> No
 
 
 def test_finished_context_left_in_the_index_is_unindexed_and_a_vanished_one_too() -> None:
-    assert kinds(Seen(UUID, completed=Copy(status="completed", updated_at=NOW), indexed=True)) == ["unindex"]
+    long_ago = NOW - timedelta(seconds=POLICY.stale_after_s + 1)
+    assert kinds(Seen(UUID, completed=Copy(status="completed", updated_at=long_ago), indexed=True)) == ["unindex"]
+    # Finished moments ago: its finisher (a worker, or another monitor that just failed it) is about to unindex it.
+    assert kinds(Seen(UUID, completed=Copy(status="failed", updated_at=NOW), indexed=True)) == ["skip"]
     assert kinds(Seen(UUID, indexed=True)) == ["unindex"]
     assert kinds(Seen(UUID, completed=Copy(status="completed", updated_at=NOW))) == []  # deep scan: healthy
 
