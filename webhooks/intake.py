@@ -164,13 +164,9 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
-        active = self._active(request)
-        over = None if active else self._over_budget(action.task_key, action.user)
-        if over is not None:
-            return over
-        enqueued = self.submit(request)
-        if enqueued.already_active and not active:  # became active since: the user's task taken is given back
-            not_started(self.settings.limits, self.client, action.user, utc_now())
+        enqueued = self.submit_within_budget(request)
+        if isinstance(enqueued, str):
+            return self._refused(action.task_key, enqueued)
         return self._answer(action, request, enqueued)
 
     def _active(self, request: dict[str, Any]) -> bool:
@@ -197,13 +193,16 @@ class Intake:
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")
 
     def _over_budget(self, task_key: dict[str, str], user: str) -> Answer | None:
-        """The answer to a trigger whose repository or user is over its daily budget (nothing is queued; the
-        issue is told once a day when the budget resets), else ``None``."""
-        now = utc_now()
-        why = over_budget(self.settings.limits, self.client, task_key, user, now)
+        """The answer to a trigger whose repository or user is over its daily budget, else ``None``."""
+        why = over_budget(self.settings.limits, self.client, task_key, user, utc_now())
         if why is None:
             return None
         log.info("trigger over budget", task_key=task_key_id(task_key), user=user, reason=why)
+        return self._refused(task_key, why)
+
+    def _refused(self, task_key: dict[str, str], why: str) -> Answer:
+        """Nothing is queued; the issue is told once a day, with the time the budget resets."""
+        now = utc_now()
         if should_reply(self.client, task_key, now):
             self.followups.reply(task_key, reply_text(why, now))
         return Answer(200, {"status": "over_budget", "reason": why}, "over_budget")
@@ -242,16 +241,17 @@ class Intake:
         release_active(self.client, request["task_key"], enqueued.uuid)
         return enqueue(self.celery_app, self.client, self.settings, request, uuid=uuid)
 
-    def submit_within_budget(self, request: dict[str, Any], uuid: str) -> Enqueued | str:
-        """:meth:`submit` held to the daily budgets of the request's repository and user (SPEC §16), as a trigger
-        is: the submission, or why nothing was queued."""
+    def submit_within_budget(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued | str:
+        """:meth:`submit` held to the daily budgets of the request's repository and user (SPEC §16), for triggers and
+        the task API alike: the submission, or why nothing was queued. A task key already active starts nothing,
+        so no budget is checked or taken for it."""
         user, now, active = request.get("user") or "", utc_now(), self._active(request)
         why = None if active else over_budget(self.settings.limits, self.client, request["task_key"], user, now)
         if why is not None:
-            log.info("submission over budget", task_key=task_key_id(request["task_key"]), user=user, reason=why)
+            log.info("over budget", task_key=task_key_id(request["task_key"]), user=user, reason=why)
             return why
         enqueued = self.submit(request, uuid)
-        if enqueued.already_active and not active:
+        if enqueued.already_active and not active:  # became active since: the user's task taken is given back
             not_started(self.settings.limits, self.client, user, now)
         return enqueued
 
