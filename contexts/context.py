@@ -216,14 +216,14 @@ class Context:
             self._check()
             return self._tools.append(record)  # type: ignore[arg-type]
 
-    def step_done(self) -> None:
+    def step_done(self, **fields: Any) -> None:
         """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
-        state changes (one ``state.json`` write per step)."""
+        state changes, and ``fields``, in one ``state.json`` write."""
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.sync()
-        if self._staged_fields or self._staged_add:
-            self.update_state()
+        if self._staged_fields or self._staged_add or self._staged_usage or fields:
+            self.update_state(**fields)
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""

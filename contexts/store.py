@@ -89,6 +89,10 @@ class ContextStore:
             (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         self._index: ContextIndex | None = None
 
+    def intact(self) -> bool:
+        """Whether the store's directories are still there (a kept store checks before each task)."""
+        return all((self.base_dir / name).is_dir() for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR))
+
     # -- the index -------------------------------------------------------------------------------
 
     @property

@@ -65,7 +65,7 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
             store.close()
     if use.note:
         log.warning("memory", note=mask(use.note))
-    ctx.update_state(memory=use.to_json())
+    ctx.stage_state(memory=use.to_json())  # written with the first prompt's step
     return text
 
 

@@ -312,7 +312,7 @@ class TaskRun:
             task = task_message(self.request.prompt, workplace.issue, self._history())
             remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
-            ctx.step_done()
+            ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
         agent = self._agent(ctx, checkout, ctx.metadata["config"])
         summary = mask(agent.run())

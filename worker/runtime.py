@@ -71,8 +71,21 @@ def unindex(uuid: str) -> None:
 
 
 def context_store(s: Settings | None = None, *, index: bool = True) -> ContextStore:
-    """The context store as configured; its heartbeats also refresh the Redis index."""
-    return open_store(s or settings(), must_exist=False, on_heartbeat=index_heartbeat if index else None)
+    """The context store as configured; its heartbeats also refresh the Redis index.
+
+    Kept per process and configuration: a new store per task would open the SQLite index and reconcile it
+    every time (the monitor's store, opened per run, keeps reconciling after crashes). A root removed
+    since is made again."""
+    s = s or settings()
+    config = s.contexts
+    key = (str(config.base_dir), config.heartbeat_interval_s, config.stale_after_s, config.fsync, index)
+    store = _stores.get(key)
+    if store is None or not store.intact():
+        store = _stores[key] = open_store(s, must_exist=False, on_heartbeat=index_heartbeat if index else None)
+    return store
+
+
+_stores: dict[tuple[object, ...], ContextStore] = {}
 
 
 def llm_config(s: Settings) -> dict[str, Any]:
