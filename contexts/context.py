@@ -216,13 +216,14 @@ class Context:
             self._check()
             return self._tools.append(record)  # type: ignore[arg-type]
 
-    def step_done(self, **fields: Any) -> None:
+    def step_done(self, *, write_state: bool = True, **fields: Any) -> None:
         """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
-        state changes, and ``fields``, in one ``state.json`` write."""
+        state changes, and ``fields``, in one ``state.json`` write (``write_state=False``: leave them staged for
+        the next write, which :meth:`finish` and :meth:`release` make)."""
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.sync()
-        if self._staged_fields or self._staged_add or self._staged_usage or fields:
+        if write_state and (self._staged_fields or self._staged_add or self._staged_usage or fields):
             self.update_state(**fields)
 
     def messages(self) -> list[dict[str, Any]]:
@@ -364,7 +365,7 @@ class Context:
         if status not in FINAL_STATUSES:
             raise ValueError(f"not a final status: {status!r}")
         now = self.store.clock()
-        self.step_done()
+        self.step_done(write_state=False)  # what the last step staged goes with the completing write
         # final_status lets the monitor finish the move with the right status after a crash (SPEC §3 rule 9).
         self.update_state(status="completing", completed_at=iso(now), error=error, final_status=status, **final)
         self._stop_heartbeat()

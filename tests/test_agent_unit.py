@@ -317,6 +317,7 @@ def run_task_to_the_end(bench: Workbench, checkout: Checkout) -> None:
     summary = bench.agent().run()
     checkout.commit(summary)
     checkout.push()
+    bench.ctx.update_state()  # as the worker's finish does: the finishing step's state was left staged for it
 
 
 def crashed_at(bench: Workbench, point: int) -> bool:

@@ -139,3 +139,15 @@ def test_open_records_the_new_worker_and_attempt(tmp_path: Path) -> None:
     assert state["attempt"] == 2
     second.release()
     validate_context_dir(second.path)
+
+
+def test_the_finishing_steps_state_is_written_by_the_completing_write_not_before(tmp_path: Path) -> None:
+    ctx = ContextStore(tmp_path).create(TASK_KEY, CONFIG, heartbeat=False)
+    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, last_activity="tool:finish")
+
+    ctx.step_done(write_state=False)
+    assert ctx.read_state()["llm_call_count"] == 0  # still staged: no write of its own
+    done = read_state(ctx.finish("completed"))
+
+    assert (done["llm_call_count"], done["tool_call_count"], done["status"]) == (1, 1, "completed")
+    assert done["last_activity"] == "tool:finish"

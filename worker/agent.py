@@ -154,7 +154,9 @@ class Agent:
                 self.ctx.append_message("user", NUDGE)
         self.touched = self.touched or any(c.name in MUTATING_TOOLS for c in calls)
         summary = self.execute(calls)
-        self.ctx.step_done()
+        # The finishing step's state rides with the context's completing write (a crash before it: the resume
+        # finds finish answered and recounts the step's call from its record).
+        self.ctx.step_done(write_state=summary is None)
         # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.
         if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))

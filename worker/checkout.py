@@ -284,7 +284,7 @@ def run_git(
     args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True
 ) -> str:
     """Run git with a fixed author and no terminal prompts; raise :class:`GitError` on failure."""
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
     env.update(AUTHOR)
     env["GIT_TERMINAL_PROMPT"] = "0"
     env.update(extra_env or {})
