@@ -10,10 +10,12 @@ alternate, so a burst of load from elsewhere slows a round of each rather than a
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import uuid as uuid_module
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from bench.worker_stack import (
     tiny_repo,
 )
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 TARGET = 0.3
 SAME_WORK_TARGET = 0.9  # issue 13 §3: Tasuki's own work is at most a tenth of a minimal task
 CONCURRENCY = 2
@@ -50,9 +53,55 @@ def round_seconds(send: Callable[[], Any], count: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(scratch: Path, tasks: int, noops: int, rounds: int) -> tuple[float, float, float]:
-    """Median tasks/s of (Tasuki, no-op, bare git round trip) over alternating rounds, after a warm-up round."""
+@dataclass
+class CpuShares:
+    """CPU milliseconds per task, summed over the rounds measured: the pool processes' Python (user + system),
+    the git they ran (their waited-for children), and the worker's main process (Celery's consumer)."""
+
+    python: float = 0.0
+    git: float = 0.0
+    main: float = 0.0
+    tasks: int = 0
+
+    def add(self, before: list[float], after: list[float], tasks: int) -> None:
+        """Add one round's readings (from :func:`cpu_ms`)."""
+        self.python, self.git, self.main = (
+            total + (b - a) for total, a, b in zip((self.python, self.git, self.main), before, after, strict=True)
+        )
+        self.tasks += tasks
+
+    def per_task(self) -> str:
+        n = max(self.tasks, 1)
+        return f"python {self.python / n:.1f} + git {self.git / n:.1f} + celery main {self.main / n:.1f} ms"
+
+
+def cpu_ms(worker: CeleryWorker) -> list[float]:
+    """[pool processes' own CPU, their reaped children's CPU, the main process's own CPU], in milliseconds."""
+    assert worker.process is not None
+
+    def times(pid: int) -> list[float]:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return [int(value) * 1000 / CLOCK_TICKS for value in fields[11:15]]  # utime stime cutime cstime
+
+    pools = [times(pid) for pid in worker.pool_processes()]
+    main = times(worker.process.pid)
+    return [sum(t[0] + t[1] for t in pools), sum(t[2] + t[3] for t in pools), main[0] + main[1]]
+
+
+def measured_round(worker: CeleryWorker, shares: CpuShares, send: Callable[[], Any], count: int, keep: bool) -> float:
+    """:func:`round_seconds`, adding the round's CPU to ``shares`` when ``keep`` (not the warm-up round)."""
+    before = cpu_ms(worker)
+    seconds = round_seconds(send, count)
+    if keep:
+        shares.add(before, cpu_ms(worker), count)
+    return seconds
+
+
+def measure(scratch: Path, tasks: int, noops: int, rounds: int) -> tuple[float, float, float, CpuShares, CpuShares]:
+    """Median tasks/s of (Tasuki, no-op, bare git round trip) over alternating rounds, after a warm-up round, and
+    the CPU per task of Tasuki's and the bare round trip's worker processes."""
     repo = tiny_repo(scratch / "repo")
+    tasuki_cpu, bare_cpu = CpuShares(), CpuShares()
     with private_redis(scratch / "redis") as redis_url, replay_model(FINISH_AT_ONCE) as model:
         workers = [
             CeleryWorker("worker", "tasuki", redis_url, scratch / "tasuki.log",
@@ -64,16 +113,18 @@ def measure(scratch: Path, tasks: int, noops: int, rounds: int) -> tuple[float, 
                 worker.start()
             with client(redis_url) as app:
                 tasuki_times, noop_times, git_times = [], [], []
-                for _ in range(rounds + 1):
-                    tasuki_times.append(round_seconds(lambda: send_task(app, repo), tasks))
+                for index in range(rounds + 1):
+                    tasuki_times.append(measured_round(workers[0], tasuki_cpu, lambda: send_task(app, repo), tasks,
+                                                       index > 0))
                     noop_times.append(round_seconds(lambda: send_noop(app, repo), noops))
-                    git_times.append(round_seconds(lambda: send_git_roundtrip(app, repo, model.url), tasks))
+                    git_times.append(measured_round(workers[1], bare_cpu,
+                                                    lambda: send_git_roundtrip(app, repo, model.url), tasks, index > 0))
         finally:
             for worker in workers:
                 worker.stop()
     rates = [count / statistics.median(times[1:]) for count, times in
              ((tasks, tasuki_times), (noops, noop_times), (tasks, git_times))]  # fmt: skip
-    return rates[0], rates[1], rates[2]
+    return rates[0], rates[1], rates[2], tasuki_cpu, bare_cpu
 
 
 def send_task(app: Celery, repo: Path) -> Any:
@@ -97,7 +148,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     tasks, noops, rounds = (6, 30, 1) if quick else (40, 400, 3)
     own = scratch / "throughput"
     own.mkdir(parents=True)
-    tasuki_rate, noop_rate, git_rate = measure(own, tasks, noops, rounds)
+    tasuki_rate, noop_rate, git_rate, tasuki_cpu, bare_cpu = measure(own, tasks, noops, rounds)
     ratio = tasuki_rate / noop_rate
     result = Result("task throughput vs celery no-op", f"{ratio:.3f}", f">= {TARGET}", ratio >= TARGET)
     same = tasuki_rate / git_rate
@@ -115,6 +166,8 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
         "task must do)",
         flush=True,
     )
+    print(f"throughput  cpu per task: tasuki {tasuki_cpu.per_task()}; "
+          f"bare refresh+chat+push {bare_cpu.per_task()}", flush=True)
     return [result, same_work]
 
 
