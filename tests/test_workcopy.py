@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
+import filelock
 import pytest
 from structlog.testing import capture_logs
 
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
-from worker.workcopy import IDLE_DIR, GitCache
+from worker.workcopy import EVICT_EVERY_S, IDLE_DIR, GitCache
 
 
 def start_task(root: Path, remote: Path, uuid: str, *, fresh: bool = True) -> Checkout:
@@ -177,3 +179,65 @@ def test_processes_of_one_host_share_the_mirror_and_never_the_same_copy(tmp_path
             assert git(remote, "ls-tree", "--name-only", f"tasuki/1-{uuid[:8]}").split() == [
                 "calc.py", f"from-{uuid}.txt", "test_calc.py"]
     assert 1 <= len(list((tmp_path / "workspaces" / IDLE_DIR).glob("*/*"))) <= 3
+
+
+def idle_copies(root: Path) -> list[Path]:
+    return [copy for remote_dir in (root / "workspaces" / IDLE_DIR).glob("*") for copy in remote_dir.iterdir()]
+
+
+def age(path: Path, days: float) -> None:
+    when = path.stat().st_mtime - days * 86400
+    os.utime(path, (when, when))
+
+
+def test_idle_copies_and_mirrors_unused_for_warm_copy_days_are_deleted_and_recent_ones_kept(tmp_path: Path) -> None:
+    old_remote = make_buggy_repo(tmp_path / "old")
+    new_remote = make_buggy_repo(tmp_path / "new")
+    for index, remote in enumerate((old_remote, new_remote)):
+        start_task(tmp_path, remote, f"aaaaaaaa-000{index}").release()
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces", keep_s=7 * 86400)
+    old_mirror, new_mirror = cache.mirror_path(str(old_remote)), cache.mirror_path(str(new_remote))
+    [old_copy] = [c for c in idle_copies(tmp_path) if c.parent.name == old_mirror.stem]
+    age(old_copy, 8)
+    age(old_mirror, 8)
+    age(new_mirror, 8)  # an old fetch, but a copy of it was used lately: the mirror is in use
+
+    gone = cache.evict(time.time())
+
+    assert set(gone) == {old_copy, old_mirror}
+    assert not old_mirror.exists()
+    assert not cache.index_path(old_copy).exists()
+    assert new_mirror.is_dir()
+    assert [c.parent.name for c in idle_copies(tmp_path)] == [new_mirror.stem]
+    again = start_task(tmp_path, old_remote, "bbbbbbbb-0003")  # the next task of that remote simply clones again
+    assert again.git("status", "--porcelain") == ""
+
+
+def test_a_mirror_being_refreshed_is_not_evicted(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    start_task(tmp_path, remote, "aaaaaaaa-0001").release()
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces", keep_s=86400)
+    for copy in idle_copies(tmp_path):
+        age(copy, 2)
+    mirror = cache.mirror_path(str(remote))
+    age(mirror, 2)
+
+    with filelock.FileLock(str(mirror.with_suffix(".lock"))):  # a task's refresh holds it
+        gone = cache.evict(time.time())
+
+    assert mirror.is_dir()
+    assert mirror not in gone
+    assert idle_copies(tmp_path) == []
+
+
+def test_a_host_looks_for_unused_copies_at_most_once_an_hour(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    start_task(tmp_path, remote, "aaaaaaaa-0001").release()
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces", keep_s=86400)
+    now = time.time()
+    assert cache.maybe_evict(now) == []  # the first look: nothing is old yet
+    [copy] = idle_copies(tmp_path)
+    age(copy, 2)
+
+    assert cache.maybe_evict(now + 60) == []  # looked a minute ago
+    assert cache.maybe_evict(now + EVICT_EVERY_S + 1) == [copy]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,10 @@ class Checkout:
         self.settle()
         if self.cache is not None:
             self.cache.give_back(self.remote, self.path)
+            try:
+                self.cache.maybe_evict(time.time())
+            except OSError as exc:  # the task is over and done: a cache that cannot be tidied only grows
+                log.warning("warm copies not evicted", error=str(exc)[:300])
         else:
             shutil.rmtree(self.path, ignore_errors=True)
 

@@ -281,7 +281,8 @@ class TaskRun:
                 git_env=workplace.git_env,
                 continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
                 cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
-                               Path(self.settings.contexts.workspaces_dir).absolute()),
+                               Path(self.settings.contexts.workspaces_dir).absolute(),
+                               self.settings.contexts.warm_copy_days * 86400),
             )
             return self._run(ctx, checkout, workplace)
         except FencedError:

@@ -91,6 +91,8 @@ class ContextsSettings(Section):
     """Where each task's repository checkout lives, one directory per UUID (finished ones wait in .idle/)."""
     git_cache_dir: Path = Path("var/git-cache")
     """This host's bare mirror of each task repository (refreshed by git fetch) and the worker's checkout indexes."""
+    warm_copy_days: Annotated[float, Field(ge=1)] = 7.0
+    """Days an idle working copy or a mirror may go unused on a host before the workers delete it (checked hourly)."""
     heartbeat_interval_s: PositiveInt = 30
     """Seconds between heartbeats of a running task."""
     stale_after_s: PositiveInt = 60

@@ -32,6 +32,9 @@ log = structlog.get_logger(__name__)
 
 IDLE_DIR = ".idle"
 MIRROR_LOCK_TIMEOUT_S = 600  # a first clone of a large repository holds the lock that long at most
+EVICT_EVERY_S = 3600  # how often a host looks for warm copies and mirrors nobody used for keep_s
+EVICTED_STAMP = "evicted"  # under the cache root: its mtime is the host's last look
+TRASH_PREFIX = ".evicting-"
 
 
 def remote_key(remote: str) -> str:
@@ -45,6 +48,7 @@ class GitCache:
 
     root: Path
     workspaces: Path
+    keep_s: float = 7 * 86400  # an idle copy or a mirror unused this long is deleted (contexts.warm_copy_days)
 
     def mirror_path(self, remote: str) -> Path:
         """Where the bare mirror of ``remote`` lives."""
@@ -62,6 +66,7 @@ class GitCache:
             if mirror.is_dir():
                 try:
                     run_git(("fetch", "-q", "--prune", "origin"), cwd=mirror, extra_env=git_env)
+                    os.utime(mirror)  # its last use, for eviction
                     return mirror
                 except GitError as exc:
                     log.warning("git mirror discarded; cloning it again", mirror=str(mirror), error=str(exc)[:300])
@@ -102,6 +107,7 @@ class GitCache:
         target = idle / secrets.token_hex(8)
         try:
             idle.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.utime(copy)  # its last use, for eviction (a rename keeps a directory's mtime)
             os.rename(copy, target)
         except OSError as exc:
             log.warning("working copy not kept", error=str(exc)[:300])
@@ -117,6 +123,62 @@ class GitCache:
         shutil.rmtree(copy, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.index_path(copy))
+
+    def maybe_evict(self, now: float) -> list[Path]:
+        """:meth:`evict`, at most once per ``EVICT_EVERY_S`` on this host (the processes share a stamp file)."""
+        stamp = self.root / EVICTED_STAMP
+        try:
+            if now - stamp.stat().st_mtime < EVICT_EVERY_S:
+                return []
+        except FileNotFoundError:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stamp.touch(mode=0o600)  # first: the other processes skip this round (two at once would only overlap)
+        return self.evict(now)
+
+    def evict(self, now: float) -> list[Path]:
+        """Delete the idle working copies and the mirrors nobody used for ``keep_s`` seconds; returns them.
+
+        A copy is taken away by a rename before it is deleted, so a task taking it at the same moment either
+        has it whole or never sees it. A mirror goes only under its lock, held without waiting (a task refreshing
+        it keeps it), and only when no idle copy of its remote is left: a recent copy means the mirror is in use.
+        A running task's mirror was fetched when it started, and tasks end long before ``keep_s`` (one day at least).
+        """
+        gone: list[Path] = []
+        cutoff = now - self.keep_s
+        idle_root = self.workspaces / IDLE_DIR
+        with contextlib.suppress(FileNotFoundError):
+            for remote_dir in idle_root.iterdir():
+                for copy in _entries(remote_dir):
+                    if copy.name.startswith(TRASH_PREFIX) or _mtime(copy) >= cutoff:
+                        continue
+                    trash = idle_root / f"{TRASH_PREFIX}{secrets.token_hex(8)}"
+                    try:
+                        os.rename(copy, trash)
+                    except FileNotFoundError:
+                        continue  # a task took it a moment ago
+                    self.discard(trash)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.index_path(copy))
+                    gone.append(copy)
+                with contextlib.suppress(OSError):
+                    remote_dir.rmdir()  # only when empty
+        for mirror in _entries(self.root / "mirrors"):
+            if mirror.suffix != ".git" or _mtime(mirror) >= cutoff:
+                continue
+            if any(_entries(idle_root / mirror.stem)):
+                continue
+            lock = filelock.FileLock(str(mirror.with_suffix(".lock")), timeout=0, mode=0o600)
+            try:
+                with lock:
+                    trash = mirror.with_name(f"{TRASH_PREFIX}{mirror.name}")
+                    os.rename(mirror, trash)
+                    shutil.rmtree(trash, ignore_errors=True)
+                    gone.append(mirror)
+            except filelock.Timeout:
+                continue  # a task is refreshing it: in use
+        if gone:
+            log.info("unused warm copies and mirrors deleted", count=len(gone), unused_days=self.keep_s / 86400)
+        return gone
 
     def heads(self, mirror: Path) -> dict[str, str]:
         """The mirror's branches: name -> commit; ``HEAD`` too (the remote's default branch)."""
@@ -149,6 +211,21 @@ class GitCache:
         (git_dir / "refs" / "remotes" / "origin" / "HEAD").write_text(f"ref: refs/remotes/origin/{default}\n")
         (git_dir / "HEAD").write_text(f"ref: refs/heads/{default}\n")
         self.index_path(copy).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _mtime(path: Path) -> float:
+    """``path``'s mtime; a path gone meanwhile counts as just used (it is not deleted)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
 
 
 def default_branch(mirror: Path) -> str:
