@@ -14,12 +14,16 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 from celery import Celery
 
+from contexts import ContextStore
+
 NOOP = "bench.noop"
 GIT_ROUNDTRIP = "bench.git_roundtrip"
+CONTEXT_ROUNDTRIP = "bench.context_roundtrip"
 NOOP_QUEUE = "noop"
 
 app = Celery("bench_noop")
@@ -66,6 +70,33 @@ def git_roundtrip(uuid: str, request: dict[str, str], model_url: str) -> dict[st
     reply.raise_for_status()
     git("push", "-q", "origin", f"HEAD:refs/heads/{branch}", cwd=repo)
     return {"uuid": uuid, "status": "completed"}
+
+
+STORES: dict[str, ContextStore] = {}  # contexts root -> this process's store, kept like Tasuki's worker keeps its own
+
+
+@app.task(name=CONTEXT_ROUNDTRIP)  # type: ignore[untyped-decorator]  # celery ships no types
+def context_roundtrip(uuid: str, request: dict[str, Any], model_url: str, contexts_dir: str) -> dict[str, str]:
+    """:func:`git_roundtrip` inside the life of a context as SPEC §3 defines it, and nothing else: created with
+    its lock and heartbeat, the first prompt's step, the model's reply and its finish call recorded, completed.
+    What every task must write to disk, whatever system ran it: the floor under Tasuki's own work."""
+    store = STORES.get(contexts_dir)
+    if store is None:
+        store = STORES[contexts_dir] = ContextStore(Path(contexts_dir))
+    ctx = store.create(request["task_key"], {"model": "b", "context_length": 32768}, uuid=uuid,
+                       extra_metadata={"request": request})
+    ctx.append_message("system", "You are a benchmark.")
+    ctx.append_message("user", str(request["prompt"]))
+    ctx.step_done(status="processing")
+    result = git_roundtrip(uuid, request, model_url)
+    call = {"id": "call_0", "type": "function", "function": {"name": "finish", "arguments": '{"summary": "Done."}'}}
+    ctx.append_message("assistant", "Nothing to do.", tool_calls=[call])
+    ctx.append_tool("finish", {"summary": "Done."}, "success", 0, result="Done.", tool_call_id="call_0")
+    ctx.append_message("tool", "Done.", tool_call_id="call_0", name="finish")
+    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, last_activity="tool:finish")
+    ctx.step_done(write_state=False)
+    ctx.finish("completed", result={"summary": "Done.", "branch": f"bench/{uuid[:8]}"})
+    return result
 
 
 def git(*args: str, cwd: Path) -> None:
