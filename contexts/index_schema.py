@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import suppress
-from dataclasses import asdict
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -139,8 +139,9 @@ def _title(directory: Path) -> str | None:
 
 
 def _summary_json(item: ContextSummary) -> str:
-    data = asdict(item)
-    del data["path"]  # rebuilt from the root on reading: the store may have moved
+    # Not asdict: it deep-copies the usage totals only for json.dumps to read them. The path is rebuilt from the
+    # root on reading (the store may have moved).
+    data = {f.name: getattr(item, f.name) for f in fields(item) if f.name != "path"}
     return json.dumps(data, default=lambda value: value.isoformat(), ensure_ascii=False)
 
 
