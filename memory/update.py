@@ -7,11 +7,12 @@ was given leaves the memory as it was (the guards of SPEC §6).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contexts.tokens import estimate_tokens
 from memory.recall import char_ngrams, dice
-from memory.records import Episode
+from memory.records import Episode, Memory
 
 ECHO_DICE = 0.9  # an answer this close to its input repeats it rather than condensing it
 ECHO_CHARS = 6000
@@ -25,7 +26,7 @@ THREAD_SYSTEM = (
 )
 REPOSITORY_SYSTEM = (
     "You keep the memory of one software repository: durable facts a coding agent needs on any future task "
-    "here — how to build and test, conventions, pitfalls, what reviewers asked for. Merge the thread memory "
+    "here — how to build and test, conventions, pitfalls, what reviewers asked for. Merge the thread memories "
     "below into the existing repository memory. Keep only facts that will hold for other tasks, not the "
     "story of this one. End every fact with the task UUIDs it came from in parentheses. Answer with the "
     "updated memory only, as bullet points, at most {max_tokens} tokens."
@@ -57,6 +58,24 @@ def episode_material(episode: Episode) -> str:
     if episode.error:
         lines.append("Error: " + episode.error)
     return "\n".join(lines)
+
+
+def thread_without_model(existing: Memory | None, episode: Episode, max_tokens: int) -> str | None:
+    """A thread's first episode is its memory as written, when within the bound: no model needs to merge it.
+    ``None``: the model merges (the thread has memory already, or the episode is longer than the bound)."""
+    if existing is not None:
+        return None
+    material = episode_material(episode)
+    return material if estimate_tokens(material) <= max_tokens else None
+
+
+def threads_material(threads: Sequence[Memory]) -> str:
+    """Thread memories waiting to reach the repository memory, as the model reads them: the tasks first, then
+    each thread with the tasks it came from."""
+    tasks = list(dict.fromkeys(uuid for thread in threads for uuid in thread.sources))
+    parts = [f"Thread memories of tasks {', '.join(tasks)}:"]
+    parts += [f"Thread {t.key} (tasks {', '.join(t.sources)}):\n{t.text}" for t in threads]
+    return "\n\n".join(parts)
 
 
 def update_messages(system: str, existing: str | None, material: str, max_tokens: int) -> list[dict[str, str]]:
