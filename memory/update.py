@@ -87,14 +87,18 @@ def update_messages(system: str, existing: str | None, material: str, max_tokens
     return [{"role": "system", "content": system.format(max_tokens=max_tokens)}, {"role": "user", "content": user}]
 
 
-def judge(answer: str | None, material: str, max_tokens: int) -> Verdict:
-    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material."""
+def judge(answer: str | None, material: str, max_tokens: int, existing: str | None = None) -> Verdict:
+    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material. An
+    answer at least as close to the ``existing`` memory keeps that memory rather than echoing the new material (a
+    thread whose memory is its first episode as written, updated from a similar episode, answers so)."""
     text = (answer or "").strip()
     if not text:
         return Verdict(False, "", "the model answered nothing")
     tokens = estimate_tokens(text)
     if tokens > max_tokens:
         return Verdict(False, text, f"the answer has {tokens} tokens, more than the bound of {max_tokens}")
-    if dice(char_ngrams(text, max_chars=ECHO_CHARS), char_ngrams(material, max_chars=ECHO_CHARS)) >= ECHO_DICE:
+    said = char_ngrams(text, max_chars=ECHO_CHARS)
+    echo = dice(said, char_ngrams(material, max_chars=ECHO_CHARS))
+    if echo >= ECHO_DICE and echo > dice(said, char_ngrams(existing or "", max_chars=ECHO_CHARS)):
         return Verdict(False, text, "the answer repeats the material it was given instead of condensing it")
     return Verdict(True, text)

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from contexts.tokens import estimate_tokens
 from memory import Memory
 from memory.sqlite import SQLiteMemoryStore
-from memory.update import episode_material, thread_without_model, threads_material
+from memory.update import episode_material, judge, thread_without_model, threads_material
 from tests.helpers.memory_support import NOW, episode
 from worker.merging import finish_merge, flag_thread, release_merge, request_merge, start_merge
 from worker.names import MERGE_QUEUED_PREFIX, MERGE_RUNNING_PREFIX, MERGE_WAITING_PREFIX
@@ -53,6 +53,16 @@ def test_a_first_episode_longer_than_the_bound_asks_the_model() -> None:
     bound = estimate_tokens(episode_material(LEARNED)) - 1
     assert thread_without_model(None, LEARNED, max_tokens=bound) is None
     assert thread_without_model(None, LEARNED, max_tokens=bound + 1) == episode_material(LEARNED)
+
+
+def test_an_answer_keeping_a_first_episode_memory_is_not_an_echo_of_a_similar_episode() -> None:
+    first = episode_material(LEARNED)
+    again = episode_material(replace(LEARNED, uuid="u2"))  # the same task retried: nearly the same material
+    answer = first + "\n- " + again[: len(again) // 3]  # the replay model's way: the memory, a bullet of the new
+    assert not judge(answer, again, 2000).accepted  # without the existing memory it reads as an echo
+    assert judge(answer, again, 2000, existing=first).accepted
+    other = Memory("thread", LEARNED.thread, "- the parser needs python 3.11 (u0)", NOW)
+    assert not judge(again, again, 2000, existing=other.text).accepted  # a verbatim echo is still refused
 
 
 def test_threads_material_names_every_task_first() -> None:

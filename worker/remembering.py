@@ -190,7 +190,7 @@ def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Cha
     material = episode_material(episode)
     thread = store.memory("thread", episode.thread)
     answer = _ask(chat, update_messages(THREAD_SYSTEM, thread.text if thread else None, material, bound))
-    verdict = judge(answer, material, bound)
+    verdict = judge(answer, material, bound, thread.text if thread else None)
     if verdict.accepted:
         sources = (*(thread.sources if thread else ()), uuid)
         store.put_memory(Memory("thread", episode.thread, verdict.text, now, tuple(dict.fromkeys(sources))),
@@ -226,8 +226,8 @@ def merge_repository(settings: Settings, store: MemoryStore, repository: str, th
     bound = settings.memory.repo_max_tokens
     material = threads_material(threads)
     repo = store.memory("repository", repository)
-    verdict = judge(chat(update_messages(REPOSITORY_SYSTEM, repo.text if repo else None, material, bound)),
-                    material, bound)
+    existing = repo.text if repo else None
+    verdict = judge(chat(update_messages(REPOSITORY_SYSTEM, existing, material, bound)), material, bound, existing)
     if not verdict.accepted:
         log.warning("memory: repository memory left unchanged", reason=verdict.reason)
         return verdict.reason or "refused"
