@@ -16,6 +16,7 @@ from memory.records import Episode, Memory
 
 ECHO_DICE = 0.9  # an answer this close to its input repeats it rather than condensing it
 ECHO_CHARS = 6000
+MERGE_BATCH_BOUNDS = 4  # one repository merge reads thread memories of at most this many bounds of tokens
 
 THREAD_SYSTEM = (
     "You keep the memory of one issue thread of a software repository, for the coding agent's next task on "
@@ -67,6 +68,19 @@ def thread_without_model(existing: Memory | None, episode: Episode, max_tokens: 
         return None
     material = episode_material(episode)
     return material if estimate_tokens(material) <= max_tokens else None
+
+
+def merge_batch(threads: Sequence[Memory], max_tokens: int) -> list[Memory]:
+    """The oldest threads whose memories fit one merge request (``MERGE_BATCH_BOUNDS`` bounds, at least one
+    thread); the rest wait for the next merge."""
+    batch: list[Memory] = []
+    used = 0
+    for thread in threads:
+        used += estimate_tokens(thread.text)
+        if batch and used > MERGE_BATCH_BOUNDS * max_tokens:
+            break
+        batch.append(thread)
+    return batch
 
 
 def threads_material(threads: Sequence[Memory]) -> str:

@@ -68,16 +68,18 @@ def test_a_burst_of_tasks_on_one_repository_makes_one_merge_that_names_every_tas
     repository = str(repo)
 
     # Every task wrote its thread's first memory itself and flagged the merge: one merge job waits, no update job.
-    waiting = stack.wait_until(lambda: len(redis_client.hgetall(MERGE_WAITING_PREFIX + repository)) == len(uuids),
-                               30, "every thread flagged for the merge")
+    waiting = stack.wait_until(
+        lambda: len(redis_client.hgetall(MERGE_WAITING_PREFIX + repository)) == len(uuids),
+        30,
+        "every thread flagged for the merge",
+    )
     assert waiting
     queued = redis_client.lrange(MAINTENANCE_QUEUE, 0, -1)
     assert [json.loads(m)["headers"]["task"] for m in queued] == ["tasuki.merge_memory"]
     assert memory_requests(stack) == []  # no model call so far
 
     stack.start_worker("maintenance", queues="maintenance")
-    memory = stack.wait_until(lambda: repository_memory(tmp_path / "memory.db", repository),
-                              60, "the repository merge")
+    memory = stack.wait_until(lambda: repository_memory(tmp_path / "memory.db", repository), 60, "the repository merge")
     assert set(memory.sources) == set(uuids)
     for uuid in uuids:
         assert uuid in memory.text

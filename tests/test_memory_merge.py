@@ -15,11 +15,18 @@ from structlog.testing import capture_logs
 from contexts.tokens import estimate_tokens
 from memory import Memory
 from memory.sqlite import SQLiteMemoryStore
-from memory.update import episode_material, judge, thread_without_model, threads_material
+from memory.update import (
+    MERGE_BATCH_BOUNDS,
+    episode_material,
+    judge,
+    merge_batch,
+    thread_without_model,
+    threads_material,
+)
 from tests.helpers.memory_support import NOW, episode
-from worker.merging import finish_merge, flag_thread, release_merge, request_merge, start_merge
+from worker.merging import finish_merge, release_merge, request_merge, start_merge
 from worker.names import MERGE_QUEUED_PREFIX, MERGE_RUNNING_PREFIX, MERGE_WAITING_PREFIX
-from worker.remembering import merge_repository, record_episode, update_memories, waiting_memories
+from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.settings_models import Settings
 
 REPO = "github:acme/web"
@@ -137,10 +144,12 @@ def test_one_model_call_merges_every_waiting_thread_and_the_sources_are_their_un
         asked.append(messages)
         return "- run pytest -q (u0)\n- auth lives in auth/login.py (u1, u3)"
 
-    threads, newest = waiting_memories(store, REPO, {older.thread: "u1", newer.thread: "u3"}, NOW)
+    batch = next_merge(settings_for(tmp_path), store, REPO, {older.thread: "u1", newer.thread: "u3"}, NOW)
+    threads = batch.threads
     assert [t.key for t in threads] == [older.thread, newer.thread]  # oldest task first
     assert threads[1].text == episode_material(newer)  # a thread without memory is merged from its episode
-    assert newest == "u3"  # the merge's call is metered for the newest task it covers
+    assert batch.newest == "u3"  # the merge's call is metered for the newest task it covers
+    assert (batch.merged, batch.left) == ({older.thread: "u1", newer.thread: "u3"}, 0)
     assert merge_repository(settings_for(tmp_path), store, REPO, threads, chat, NOW) == "updated"
     assert len(asked) == 1
     repo = store.memory("repository", REPO)
@@ -152,27 +161,40 @@ def test_one_model_call_merges_every_waiting_thread_and_the_sources_are_their_un
 # -- coalescing in Redis ---------------------------------------------------------------------------
 
 
+def test_a_merge_takes_the_oldest_threads_that_fit_one_request() -> None:
+    threads = [Memory("thread", f"t{n}", "word " * 400, NOW, (f"u{n}",)) for n in range(20)]  # 500 tokens each
+    assert len(merge_batch(threads, max_tokens=500)) == MERGE_BATCH_BOUNDS
+    assert merge_batch(threads[:1], max_tokens=10) == threads[:1]  # one thread is always merged
+    assert merge_batch([], max_tokens=500) == []
+
+
+def flag(client: redis.Redis, thread: str, uuid: str, sent: list[str] | None = None) -> bool:
+    return request_merge(lambda: client, REPO, thread, uuid, (sent if sent is not None else []).append)
+
+
 def test_a_burst_of_flags_queues_one_merge_job(redis_client: redis.Redis) -> None:
-    queued = [flag_thread(redis_client, REPO, f"{REPO}#issue/{n}", f"u{n}") for n in range(5)]
+    sent: list[str] = []
+    queued = [flag(redis_client, f"{REPO}#issue/{n}", f"u{n}", sent) for n in range(5)]
     assert queued == [True, False, False, False, False]
+    assert sent == [REPO]
     assert redis_client.ttl(MERGE_QUEUED_PREFIX + REPO) > 0  # a lost job never blocks the repository for good
-    assert flag_thread(redis_client, "github:acme/other", "github:acme/other#issue/1", "v1")  # per repository
+    assert request_merge(lambda: redis_client, "github:acme/other", "t", "v1", sent.append)  # per repository
 
 
 def test_the_merge_removes_exactly_the_threads_it_merged(redis_client: redis.Redis) -> None:
-    flag_thread(redis_client, REPO, "t1", "u1")
-    flag_thread(redis_client, REPO, "t2", "u2")
+    flag(redis_client, "t1", "u1")
+    flag(redis_client, "t2", "u2")
     waiting = start_merge(redis_client, REPO, "job-a")
     assert waiting == {"t1": "u1", "t2": "u2"}
     # Flagged while the merge runs: a newer task on t2, a new thread t3. The flag was cleared: a new job is queued.
-    assert flag_thread(redis_client, REPO, "t2", "u4")
-    assert not flag_thread(redis_client, REPO, "t3", "u5")
+    assert flag(redis_client, "t2", "u4")
+    assert not flag(redis_client, "t3", "u5")
     finish_merge(redis_client, REPO, waiting)
     assert redis_client.hgetall(MERGE_WAITING_PREFIX + REPO) == {"t2": "u4", "t3": "u5"}
 
 
 def test_a_second_merge_of_a_repository_waits_for_the_running_one(redis_client: redis.Redis) -> None:
-    flag_thread(redis_client, REPO, "t1", "u1")
+    flag(redis_client, "t1", "u1")
     assert start_merge(redis_client, REPO, "job-a") == {"t1": "u1"}
     assert start_merge(redis_client, REPO, "job-b") is None
     release_merge(redis_client, REPO, "job-b")  # not its lock: nothing happens
@@ -189,7 +211,7 @@ def test_a_failed_enqueue_clears_the_flag_so_the_next_task_queues_the_job(redis_
         assert not request_merge(lambda: redis_client, REPO, "t1", "u1", broker_down)
     assert [e["event"] for e in logs] == ["memory: repository merge not flagged"]
     sent: list[str] = []
-    assert request_merge(lambda: redis_client, REPO, "t2", "u2", sent.append)
+    assert flag(redis_client, "t2", "u2", sent)
     assert sent == [REPO]
     assert redis_client.hgetall(MERGE_WAITING_PREFIX + REPO) == {"t1": "u1", "t2": "u2"}  # nothing lost
 

@@ -20,7 +20,7 @@ from tests.helpers.memory_support import NOW, episode
 from tests.helpers.model_server import model_server
 from worker.llm import make_provider
 from worker.prompts import task_message
-from worker.remembering import merge_repository, record_episode, update_memories, waiting_memories
+from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.settings_models import Settings
 
 TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -103,12 +103,12 @@ def test_record_episode_then_update_thread_and_repository_memory_through_the_rep
         provider = make_provider("openai", "m", 8000, server.openai_base_url, None)
         chat = lambda m: provider.chat(m, None).content  # noqa: E731
         outcome = update_memories(s, store, path.name, chat, NOW)
-        threads, newest = waiting_memories(store, "github:acme/web", {"github:acme/web#issue/12": path.name}, NOW)
-        merged = merge_repository(s, store, "github:acme/web", threads, chat, NOW)
+        batch = next_merge(s, store, "github:acme/web", {"github:acme/web#issue/12": path.name}, NOW)
+        merged = merge_repository(s, store, "github:acme/web", batch.threads, chat, NOW)
         kinds = [r["kind"] for r in server.requests]
     assert outcome == {"uuid": path.name, "embedded": True, "thread": "first episode, as written",
                        "merge": ["github:acme/web", "github:acme/web#issue/12"]}
-    assert (merged, newest) == ("updated", path.name)
+    assert (merged, batch.newest) == ("updated", path.name)
     # The embedding, then ONE model call: the repository merge (a thread's first episode needs no model).
     assert kinds == [None, "memory"]
     thread = store.memory("thread", "github:acme/web#issue/12")

@@ -19,10 +19,10 @@ from contexts.usage import Usage, repo_of
 from memory import MemoryUnavailable
 from worker.celery import app
 from worker.endings import Ending, on_ending
-from worker.merging import RETRY_S, finish_merge, release_merge, request_merge, start_merge
+from worker.merging import RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
 from worker.metering import Meter, usage_of
 from worker.names import MAINTENANCE_QUEUE, MERGE_MEMORY, UPDATE_MEMORY
-from worker.remembering import merge_repository, record_episode, update_memories, waiting_memories
+from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings
 from worker.settings_models import Settings
 from worker.stores import open_memory
@@ -54,13 +54,12 @@ def _remember(ending: Ending) -> None:
 
 def flag_merge(repository: str, thread: str, uuid: str) -> None:
     """Have the thread merged into its repository memory by the repository's one queued merge job."""
-    request_merge(
-        redis_client,
-        repository,
-        thread,
-        uuid,
-        lambda repo: merge_memory.apply_async(args=[repo], queue=MAINTENANCE_QUEUE),
-    )
+    request_merge(redis_client, repository, thread, uuid, enqueue_merge)
+
+
+def enqueue_merge(repository: str) -> None:
+    """Send ``tasuki.merge_memory`` for the repository (callers hold its queued flag)."""
+    merge_memory.apply_async(args=[repository], queue=MAINTENANCE_QUEUE)
 
 
 @app.task(name=UPDATE_MEMORY, bind=True)
@@ -112,12 +111,12 @@ def merge_memory(self: Task, repository: str) -> dict[str, Any]:
             log.warning("memory merge skipped", error=str(exc))
             return {"repository": repository, "status": "memory unavailable"}
         try:
-            threads, newest = waiting_memories(store, repository, waiting, utc_now())
-            spent = MemoryCalls(s, finished_directory(s, newest) if newest else None)
+            batch = next_merge(s, store, repository, waiting, utc_now())
+            spent = MemoryCalls(s, finished_directory(s, batch.newest) if batch.newest else None)
             try:
                 status = "nothing to merge"
-                if threads:
-                    status = merge_repository(s, store, repository, threads, spent.chat, utc_now())
+                if batch.threads:
+                    status = merge_repository(s, store, repository, batch.threads, spent.chat, utc_now())
             finally:
                 spent.meter()
         except (MemoryUnavailable, TasukiError) as exc:  # the threads stay waiting for the next merge
@@ -125,8 +124,16 @@ def merge_memory(self: Task, repository: str) -> dict[str, Any]:
             return {"repository": repository, "status": "stopped"}
         finally:
             store.close()
-        finish_merge(client, repository, waiting)
-        return {"repository": repository, "status": status, "threads": sorted(waiting), "metered": newest}
+        finish_merge(client, repository, batch.merged)
+        if batch.left:  # more than one request holds: the next job takes the rest
+            queue_merge(client, repository, enqueue_merge)
+        return {
+            "repository": repository,
+            "status": status,
+            "threads": sorted(batch.merged),
+            "left": batch.left,
+            "metered": batch.newest,
+        }
     finally:
         release_merge(client, repository, token)
 

@@ -34,31 +34,29 @@ return 0
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
-def flag_thread(client: redis.Redis, repository: str, thread: str, uuid: str) -> bool:
-    """Mark ``thread`` waiting for its repository's merge; True when no merge job was queued (queue one now)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(MERGE_WAITING_PREFIX + repository, thread, uuid)  # first: a job queued before it must see it
-    pipe.set(MERGE_QUEUED_PREFIX + repository, uuid, nx=True, ex=QUEUED_TTL_S)
-    return bool(pipe.execute()[1])
-
-
 def request_merge(
     client: Callable[[], redis.Redis], repository: str, thread: str, uuid: str, enqueue: Callable[[str], Any]
 ) -> bool:
-    """Flag the thread and queue a merge job unless one is queued; True when this call queued it. Never raises:
-    a thread Redis did not flag is merged by the next update of its repository."""
+    """Mark ``thread`` waiting for its repository's merge and queue a merge job unless one is queued; True when
+    this call queued it. Never raises: a thread Redis did not flag is merged by the next update of its repository."""
     try:
         connection = client()
-        if not flag_thread(connection, repository, thread, uuid):
-            return False
-        try:
-            enqueue(repository)
-        except Exception:
-            connection.delete(MERGE_QUEUED_PREFIX + repository)  # no job is queued: the next flag queues one
-            raise
+        connection.hset(MERGE_WAITING_PREFIX + repository, thread, uuid)  # first: a job queued before must see it
+        return queue_merge(connection, repository, enqueue)
     except Exception as exc:  # memory never fails a task (SPEC §13)
         log.warning("memory: repository merge not flagged", thread=thread, error=mask(str(exc))[:300])
         return False
+
+
+def queue_merge(client: redis.Redis, repository: str, enqueue: Callable[[str], Any]) -> bool:
+    """Queue a merge job for the repository unless one is queued (``SET NX EX``); True when this call queued it."""
+    if not client.set(MERGE_QUEUED_PREFIX + repository, 1, nx=True, ex=QUEUED_TTL_S):
+        return False
+    try:
+        enqueue(repository)
+    except Exception:
+        client.delete(MERGE_QUEUED_PREFIX + repository)  # no job is queued: the next flag queues one
+        raise
     return True
 
 

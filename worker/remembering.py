@@ -33,6 +33,7 @@ from memory.update import (
     THREAD_SYSTEM,
     episode_material,
     judge,
+    merge_batch,
     thread_without_model,
     threads_material,
     update_messages,
@@ -200,23 +201,38 @@ def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Cha
     return {**outcome, "thread": verdict.reason or "updated", "merge": merge}
 
 
-def waiting_memories(store: MemoryStore, repository: str, waiting: Mapping[str, str], now: datetime
-                     ) -> tuple[list[Memory], str | None]:
-    """The memories of the threads waiting for the repository merge (``waiting``: thread -> the task that
-    flagged it), oldest task first, and the newest of those tasks. A thread without memory (its update was
-    refused) is merged from its task's episode."""
+@dataclass(frozen=True)
+class MergeBatch:
+    """The waiting threads one merge takes: their memories (oldest task first), ``merged`` (thread -> the UUID
+    that flagged it, to unflag after the merge), the newest task among them, how many threads wait for the next."""
+
+    threads: list[Memory]
+    merged: dict[str, str]
+    newest: str | None
+    left: int
+
+
+def next_merge(settings: Settings, store: MemoryStore, repository: str, waiting: Mapping[str, str], now: datetime
+               ) -> MergeBatch:
+    """The oldest waiting threads whose memories fit one merge request (``waiting``: thread -> the task that
+    flagged it). A thread without memory (its update was refused) is merged from its task's episode; one with
+    neither (forgotten meanwhile) is only unflagged."""
     episodes = store.fetch(repository, sorted(set(waiting.values())))
     ended = {t: episodes[u].ended_at for t, u in waiting.items() if u in episodes}
-    order = sorted(waiting, key=lambda t: (t in ended, ended.get(t, now), t))
-    threads = []
-    for key in order:
+    memories: list[Memory] = []
+    gone: dict[str, str] = {}
+    for key in sorted(waiting, key=lambda t: (t in ended, ended.get(t, now), t)):
         memory = store.memory("thread", key)
         if memory is None and waiting[key] in episodes:
             memory = Memory("thread", key, episode_material(episodes[waiting[key]]), now, (waiting[key],))
-        if memory is not None:
-            threads.append(memory)
-    newest = max(episodes.values(), key=lambda e: e.ended_at).uuid if episodes else None
-    return threads, newest
+        if memory is None:
+            gone[key] = waiting[key]
+        else:
+            memories.append(memory)
+    batch = merge_batch(memories, settings.memory.repo_max_tokens)
+    merged = {**gone, **{t.key: waiting[t.key] for t in batch}}
+    newest = max((episodes[u] for u in merged.values() if u in episodes), key=lambda e: e.ended_at, default=None)
+    return MergeBatch(batch, merged, newest.uuid if newest else None, len(memories) - len(batch))
 
 
 def merge_repository(settings: Settings, store: MemoryStore, repository: str, threads: Sequence[Memory],
