@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from contexts.tokens import estimate_tokens
 from memory import Memory
+from memory.prompt import CUT, memory_block
 from memory.sqlite import SQLiteMemoryStore
 from memory.update import (
     MERGE_BATCH_BOUNDS,
@@ -78,6 +79,15 @@ def test_threads_material_names_every_task_first() -> None:
     assert text.splitlines()[0] == "Thread memories of tasks a, b, c:"
     assert "Thread t1 (tasks a, b):\n- one" in text
     assert "Thread t2 (tasks c):\n- two" in text
+
+
+def test_a_first_episode_thread_memory_longer_than_the_room_is_cut_not_left_out() -> None:
+    thread = Memory("thread", LEARNED.thread, episode_material(LEARNED) + "\n" + "more detail " * 200, NOW, ("u1",))
+    text, use = memory_block([], None, thread, [], 150)
+    assert use.thread_memory
+    assert "Task u1 (completed" in text
+    assert text.endswith(CUT)
+    assert estimate_tokens(text) <= 150
 
 
 # -- the task process: record the episode and write the thread memory with one open store -----------
