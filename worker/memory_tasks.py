@@ -19,7 +19,7 @@ from contexts.usage import Usage, repo_of
 from memory import MemoryUnavailable
 from worker.celery import app
 from worker.endings import Ending, on_ending
-from worker.merging import RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
+from worker.merging import DELAY_S, RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
 from worker.metering import Meter, usage_of
 from worker.names import MAINTENANCE_QUEUE, MERGE_MEMORY, UPDATE_MEMORY
 from worker.remembering import merge_repository, next_merge, record_episode, update_memories
@@ -58,8 +58,8 @@ def flag_merge(repository: str, thread: str, uuid: str) -> None:
 
 
 def enqueue_merge(repository: str) -> None:
-    """Send ``tasuki.merge_memory`` for the repository (callers hold its queued flag)."""
-    merge_memory.apply_async(args=[repository], queue=MAINTENANCE_QUEUE)
+    """Send ``tasuki.merge_memory`` for the repository, to run after ``DELAY_S`` (callers hold its queued flag)."""
+    merge_memory.apply_async(args=[repository], queue=MAINTENANCE_QUEUE, countdown=DELAY_S)
 
 
 @app.task(name=UPDATE_MEMORY, bind=True)

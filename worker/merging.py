@@ -23,6 +23,9 @@ log = structlog.get_logger(__name__)
 QUEUED_TTL_S = 3600  # a queued job whose message was lost stops holding back new ones after this
 RUNNING_TTL_S = 900  # a merge job that died stops holding back the next one after this
 RETRY_S = 2.0  # a job that finds another merge of its repository running tries again after this
+# A merge job waits this long before it runs, so that the threads of a burst of tasks ending one after another
+# wait for the same job (a free maintenance worker would otherwise take each task's job at once: no batch).
+DELAY_S = 5.0
 
 # ARGV: thread, UUID, thread, UUID, ...: each thread goes only while it still holds the UUID the job merged.
 _UNFLAG = """
