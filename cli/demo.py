@@ -130,7 +130,7 @@ def _second_task(settings: Settings, say: Callable[[str], None], broker: str, re
                  *, alive: Callable[[], bool]) -> int:
     """Memory at work (SPEC §13): a second task on the same issue starts with what the first one learned."""
     say("\nmemory:  the first task's episode updates the thread and repository memory (maintenance queue) ...")
-    learned = _wait_for_thread_memory(settings, repo, alive)
+    learned = _wait_for_memory(settings, repo, alive)
     say(f"memory:  thread memory {'ready' if learned else 'not updated in time; the episode alone is recalled'}")
     uuid = submit_local(broker, repo, DEMO_PROMPT)
     say(f"task:    {uuid} submitted on the same issue; progress:")
@@ -154,14 +154,16 @@ def _second_task(settings: Settings, say: Callable[[str], None], broker: str, re
     return 0 if state.get("status") == "completed" else 1
 
 
-def _wait_for_thread_memory(settings: Settings, repo: Path, alive: Callable[[], bool]) -> bool:
-    """Poll the memory store until the demo issue's thread memory exists (or a minute passes)."""
+def _wait_for_memory(settings: Settings, repo: Path, alive: Callable[[], bool]) -> bool:
+    """Poll the memory store until the demo issue's thread memory and the repository memory exist (or a minute
+    passes): the repository merge is a job of its own, after the thread memory."""
     from memory import MemoryUnavailable
     from memory.records import repository_key, thread_key
     from worker.stores import open_memory
 
     key = {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt", "task_id": "demo"}
-    thread = thread_key(key, repository_key(key, str(repo)))
+    repository = repository_key(key, str(repo))
+    thread = thread_key(key, repository)
     deadline = time.monotonic() + MEMORY_TIMEOUT_S
     while time.monotonic() < deadline and alive():
         try:
@@ -170,7 +172,7 @@ def _wait_for_thread_memory(settings: Settings, repo: Path, alive: Callable[[], 
             memory = None
         if memory is not None:
             try:
-                if memory.memory("thread", thread) is not None:
+                if memory.memory("thread", thread) is not None and memory.memory("repository", repository):
                     return True
             except MemoryUnavailable:
                 pass

@@ -2,7 +2,8 @@
 
 In priority order: the repository's instruction files (quoted: the owner's words, never instructions about
 tools, limits or credentials), the repository memory, the thread memory, recalled episodes with UUIDs.
-An item that does not fit whole is cut (instruction files) or left out (the rest).
+An item that does not fit whole is cut (instruction files, the thread memory: a thread's first episode is its
+memory as written, longer than a model's summary) or left out (the rest).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ def memory_block(
             use.instruction_files.append(name)
     if repository_memory and take(f"Repository memory (facts from earlier tasks):\n{_quote(repository_memory.text)}"):
         use.repository_memory = True
-    if thread_memory and take(f"Memory of this thread (earlier tasks on it):\n{_quote(thread_memory.text)}"):
-        use.thread_memory = True
+    if thread_memory:
+        whole = f"Memory of this thread (earlier tasks on it):\n{_quote(thread_memory.text)}"
+        use.thread_memory = take(whole) or (room > 50 and take(_cut(whole, room)))
     for hit in hits:
         if take(_episode(hit)):
             use.episodes.append(hit.episode.uuid)

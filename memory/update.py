@@ -7,14 +7,16 @@ was given leaves the memory as it was (the guards of SPEC §6).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contexts.tokens import estimate_tokens
 from memory.recall import char_ngrams, dice
-from memory.records import Episode
+from memory.records import Episode, Memory
 
 ECHO_DICE = 0.9  # an answer this close to its input repeats it rather than condensing it
 ECHO_CHARS = 6000
+MERGE_BATCH_BOUNDS = 4  # one repository merge reads thread memories of at most this many bounds of tokens
 
 THREAD_SYSTEM = (
     "You keep the memory of one issue thread of a software repository, for the coding agent's next task on "
@@ -25,7 +27,7 @@ THREAD_SYSTEM = (
 )
 REPOSITORY_SYSTEM = (
     "You keep the memory of one software repository: durable facts a coding agent needs on any future task "
-    "here — how to build and test, conventions, pitfalls, what reviewers asked for. Merge the thread memory "
+    "here — how to build and test, conventions, pitfalls, what reviewers asked for. Merge the thread memories "
     "below into the existing repository memory. Keep only facts that will hold for other tasks, not the "
     "story of this one. End every fact with the task UUIDs it came from in parentheses. Answer with the "
     "updated memory only, as bullet points, at most {max_tokens} tokens."
@@ -59,6 +61,37 @@ def episode_material(episode: Episode) -> str:
     return "\n".join(lines)
 
 
+def thread_without_model(existing: Memory | None, episode: Episode, max_tokens: int) -> str | None:
+    """A thread's first episode is its memory as written, when within the bound: no model needs to merge it.
+    ``None``: the model merges (the thread has memory already, or the episode is longer than the bound)."""
+    if existing is not None:
+        return None
+    material = episode_material(episode)
+    return material if estimate_tokens(material) <= max_tokens else None
+
+
+def merge_batch(threads: Sequence[Memory], max_tokens: int) -> list[Memory]:
+    """The oldest threads whose memories fit one merge request (``MERGE_BATCH_BOUNDS`` bounds, at least one
+    thread); the rest wait for the next merge."""
+    batch: list[Memory] = []
+    used = 0
+    for thread in threads:
+        used += estimate_tokens(thread.text)
+        if batch and used > MERGE_BATCH_BOUNDS * max_tokens:
+            break
+        batch.append(thread)
+    return batch
+
+
+def threads_material(threads: Sequence[Memory]) -> str:
+    """Thread memories waiting to reach the repository memory, as the model reads them: the tasks first, then
+    each thread with the tasks it came from."""
+    tasks = list(dict.fromkeys(uuid for thread in threads for uuid in thread.sources))
+    parts = [f"Thread memories of tasks {', '.join(tasks)}:"]
+    parts += [f"Thread {t.key} (tasks {', '.join(t.sources)}):\n{t.text}" for t in threads]
+    return "\n\n".join(parts)
+
+
 def update_messages(system: str, existing: str | None, material: str, max_tokens: int) -> list[dict[str, str]]:
     """One stateless request: the instructions, the existing memory, the new material."""
     user = (
@@ -68,14 +101,18 @@ def update_messages(system: str, existing: str | None, material: str, max_tokens
     return [{"role": "system", "content": system.format(max_tokens=max_tokens)}, {"role": "user", "content": user}]
 
 
-def judge(answer: str | None, material: str, max_tokens: int) -> Verdict:
-    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material."""
+def judge(answer: str | None, material: str, max_tokens: int, existing: str | None = None) -> Verdict:
+    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material. An
+    answer at least as close to the ``existing`` memory keeps that memory rather than echoing the new material (a
+    thread whose memory is its first episode as written, updated from a similar episode, answers so)."""
     text = (answer or "").strip()
     if not text:
         return Verdict(False, "", "the model answered nothing")
     tokens = estimate_tokens(text)
     if tokens > max_tokens:
         return Verdict(False, text, f"the answer has {tokens} tokens, more than the bound of {max_tokens}")
-    if dice(char_ngrams(text, max_chars=ECHO_CHARS), char_ngrams(material, max_chars=ECHO_CHARS)) >= ECHO_DICE:
+    said = char_ngrams(text, max_chars=ECHO_CHARS)
+    echo = dice(said, char_ngrams(material, max_chars=ECHO_CHARS))
+    if echo >= ECHO_DICE and echo > dice(said, char_ngrams(existing or "", max_chars=ECHO_CHARS)):
         return Verdict(False, text, "the answer repeats the material it was given instead of condensing it")
     return Verdict(True, text)

@@ -32,23 +32,24 @@ def first_user_message(stack: Stack, uuid: str) -> str:
     return str(next(r for r in map(json.loads, lines) if r["role"] == "user")["content"])
 
 
-def thread_memory_of(path: Path, thread: str) -> str | None:
+def thread_memory_of(path: Path, thread: str, scope: str = "thread") -> str | None:
     if not path.exists():
         return None
     store = SQLiteMemoryStore(path)
     try:
-        memory = store.memory("thread", thread)
+        memory = store.memory(scope, thread)
         return memory.text if memory else None
     finally:
         store.close()
 
 
 def _memory_calls(stack: Stack, uuid: str) -> dict[str, Any] | None:
-    """The task's usage by call once its memory update's two model calls are counted, else None."""
+    """The task's usage by call once its memory jobs' model call is counted, else None: a thread's first episode is
+    its memory as written (no call), the repository merge is one call."""
     state = json.loads((stack.contexts_dir / "completed" / uuid / "state.json").read_text())
     by_call: dict[str, Any] = state["usage"]["by_call"]
     memory = [bucket for bucket in by_call.values() if bucket["kind"] == "memory"]
-    return by_call if memory and memory[0]["calls"] == 2 else None
+    return by_call if memory and memory[0]["calls"] == 1 else None
 
 
 def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: Stack, tmp_path: Path) -> None:
@@ -63,6 +64,8 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
     memory_db = tmp_path / "memory.db"
     remembered = stack.wait_until(lambda: thread_memory_of(memory_db, thread), what="the thread memory update")
     assert first in remembered
+    merged = stack.wait_until(lambda: thread_memory_of(memory_db, str(repo), "repository"), what="the merge job")
+    assert first in merged
 
     second = stack.send(local_request(repo))
     state = stack.wait_finished(second)
@@ -82,7 +85,8 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
     first_state = json.loads((stack.contexts_dir / "completed" / first / "state.json").read_text())
     assert first_state["memory"]["episodes"] == []  # the first task had nothing to recall
     # Memory's model calls are metered for the task they serve: the second task's recall embedded its query;
-    # the first task's memory update embedded its episode and asked the model for thread and repository memory.
+    # the first task's memory update embedded its episode (its thread memory needed no model) and the repository
+    # merge asked the model once.
     assert state["usage"]["by_call"]["embedding tasuki-replay-embed"]["prompt_tokens"] > 0
     calls = stack.wait_until(lambda: _memory_calls(stack, first), what="the memory update metered")
     assert calls["embedding tasuki-replay-embed"]["calls"] == 2  # its own first prompt's recall, its episode

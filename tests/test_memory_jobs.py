@@ -20,7 +20,7 @@ from memory.sqlite import SQLiteMemoryStore
 from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.memory_support import episode
-from worker.names import HEARTBEATS_KEY, MAINTENANCE_QUEUE
+from worker.names import HEARTBEATS_KEY, MAINTENANCE_QUEUE, MERGE_WAITING_PREFIX
 
 pytestmark = pytest.mark.integration
 REQUEST = {"task_key": TASK_KEY, "repo_path": "/nowhere", "prompt": "fix the parser"}
@@ -52,18 +52,25 @@ def test_a_task_the_monitor_fails_leaves_an_episode(tmp_path: Path, redis_url: s
 
     store = SQLiteMemoryStore(tmp_path / "memory.db")
     recorded = store.episode(ctx.uuid)
+    thread = store.memory("thread", recorded.thread) if recorded else None
     store.close()
     assert recorded is not None
     assert recorded.status == "failed"
     assert recorded.task == "fix the parser"
     assert recorded.error is not None
     assert recorded.error.startswith("worker lost: heartbeat stale since ")
-    # The memory update waits for a maintenance worker (the message is removed: no worker runs here).
-    queued = [m for m in redis_client.lrange(MAINTENANCE_QUEUE, 0, -1) if ctx.uuid in message_body(m)]
+    # A thread's first episode is its memory as written, by the process that recorded it (no model, no job);
+    # only the repository merge waits for a maintenance worker (the message is removed: no worker runs here).
+    assert thread is not None
+    assert thread.text.startswith(f"Task {ctx.uuid} (failed")
+    assert thread.sources == (ctx.uuid,)
+    repository = recorded.repository
+    queued = [m for m in redis_client.lrange(MAINTENANCE_QUEUE, 0, -1) if repository in message_body(m)]
     for message in queued:
         redis_client.lrem(MAINTENANCE_QUEUE, 0, message)
     assert len(queued) == 1
-    assert '"task": "tasuki.update_memory"' in queued[0]
+    assert '"task": "tasuki.merge_memory"' in queued[0]
+    assert redis_client.hgetall(MERGE_WAITING_PREFIX + repository) == {recorded.thread: ctx.uuid}
 
 
 def message_body(message: str) -> str:

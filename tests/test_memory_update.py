@@ -20,7 +20,7 @@ from tests.helpers.memory_support import NOW, episode
 from tests.helpers.model_server import model_server
 from worker.llm import make_provider
 from worker.prompts import task_message
-from worker.remembering import record_episode, update_memories
+from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.settings_models import Settings
 
 TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
@@ -95,20 +95,28 @@ def test_record_episode_then_update_thread_and_repository_memory_through_the_rep
     path = finished_context(tmp_path / "contexts")
     recorded = record_episode(s, path.name, {"task_key": KEY}, "completed", path)
     assert recorded is not None
+    assert recorded.next == "update"  # an embedding model is configured: the update_memory job embeds
     store = SQLiteMemoryStore(tmp_path / "memory.db")
     with model_server([]) as server:
         s = s.model_copy(update={"llm": s.llm.model_copy(update={
             "openai": s.llm.openai.model_copy(update={"base_url": server.openai_base_url})})})
         provider = make_provider("openai", "m", 8000, server.openai_base_url, None)
-        outcome = update_memories(s, store, path.name, lambda m: provider.chat(m, None).content, NOW)
+        chat = lambda m: provider.chat(m, None).content  # noqa: E731
+        outcome = update_memories(s, store, path.name, chat, NOW)
+        batch = next_merge(s, store, "github:acme/web", {"github:acme/web#issue/12": path.name}, NOW)
+        merged = merge_repository(s, store, "github:acme/web", batch.threads, chat, NOW)
         kinds = [r["kind"] for r in server.requests]
-    assert outcome == {"uuid": path.name, "embedded": True, "thread": "updated", "repository": "updated"}
-    assert kinds == [None, "memory", "memory"]  # the embedding, then thread, then repository
+    assert outcome == {"uuid": path.name, "embedded": True, "thread": "first episode, as written",
+                       "merge": ["github:acme/web", "github:acme/web#issue/12"]}
+    assert (merged, batch.newest) == ("updated", path.name)
+    # The embedding, then ONE model call: the repository merge (a thread's first episode needs no model).
+    assert kinds == [None, "memory"]
     thread = store.memory("thread", "github:acme/web#issue/12")
     repo = store.memory("repository", "github:acme/web")
     assert thread is not None
     assert repo is not None
     assert "ImportError" in thread.text
+    assert path.name in repo.text
     assert thread.sources == (path.name,)
     assert repo.sources == (path.name,)
     assert store.status().vectors == 1
@@ -124,7 +132,9 @@ def test_a_junk_answer_leaves_memory_unchanged_and_logs_why(tmp_path: Path) -> N
     store.put_memory(before, e.repository)
     with capture_logs() as logs:
         outcome = update_memories(s, store, "u1", lambda m: "", NOW)
+        merged = merge_repository(s, store, e.repository, [before], lambda m: "", NOW)
     assert outcome["thread"] == "the model answered nothing"
+    assert merged == "the model answered nothing"
     assert store.memory("thread", e.thread) == before
     assert store.memory("repository", e.repository) is None
     assert {entry["event"] for entry in logs} >= {"memory: thread memory left unchanged",
@@ -187,7 +197,8 @@ def test_an_episode_with_nothing_learned_asks_no_model(tmp_path: Path) -> None:
     store.add_episode(episode("u1", task="cancelled before it ran", status="cancelled"))
     asked: list[object] = []
     outcome = update_memories(settings_for(tmp_path), store, "u1", lambda m: asked.append(m) or "x", NOW)
-    assert outcome["thread"] == outcome["repository"] == "nothing to learn"
+    assert outcome["thread"] == "nothing to learn"
+    assert outcome["merge"] is None
     assert asked == []
     store.close()
 

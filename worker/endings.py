@@ -3,9 +3,9 @@ out, or unable to start — or the monitor — failed after ``monitor.max_attemp
 completion it repaired.
 
 The modules that act on an ending subscribe to it, like dramatiq's middleware hooks, instead of being called
-from every place a task can end: the Redis bookkeeping and memory (:mod:`worker.tasks`), the forge
-(:mod:`worker.forges.reporter`, for endings no worker reported). Each subscriber runs once per ending, after
-the ending is on disk; one that fails is logged and never stops the others.
+from every place a task can end: the Redis bookkeeping (:mod:`worker.tasks`), memory
+(:mod:`worker.memory_tasks`), the forge (:mod:`worker.forges.reporter`, for endings no worker reported). Each
+subscriber runs once per ending, after the ending is on disk; one that fails is logged and never stops the others.
 """
 
 from __future__ import annotations

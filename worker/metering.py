@@ -3,7 +3,7 @@ task's ``state.json`` and to the Redis counters that budgets and ``/metrics`` re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,7 +80,8 @@ class Meter:
         model = str(self.settings.memory.embedding_model)
         return lambda tokens: self.record(ctx, Usage("embedding", model, tokens))
 
-    def record_finished(self, directory: Path, usage: Usage) -> None:
-        """A call made for a task that has ended (its memory update): into its ``state.json`` and Redis."""
-        update_state(directory, self.clock(), fsync=True, usage=[self.priced(usage)])
-        self.count(usage)
+    def record_finished(self, directory: Path, usages: Sequence[Usage]) -> None:
+        """Calls made for a task that has ended (a memory job's): into its ``state.json`` in one write, and Redis."""
+        update_state(directory, self.clock(), fsync=True, usage=[self.priced(usage) for usage in usages])
+        for usage in usages:
+            self.count(usage)

@@ -16,7 +16,8 @@ COMPRESS_CONTEXT: Final = "tasuki.compress_context"
 REAP_STALE: Final = "tasuki.reap_stale"
 RETENTION: Final = "tasuki.retention"
 ALERTS: Final = "tasuki.alerts"
-UPDATE_MEMORY: Final = "tasuki.update_memory"  # thread and repository memory from a finished task's episode
+UPDATE_MEMORY: Final = "tasuki.update_memory"  # embedding and thread memory of a finished task's episode
+MERGE_MEMORY: Final = "tasuki.merge_memory"  # the waiting thread memories of one repository into its memory
 
 # Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them
 KEY_PREFIX: Final = "tasuki:"
@@ -43,4 +44,7 @@ CI_SEEN_PREFIX: Final = "tasuki:ci-seen:"  # + pull/merge request key:commit, SE
 COMPRESSORS_KEY: Final = "tasuki:compressors"  # sorted set: Celery node consuming `compression`, scored by heartbeat
 AUTOFIX: Final = "tasuki.autofix"  # `/tasuki autofix on|off` from a GitLab note, applied after the access check
 SPEND_PREFIX: Final = "tasuki:spend:"  # + UTC day:repo:R (hash tokens, cost) | :user:U (tasks) | :replied:thread
+MERGE_QUEUED_PREFIX: Final = "tasuki:merge-queued:"  # + repository key, SET NX EX: a merge job is queued for it
+MERGE_WAITING_PREFIX: Final = "tasuki:merge-waiting:"  # + repository key, hash: thread key -> UUID that flagged it
+MERGE_RUNNING_PREFIX: Final = "tasuki:merge-running:"  # + repository key, SET NX EX by the merge job that runs
 SPEND_TOTALS_KEY: Final = "tasuki:spend-totals"  # hash: tokens:{kind}:{model} and cost:{model} since start (/metrics)

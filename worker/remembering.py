@@ -1,5 +1,9 @@
 """The worker's side of memory (SPEC §13): the first prompt's memory, episodes at the end, updates after.
 
+A thread's first episode is its memory as written (no model); a thread with memory asks the model to merge
+the episode in (``update_memory``); thread memories reach the repository memory in coalesced merge jobs, one
+model call per batch of waiting threads (``worker.merging``).
+
 Memory never fails a task: a store that is locked or damaged, an embedding model that times out or
 answers the wrong dimension, a model that answers junk — the task goes on without memory, says so once
 in its log and in ``state.json.memory.note``, and ``tasuki memory status`` names the problem.
@@ -7,7 +11,8 @@ in its log and in ``state.json.memory.note``, and ``tasuki memory status`` names
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,16 @@ from memory.instructions import read_instructions
 from memory.prompt import MemoryUse, memory_block
 from memory.recall import rank_messages
 from memory.search import Embedder, embed_checked, recall
-from memory.update import REPOSITORY_SYSTEM, THREAD_SYSTEM, episode_material, judge, update_messages
+from memory.update import (
+    REPOSITORY_SYSTEM,
+    THREAD_SYSTEM,
+    episode_material,
+    judge,
+    merge_batch,
+    thread_without_model,
+    threads_material,
+    update_messages,
+)
 from memory.upkeep import prune_old
 from worker.llm.embeddings import Spent, embedder_for
 from worker.settings_models import Settings
@@ -87,9 +101,20 @@ def _with_store(settings: Settings, store: MemoryStore, instructions: list[tuple
 # -- the end of a task -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A recorded episode and what its memory still needs: ``"nothing"``, ``"merge"`` (its thread memory is
+    written: only the repository merge is to be flagged) or ``"update"`` (the ``update_memory`` job: a model
+    or an embedding is needed)."""
+
+    episode: Episode
+    next: str
+
+
 def record_episode(settings: Settings, uuid: str, request: dict[str, Any], status: str, directory: Path | None,
-                   now: datetime | None = None) -> Episode | None:
-    """Record the episode of a task that ended (``directory``: its finished context, None if it had none).
+                   now: datetime | None = None) -> Recorded | None:
+    """Record the episode of a task that ended (``directory``: its finished context, None if it had none), and
+    write a thread's first episode as its memory when no model and no embedding is needed (one open store).
     Never raises: a memory failure is logged once and the episode is skipped."""
     now = now or utc_now()
     try:
@@ -100,13 +125,34 @@ def record_episode(settings: Settings, uuid: str, request: dict[str, Any], statu
         store = open_memory(settings)
         try:
             store.add_episode(episode)
+            after = _without_a_job(settings, store, episode, now)
         finally:
             store.close()
     except Exception as exc:  # the task has ended already: memory must not change how it ends
         log.warning("memory: episode not recorded", error=mask(_why(exc))[:300])
         return None
-    log.info("memory: episode recorded", repository=episode.repository, thread=episode.thread)
-    return episode
+    log.info("memory: episode recorded", repository=episode.repository, thread=episode.thread, next=after)
+    return Recorded(episode, after)
+
+
+def _without_a_job(settings: Settings, store: MemoryStore, episode: Episode, now: datetime) -> str:
+    """What the task process can do itself: with no embedding model, a thread's first episode (rule of
+    ``thread_without_model``) and an episode with nothing to learn need no job."""
+    if settings.memory.embedding_model:
+        return "update"
+    if not episode.learned:
+        return "nothing"
+    if _thread_as_written(store, episode, settings.memory.repo_max_tokens, now) is None:
+        return "update"
+    return "merge"
+
+
+def _thread_as_written(store: MemoryStore, episode: Episode, bound: int, now: datetime) -> str | None:
+    """Write the episode as its thread's first memory when no model is needed; None when the model must merge."""
+    text = thread_without_model(store.memory("thread", episode.thread), episode, bound)
+    if text is not None:
+        store.put_memory(Memory("thread", episode.thread, text, now, (episode.uuid,)), episode.repository)
+    return text
 
 
 def prune_memory(settings: Settings, now: datetime, *, dry_run: bool = False) -> list[str]:
@@ -129,38 +175,81 @@ def prune_memory(settings: Settings, now: datetime, *, dry_run: bool = False) ->
 
 def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Chat, now: datetime,
                     spent: Spent | None = None) -> dict[str, Any]:
-    """Embed the episode, then update its thread memory and its repository memory incrementally (004)."""
+    """Embed the episode, then update its thread memory incrementally (004). ``outcome["merge"]``: the thread
+    is ``[repository, thread]`` when the thread is to be flagged for the repository merge (:func:`merge_repository`),
+    which the caller does (it holds Redis)."""
     episode = store.episode(uuid)
     if episode is None:
-        return {"uuid": uuid, "status": "no episode"}
+        return {"uuid": uuid, "status": "no episode", "merge": None}
     outcome: dict[str, Any] = {"uuid": uuid, "embedded": _embed(settings, store, episode, spent)}
     if not episode.learned:  # nothing to merge: the model is not asked
-        return {**outcome, "thread": "nothing to learn", "repository": "nothing to learn"}
+        return {**outcome, "thread": "nothing to learn", "merge": None}
     bound = settings.memory.repo_max_tokens
+    merge = [episode.repository, episode.thread]
+    if _thread_as_written(store, episode, bound, now) is not None:
+        return {**outcome, "thread": "first episode, as written", "merge": merge}
     material = episode_material(episode)
     thread = store.memory("thread", episode.thread)
     answer = _ask(chat, update_messages(THREAD_SYSTEM, thread.text if thread else None, material, bound))
-    verdict = judge(answer, material, bound)
-    outcome["thread"] = verdict.reason or "updated"
+    verdict = judge(answer, material, bound, thread.text if thread else None)
     if verdict.accepted:
         sources = (*(thread.sources if thread else ()), uuid)
-        thread = Memory("thread", episode.thread, verdict.text, now, tuple(dict.fromkeys(sources)))
-        store.put_memory(thread, episode.repository)
+        store.put_memory(Memory("thread", episode.thread, verdict.text, now, tuple(dict.fromkeys(sources))),
+                         episode.repository)
     else:
         log.warning("memory: thread memory left unchanged", reason=verdict.reason)
-    merged = f"Thread {episode.thread} (tasks {', '.join(thread.sources) if thread else uuid}):\n" + (
-        thread.text if thread else material
-    )
-    repo = store.memory("repository", episode.repository)
-    answer = _ask(chat, update_messages(REPOSITORY_SYSTEM, repo.text if repo else None, merged, bound))
-    verdict = judge(answer, merged, bound)
-    outcome["repository"] = verdict.reason or "updated"
-    if verdict.accepted:
-        sources = tuple(dict.fromkeys((*(repo.sources if repo else ()), uuid)))
-        store.put_memory(Memory("repository", episode.repository, verdict.text, now, sources), episode.repository)
-    else:
+    return {**outcome, "thread": verdict.reason or "updated", "merge": merge}
+
+
+@dataclass(frozen=True)
+class MergeBatch:
+    """The waiting threads one merge takes: their memories (oldest task first), ``merged`` (thread -> the UUID
+    that flagged it, to unflag after the merge), the newest task among them, how many threads wait for the next."""
+
+    threads: list[Memory]
+    merged: dict[str, str]
+    newest: str | None
+    left: int
+
+
+def next_merge(settings: Settings, store: MemoryStore, repository: str, waiting: Mapping[str, str], now: datetime
+               ) -> MergeBatch:
+    """The oldest waiting threads whose memories fit one merge request (``waiting``: thread -> the task that
+    flagged it). A thread without memory (its update was refused) is merged from its task's episode; one with
+    neither (forgotten meanwhile) is only unflagged."""
+    episodes = store.fetch(repository, sorted(set(waiting.values())))
+    ended = {t: episodes[u].ended_at for t, u in waiting.items() if u in episodes}
+    memories: list[Memory] = []
+    gone: dict[str, str] = {}
+    for key in sorted(waiting, key=lambda t: (t in ended, ended.get(t, now), t)):
+        memory = store.memory("thread", key)
+        if memory is None and waiting[key] in episodes:
+            memory = Memory("thread", key, episode_material(episodes[waiting[key]]), now, (waiting[key],))
+        if memory is None:
+            gone[key] = waiting[key]
+        else:
+            memories.append(memory)
+    batch = merge_batch(memories, settings.memory.repo_max_tokens)
+    merged = {**gone, **{t.key: waiting[t.key] for t in batch}}
+    newest = max((episodes[u] for u in merged.values() if u in episodes), key=lambda e: e.ended_at, default=None)
+    return MergeBatch(batch, merged, newest.uuid if newest else None, len(memories) - len(batch))
+
+
+def merge_repository(settings: Settings, store: MemoryStore, repository: str, threads: Sequence[Memory],
+                     chat: Chat, now: datetime) -> str:
+    """ONE model call merges the waiting thread memories into the repository memory (004); its sources become
+    the union of theirs. Returns "updated" or why not; a model that fails raises (the threads stay waiting)."""
+    bound = settings.memory.repo_max_tokens
+    material = threads_material(threads)
+    repo = store.memory("repository", repository)
+    existing = repo.text if repo else None
+    verdict = judge(chat(update_messages(REPOSITORY_SYSTEM, existing, material, bound)), material, bound, existing)
+    if not verdict.accepted:
         log.warning("memory: repository memory left unchanged", reason=verdict.reason)
-    return outcome
+        return verdict.reason or "refused"
+    merged = (*(repo.sources if repo else ()), *(uuid for thread in threads for uuid in thread.sources))
+    store.put_memory(Memory("repository", repository, verdict.text, now, tuple(dict.fromkeys(merged))), repository)
+    return "updated"
 
 
 def _ask(chat: Chat, messages: list[dict[str, str]]) -> str | None:

@@ -1,5 +1,5 @@
-"""Celery tasks of the worker: ``tasuki.run_task``, ``tasuki.compress_context`` and ``tasuki.update_memory``
-(SPEC §5, §6, §13)."""
+"""Celery tasks of the worker: ``tasuki.run_task`` and ``tasuki.compress_context`` (SPEC §5, §6); memory's are in
+:mod:`worker.memory_tasks`, which this module loads so that its ending subscriber is registered wherever this is."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 import time
 from dataclasses import asdict
 from itertools import takewhile
-from pathlib import Path
 from typing import Any, cast
 
 import redis
@@ -19,13 +18,11 @@ from celery.result import AsyncResult
 
 from contexts import Context, TasukiError, jsonl
 from contexts.atomic import read_json
-from contexts.clock import utc_now
 from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
 from contexts.usage import Usage, repo_of
-from memory import MemoryUnavailable
-from worker import compressors, lifecycle
+from worker import compressors, lifecycle, memory_tasks  # noqa: F401 - memory_tasks: the memory subscriber
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
 from worker.followup_tasks import remember_thread
@@ -36,17 +33,13 @@ from worker.metering import Meter, usage_of
 from worker.names import (
     COMPRESS_CONTEXT,
     COMPRESSION_QUEUE,
-    MAINTENANCE_QUEUE,
     RUN_TASK,
     STATS_KEY,
-    UPDATE_MEMORY,
 )
 from worker.prompts import summarizer_messages
-from worker.remembering import first_prompt_memory, record_episode, task_recall, update_memories
+from worker.remembering import first_prompt_memory, task_recall
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
-from worker.runtime import context_store, llm_config, provider_for, redis_client, settings, unindex
-from worker.settings_models import Settings
-from worker.stores import open_memory
+from worker.runtime import context_store, provider_for, redis_client, settings, unindex
 from worker.submit import release_active, send_run_task
 from worker.user_config import resolve_llm_config
 
@@ -166,71 +159,6 @@ def task_ended(uuid: str, task_key: dict[str, str], status: str, request: dict[s
 def _forget(ending: Ending) -> None:
     """Out of the heartbeat index, the task key free for the next trigger, counted for /metrics."""
     forget(ending.uuid, ending.task_key, ending.status)
-
-
-@on_ending("memory")
-def _remember(ending: Ending) -> None:
-    """Record the task's episode, and have thread and repository memory updated off the task (maintenance)."""
-    s = settings()
-    try:
-        directory: Path | None = context_store(s, index=False).completed_path(ending.uuid)
-    except (OSError, TasukiError):  # no contexts root at all (cannot_start): an episode from the request alone
-        directory = None
-    request = ending.request or {"task_key": ending.task_key}
-    if record_episode(s, ending.uuid, request, ending.status, directory) is None:
-        return
-    try:
-        update_memory.apply_async(args=[ending.uuid], queue=MAINTENANCE_QUEUE)
-    except Exception as exc:  # a broker blip: the episode is stored; only the memory update is skipped
-        log.warning("memory update not enqueued", error=mask(str(exc))[:300])
-
-
-@app.task(name=UPDATE_MEMORY, bind=True)
-def update_memory(self: Task, uuid: str) -> dict[str, Any]:
-    """Update the thread and repository memory from the episode of task ``uuid`` (on ``maintenance``)."""
-    structlog.contextvars.bind_contextvars(uuid=uuid)
-    try:
-        s = settings()
-        directory: Path | None = None
-        try:
-            directory = context_store(s, index=False).completed_path(uuid)
-            config = jsonl_metadata_config(directory)
-        except (OSError, KeyError, ValueError):
-            config = llm_config(s)  # a task that never had a context: the configured model
-        provider = provider_for(config)
-
-        def chat(messages: list[dict[str, str]]) -> str | None:
-            reply = provider.chat(messages, None)
-            if directory is not None:
-                meter_memory_update(s, directory, usage_of(reply, "memory"))
-            return reply.content
-
-        try:
-            store = open_memory(s, must_exist=True)  # no store: no episode was recorded, nothing to update
-        except MemoryUnavailable as exc:
-            log.warning("memory update skipped", error=str(exc))
-            return {"uuid": uuid, "status": "memory unavailable"}
-        try:
-            embedded = (lambda tokens: meter_memory_update(s, directory, Usage("embedding", str(
-                s.memory.embedding_model), tokens))) if directory is not None else None
-            return update_memories(s, store, uuid, chat, utc_now(), embedded)
-        except MemoryUnavailable as exc:
-            log.warning("memory update stopped", error=str(exc))
-            return {"uuid": uuid, "status": "memory unavailable"}
-        finally:
-            store.close()
-    finally:
-        structlog.contextvars.unbind_contextvars("uuid")
-
-
-def meter_memory_update(s: Settings, directory: Path, usage: Usage) -> None:
-    """A memory update's model call or embedding, counted for the task it learned from (its context is finished
-    by now)."""
-    try:
-        task_key = read_json(directory / METADATA_FILE)["task_key"]
-        Meter(s, repo_of(task_key), redis_client).record_finished(directory, usage)
-    except (OSError, KeyError, ValueError, TasukiError) as exc:  # the task never had a context to count in
-        log.info("memory update not metered: no context", reason=str(exc)[:200])
 
 
 def forget(uuid: str, task_key: dict[str, str], status: str | None = None) -> None:
