@@ -102,17 +102,20 @@ def update_messages(system: str, existing: str | None, material: str, max_tokens
 
 
 def judge(answer: str | None, material: str, max_tokens: int, existing: str | None = None) -> Verdict:
-    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material. An
-    answer at least as close to the ``existing`` memory keeps that memory rather than echoing the new material (a
-    thread whose memory is its first episode as written, updated from a similar episode, answers so)."""
+    """Accept the model's answer as the new memory unless it is empty, too long, or an echo of the material.
+
+    Only what the answer adds to the ``existing`` memory (its lines that memory does not have) is held against the
+    material: a memory kept as it was plus a condensed line is a good answer even when the memory is an earlier,
+    similar episode as written (a thread's first episode is), and an answer that only keeps it adds nothing."""
     text = (answer or "").strip()
     if not text:
         return Verdict(False, "", "the model answered nothing")
     tokens = estimate_tokens(text)
     if tokens > max_tokens:
         return Verdict(False, text, f"the answer has {tokens} tokens, more than the bound of {max_tokens}")
-    said = char_ngrams(text, max_chars=ECHO_CHARS)
-    echo = dice(said, char_ngrams(material, max_chars=ECHO_CHARS))
-    if echo >= ECHO_DICE and echo > dice(said, char_ngrams(existing or "", max_chars=ECHO_CHARS)):
+    kept = set((existing or "").splitlines())
+    added = "\n".join(line for line in text.splitlines() if line not in kept)
+    if added.strip() and dice(char_ngrams(added, max_chars=ECHO_CHARS),
+                              char_ngrams(material, max_chars=ECHO_CHARS)) >= ECHO_DICE:
         return Verdict(False, text, "the answer repeats the material it was given instead of condensing it")
     return Verdict(True, text)

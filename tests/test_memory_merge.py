@@ -71,6 +71,8 @@ def test_an_answer_keeping_a_first_episode_memory_is_not_an_echo_of_a_similar_ep
     assert judge(answer, again, 2000, existing=first).accepted
     other = Memory("thread", LEARNED.thread, "- the parser needs python 3.11 (u0)", NOW)
     assert not judge(again, again, 2000, existing=other.text).accepted  # a verbatim echo is still refused
+    assert not judge(other.text + "\n" + again, again, 2000, existing=other.text).accepted  # kept + the echo
+    assert judge(first, again, 2000, existing=first).accepted  # the memory kept as it was: nothing echoed
 
 
 def test_threads_material_names_every_task_first() -> None:

@@ -218,6 +218,7 @@ def test_a_damaged_store_gives_a_first_prompt_without_memory_and_says_so_once(tm
     ctx = running_context(tmp_path / "contexts")
     with capture_logs() as logs:
         text = first_prompt_memory(settings_for(tmp_path), ctx, checkout, {"task_key": KEY}, "Fix login", 8000)
+    ctx.step_done()  # the first prompt's step writes what memory staged
     assert "quoted from AGENTS.md" in text  # the instruction files do not need the store
     note = ctx.read_state()["memory"]["note"]
     assert note.startswith("memory unavailable, the task goes on without it")
@@ -243,6 +244,7 @@ def test_an_embedding_endpoint_that_refuses_leaves_bm25_recall_and_the_status_na
     store.close()
     ctx = running_context(tmp_path / "contexts")
     text = first_prompt_memory(settings, ctx, tmp_path, {"task_key": KEY}, "login ImportError", 8000)
+    ctx.step_done()  # the first prompt's step writes what memory staged
     memory = ctx.read_state()["memory"]
     assert memory["episodes"] == ["old1"]  # BM25 still found it
     assert "old1" in text
