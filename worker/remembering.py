@@ -41,7 +41,7 @@ from memory.update import (
 from memory.upkeep import prune_old
 from worker.llm.embeddings import Spent, embedder_for
 from worker.settings_models import Settings
-from worker.stores import open_memory
+from worker.stores import kept_memory, open_memory
 
 log = structlog.get_logger(__name__)
 
@@ -67,16 +67,10 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
     instructions = read_instructions(checkout)
     text, use = memory_block(instructions, None, None, [], budget)
     try:
-        store = open_memory(settings)
+        with kept_memory(settings) as store:
+            text, use = _with_store(settings, store, instructions, request, task_text, budget, spent)
     except Exception as exc:  # memory never fails a task (SPEC §13): whatever went wrong, go on without it
         use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
-    else:
-        try:
-            text, use = _with_store(settings, store, instructions, request, task_text, budget, spent)
-        except Exception as exc:
-            use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
-        finally:
-            store.close()
     if use.note:
         log.warning("memory", note=mask(use.note))
     ctx.stage_state(memory=use.to_json())  # written with the first prompt's step
@@ -122,12 +116,9 @@ def record_episode(settings: Settings, uuid: str, request: dict[str, Any], statu
             episode = episode_from_context(directory, now)
         else:
             episode = episode_without_context(uuid, request, status, "the task could not create its context", now)
-        store = open_memory(settings)
-        try:
+        with kept_memory(settings) as store:
             store.add_episode(episode)
             after = _without_a_job(settings, store, episode, now)
-        finally:
-            store.close()
     except Exception as exc:  # the task has ended already: memory must not change how it ends
         log.warning("memory: episode not recorded", error=mask(_why(exc))[:300])
         return None
@@ -304,17 +295,12 @@ def task_recall(settings: Settings, ctx: Context, request: dict[str, Any], query
 def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, own_uuid: str, spent: Spent | None
                      ) -> list[str]:
     try:
-        store = open_memory(settings)
+        with kept_memory(settings) as store:
+            repository = repository_key(request["task_key"], request.get("repo_path"))
+            found = recall(store, repository, query, embedder=_embedder(settings, spent), now=utc_now(),
+                           limit=settings.memory.recall_k)
     except Exception as exc:  # the recall tool answers the model; it never breaks the step
         return [f"(memory unavailable: {_why(exc)})"]
-    try:
-        repository = repository_key(request["task_key"], request.get("repo_path"))
-        found = recall(store, repository, query, embedder=_embedder(settings, spent), now=utc_now(),
-                       limit=settings.memory.recall_k)
-    except Exception as exc:
-        return [f"(memory unavailable: {_why(exc)})"]
-    finally:
-        store.close()
     return [
         f"task {h.episode.uuid} ({h.episode.status}, {h.episode.ended_at.date()}): {h.episode.task[:300]}\n"
         f"  outcome: {h.episode.final_summary[:500] or '-'}"

@@ -3,7 +3,9 @@ task and server uses these."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 
@@ -41,3 +43,39 @@ def open_memory(settings: Settings, *, must_exist: bool = False) -> SQLiteMemory
     if must_exist and not path.is_file():
         raise MemoryUnavailable(f"no memory store at {path} (memory.path)")
     return SQLiteMemoryStore(path)
+
+
+@contextmanager
+def kept_memory(settings: Settings) -> Iterator[SQLiteMemoryStore]:
+    """The process's own connection to the memory store, kept from task to task: opening one loads sqlite-vec and
+    checks the schema, and closing the last one checkpoints the WAL, at every task otherwise. Made again when the
+    file was replaced or removed meanwhile, and after any error (a store damaged since is found at the next open).
+    Not shared: a nested use, another thread's or a forked child's opens a connection of its own."""
+    path = settings.memory.database(settings.contexts)
+    key = (os.getpid(), str(path))
+    kept = _kept.pop(key, None)
+    if kept is not None and kept[1] != _identity(path):
+        with suppress(Exception):
+            kept[0].close()
+        kept = None
+    if kept is None:
+        store = open_memory(settings)
+        kept = (store, _identity(path))
+    try:
+        yield kept[0]
+    except BaseException:
+        with suppress(Exception):
+            kept[0].close()
+        raise
+    _kept[key] = kept
+
+
+_kept: dict[tuple[int, str], tuple[SQLiteMemoryStore, tuple[int, int] | None]] = {}
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
