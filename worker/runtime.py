@@ -71,17 +71,20 @@ def unindex(uuid: str) -> None:
 
 
 def context_store(s: Settings | None = None, *, index: bool = True) -> ContextStore:
-    """The context store as configured; its heartbeats also refresh the Redis index.
+    """The context store as configured; ``index``: the task holder's store, whose heartbeats also refresh the
+    Redis index.
 
-    Kept per process and configuration: a new store per task would open the SQLite index and reconcile it
-    every time (the monitor's store, opened per run, keeps reconciling after crashes). A root removed
-    since is made again."""
+    The holder's store is kept per process and configuration: a new one per task would open the SQLite index and
+    reconcile it every time. Every other caller (the monitor at each run, jobs, commands) gets a new store, whose
+    first use of the index reconciles it after crashes, as before. A root removed since is made again."""
     s = s or settings()
+    if not index:
+        return open_store(s, must_exist=False)
     config = s.contexts
-    key = (str(config.base_dir), config.heartbeat_interval_s, config.stale_after_s, config.fsync, index)
+    key = (str(config.base_dir), config.heartbeat_interval_s, config.stale_after_s, config.fsync)
     store = _stores.get(key)
     if store is None or not store.intact():
-        store = _stores[key] = open_store(s, must_exist=False, on_heartbeat=index_heartbeat if index else None)
+        store = _stores[key] = open_store(s, must_exist=False, on_heartbeat=index_heartbeat)
     return store
 
 
