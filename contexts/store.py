@@ -46,6 +46,8 @@ from contexts.summary import context_uuids
 
 log = structlog.get_logger(__name__)
 
+STORE_DIRS = (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR)  # what a store's root holds
+
 TASK_KEY_FIELDS = ("task_source", "owner", "repo", "task_type", "task_id")
 
 
@@ -85,13 +87,13 @@ class ContextStore:
         self.clock = clock
         # The base itself too: as a mere parent of running/ it would get the umask's 0755 (SPEC §3 rule 6).
         self.base_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR):
+        for name in STORE_DIRS:
             (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         self._index: ContextIndex | None = None
 
     def intact(self) -> bool:
         """Whether the store's directories are still there (a kept store checks before each task)."""
-        return all((self.base_dir / name).is_dir() for name in (RUNNING_DIR, COMPLETED_DIR, STAGING_DIR, MUTEX_DIR))
+        return all((self.base_dir / name).is_dir() for name in STORE_DIRS)
 
     # -- the index -------------------------------------------------------------------------------
 
