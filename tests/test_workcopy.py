@@ -241,3 +241,16 @@ def test_a_host_looks_for_unused_copies_at_most_once_an_hour(tmp_path: Path) -> 
 
     assert cache.maybe_evict(now + 60) == []  # looked a minute ago
     assert cache.maybe_evict(now + EVICT_EVERY_S + 1) == [copy]
+
+
+def test_what_an_eviction_killed_mid_way_left_is_deleted_by_the_next(tmp_path: Path) -> None:
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces", keep_s=86400)
+    left = [tmp_path / "workspaces" / IDLE_DIR / ".evicting-0123",
+            tmp_path / "git-cache" / "mirrors" / ".evicting-a.git"]
+    for trash in left:
+        (trash / "objects").mkdir(parents=True)
+        (trash / "objects" / "pack").write_bytes(b"\0")
+
+    cache.evict(time.time())
+
+    assert [trash for trash in left if trash.exists()] == []

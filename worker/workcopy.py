@@ -87,16 +87,14 @@ class GitCache:
 
     def take(self, remote: str, target: Path) -> bool:
         """Move an idle working copy of ``remote`` to ``target`` (which must not exist); False if none is idle."""
-        idle = self.workspaces / IDLE_DIR / remote_key(remote)
-        with contextlib.suppress(FileNotFoundError):
-            for candidate in sorted(idle.iterdir()):
-                try:
-                    os.rename(candidate, target)
-                except FileNotFoundError:
-                    continue  # another process took it a moment ago
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(self.index_path(candidate), self.index_path(target))
-                return True
+        for candidate in _entries(self.workspaces / IDLE_DIR / remote_key(remote)):
+            try:
+                os.rename(candidate, target)
+            except FileNotFoundError:
+                continue  # another process took it a moment ago
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.index_path(candidate), self.index_path(target))
+            return True
         return False
 
     def give_back(self, remote: str, copy: Path) -> None:
@@ -146,23 +144,28 @@ class GitCache:
         gone: list[Path] = []
         cutoff = now - self.keep_s
         idle_root = self.workspaces / IDLE_DIR
-        with contextlib.suppress(FileNotFoundError):
-            for remote_dir in idle_root.iterdir():
-                for copy in _entries(remote_dir):
-                    if copy.name.startswith(TRASH_PREFIX) or _mtime(copy) >= cutoff:
-                        continue
-                    trash = idle_root / f"{TRASH_PREFIX}{secrets.token_hex(8)}"
-                    try:
-                        os.rename(copy, trash)
-                    except FileNotFoundError:
-                        continue  # a task took it a moment ago
-                    self.discard(trash)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.index_path(copy))
-                    gone.append(copy)
-                with contextlib.suppress(OSError):
-                    remote_dir.rmdir()  # only when empty
+        for remote_dir in _entries(idle_root):
+            if remote_dir.name.startswith(TRASH_PREFIX):  # an eviction killed mid-way left it: finish the job
+                self.discard(remote_dir)
+                continue
+            for copy in _entries(remote_dir):
+                if _mtime(copy) >= cutoff:
+                    continue
+                trash = idle_root / f"{TRASH_PREFIX}{secrets.token_hex(8)}"
+                try:
+                    os.rename(copy, trash)
+                except FileNotFoundError:
+                    continue  # a task took it a moment ago
+                self.discard(trash)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.index_path(copy))
+                gone.append(copy)
+            with contextlib.suppress(OSError):
+                remote_dir.rmdir()  # only when empty
         for mirror in _entries(self.root / "mirrors"):
+            if mirror.name.startswith(TRASH_PREFIX):  # left by an eviction killed mid-way
+                shutil.rmtree(mirror, ignore_errors=True)
+                continue
             if mirror.suffix != ".git" or _mtime(mirror) >= cutoff:
                 continue
             if any(_entries(idle_root / mirror.stem)):
