@@ -35,12 +35,9 @@ def _remember(ending: Ending) -> None:
     """Record the task's episode; a thread's first episode becomes its memory here when no model and no embedding
     is needed (then only the repository merge is flagged), else ``update_memory`` runs off the task."""
     s = settings()
-    try:
-        directory: Path | None = context_store(s, index=False).completed_path(ending.uuid)
-    except (OSError, TasukiError):  # no contexts root at all (cannot_start): an episode from the request alone
-        directory = None
     request = ending.request or {"task_key": ending.task_key}
-    recorded = record_episode(s, ending.uuid, request, ending.status, directory)
+    # No finished context (cannot_start had no contexts root): an episode from the request alone.
+    recorded = record_episode(s, ending.uuid, request, ending.status, finished_directory(s, ending.uuid))
     if recorded is None or recorded.next == "nothing":
         return
     if recorded.next == "merge":
