@@ -25,7 +25,7 @@ import filelock
 from contexts.atomic import write_bytes_atomic
 from contexts.clock import iso, parse_iso
 from contexts.errors import BAD_DATA_ERRORS, FencedError, LockHeldError
-from contexts.names import FILE_MODE
+from contexts.filelocks import file_lock
 
 MUTEX_TIMEOUT_S = 5.0
 
@@ -193,9 +193,9 @@ class ContextLock:
         self._fd = -1
         self._guard = threading.Lock()
 
-    def mutex(self) -> filelock.BaseFileLock:
+    def mutex(self) -> contextlib.AbstractContextManager[None]:
         """The per-UUID mutex every change to the ``.lock`` happens under."""
-        return filelock.FileLock(str(self.mutex_path), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE)
+        return file_lock(self.mutex_path, MUTEX_TIMEOUT_S)
 
     def acquire(
         self, clock: Callable[[], datetime], stale_after_s: float, *, create_only: bool = False

@@ -24,8 +24,9 @@ import filelock
 from contexts.atomic import fsync_dir
 from contexts.clock import parse_iso
 from contexts.errors import ContextError
+from contexts.filelocks import file_lock
 from contexts.lock import MUTEX_TIMEOUT_S, LockInfo, holder_alive, is_stale, lock_mutex_path, read_lock
-from contexts.names import FILE_MODE, FINAL_STATUSES, GZIP_SUFFIX, JSONL_FILES, LOCK_FILE, MUTEX_DIR, STAGING_DIR
+from contexts.names import FINAL_STATUSES, GZIP_SUFFIX, JSONL_FILES, LOCK_FILE, MUTEX_DIR, STAGING_DIR
 from contexts.state import read_state, update_state
 from contexts.store import ContextStore
 
@@ -53,11 +54,8 @@ def holder_is_live(lock: LockInfo, store: ContextStore, now: datetime) -> bool:
 
 @contextlib.contextmanager
 def _mutex(store: ContextStore, uuid: str) -> Iterator[None]:
-    mutex = filelock.FileLock(
-        str(lock_mutex_path(store.base_dir / MUTEX_DIR, uuid)), timeout=MUTEX_TIMEOUT_S, mode=FILE_MODE
-    )
     try:
-        with mutex:
+        with file_lock(lock_mutex_path(store.base_dir / MUTEX_DIR, uuid), MUTEX_TIMEOUT_S):
             yield
     except filelock.Timeout:
         raise RepairSkipped(f"{uuid}: lock mutex busy") from None

@@ -12,8 +12,9 @@ import filelock
 from contexts.atomic import read_json, write_json_atomic
 from contexts.clock import iso
 from contexts.errors import ContextError
+from contexts.filelocks import file_lock
 from contexts.masking import mask_value
-from contexts.names import FILE_MODE, STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
+from contexts.names import STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
 from contexts.usage import Usage, add_usage
 
 
@@ -57,9 +58,8 @@ def update_state(
 ) -> dict[str, Any]:
     """Apply ``set_fields``, counter increments ``add`` and model calls' ``(usage, cost)`` to ``state.json``;
     return the new state."""
-    lock = filelock.FileLock(str(directory / STATE_LOCK_FILE), timeout=STATE_LOCK_TIMEOUT_S, mode=FILE_MODE)
     try:
-        with lock:
+        with file_lock(directory / STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S):
             state = read_state(directory)
             if set_fields:
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]

@@ -3,18 +3,21 @@ start, without trusting anything the earlier agent could have touched; broken mi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import filelock
 import pytest
 from structlog.testing import capture_logs
 
 from tests.helpers.stack import git, make_buggy_repo
+from worker import workcopy
 from worker.checkout import Checkout
-from worker.workcopy import EVICT_EVERY_S, IDLE_DIR, GitCache
+from worker.workcopy import EVICT_EVERY_S, FETCHED_FILE, IDLE_DIR, GitCache
 
 
 def start_task(root: Path, remote: Path, uuid: str, *, fresh: bool = True) -> Checkout:
@@ -254,3 +257,52 @@ def test_what_an_eviction_killed_mid_way_left_is_deleted_by_the_next(tmp_path: P
     cache.evict(time.time())
 
     assert [trash for trash in left if trash.exists()] == []
+
+
+def counting_fetches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """The ``git fetch`` runs of the mirror from now on (git itself still runs)."""
+    fetches: list[tuple[str, ...]] = []
+    real = workcopy.run_git
+
+    def run_git(args: tuple[str, ...], **kwargs: Any) -> str:
+        if args[0] == "fetch":
+            fetches.append(args)
+        return real(args, **kwargs)
+
+    monkeypatch.setattr(workcopy, "run_git", run_git)
+    return fetches
+
+
+def test_a_fetch_begun_after_a_task_asked_for_one_serves_it_and_an_older_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
+    mirror, heads = cache.refresh(str(remote), None)  # the clone
+    fetches = counting_fetches(monkeypatch)
+    git(remote, "branch", "pushed-since")
+    note = json.loads((mirror / FETCHED_FILE).read_text())
+    # Another process's fetch began after this call asked (while it waited for the lock): it serves this call.
+    (mirror / FETCHED_FILE).write_text(json.dumps({**note, "started_ns": time.time_ns() + 10**12}))
+
+    assert cache.refresh(str(remote), None) == (mirror, heads)
+    assert fetches == []
+
+    (mirror / FETCHED_FILE).write_text(json.dumps(note))  # the last fetch began before this call: fetch again
+    _, fresh = cache.refresh(str(remote), None)
+    assert len(fetches) == 1
+    assert fresh["pushed-since"] == git(remote, "rev-parse", "pushed-since").strip()
+    assert json.loads((mirror / FETCHED_FILE).read_text())["heads"] == fresh
+
+
+@pytest.mark.parametrize("note", ["{torn", '{"started_ns": "soon", "heads": {}}', '{"started_ns": 1}', "[]"])
+def test_an_unreadable_fetch_note_only_costs_a_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      note: str) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    cache = GitCache(tmp_path / "git-cache", tmp_path / "workspaces")
+    mirror, heads = cache.refresh(str(remote), None)
+    fetches = counting_fetches(monkeypatch)
+    (mirror / FETCHED_FILE).write_text(note)
+
+    assert cache.refresh(str(remote), None) == (mirror, heads)
+    assert len(fetches) == 1

@@ -142,8 +142,7 @@ class Checkout:
                     extra_env=self.git_env)
             listed = self.git("for-each-ref", "--format=%(objectname) %(refname:lstrip=3)", "refs/remotes/origin")
             return {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines())}
-        mirror = self.cache.refresh(self.remote, self.git_env)
-        heads = self.cache.heads(mirror)
+        mirror, heads = self.cache.refresh(self.remote, self.git_env)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.path.exists():
             self.cache.take(self.remote, self.path)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathlib import Path
 import filelock
 import structlog
 
+from contexts.filelocks import file_lock
 from worker.checkout import GitError, run_git
 
 log = structlog.get_logger(__name__)
@@ -35,6 +38,7 @@ MIRROR_LOCK_TIMEOUT_S = 600  # a first clone of a large repository holds the loc
 EVICT_EVERY_S = 3600  # how often a host looks for warm copies and mirrors nobody used for keep_s
 EVICTED_STAMP = "evicted"  # under the cache root: its mtime is the host's last look
 TRASH_PREFIX = ".evicting-"
+FETCHED_FILE = "tasuki-fetched.json"  # in a mirror: when its last good fetch began, and the branches it left
 
 
 def remote_key(remote: str) -> str:
@@ -58,21 +62,37 @@ class GitCache:
         """The worker's own index of the working copy at ``copy`` (named after the copy's directory)."""
         return self.root / "indexes" / copy.name
 
-    def refresh(self, remote: str, git_env: Mapping[str, str] | None) -> Path:
-        """The mirror of ``remote``, fetched now; a mirror git cannot fetch into is discarded and cloned again."""
+    def refresh(self, remote: str, git_env: Mapping[str, str] | None) -> tuple[Path, dict[str, str]]:
+        """The mirror of ``remote``, fetched since this call began, and its branches (name -> commit; ``HEAD``
+        too). A fetch another process began after this call, while this one waited for the lock, serves it as
+        well: tasks of one repository starting together share a fetch instead of queueing for one each. A mirror
+        git cannot fetch into is discarded and cloned again."""
+        asked = time.time_ns()
         mirror = self.mirror_path(remote)
         mirror.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with filelock.FileLock(str(mirror.with_suffix(".lock")), timeout=MIRROR_LOCK_TIMEOUT_S, mode=0o600):
+        with file_lock(mirror.with_suffix(".lock"), MIRROR_LOCK_TIMEOUT_S, mode=0o600):
             if mirror.is_dir():
+                shared = _fetched_since(mirror, asked)
+                if shared is not None:
+                    return mirror, shared
+                started = time.time_ns()
                 try:
                     run_git(("fetch", "-q", "--prune", "origin"), cwd=mirror, extra_env=git_env)
-                    os.utime(mirror)  # its last use, for eviction
-                    return mirror
+                    return mirror, self._fetched(mirror, started)
                 except GitError as exc:
                     log.warning("git mirror discarded; cloning it again", mirror=str(mirror), error=str(exc)[:300])
                     shutil.rmtree(mirror, ignore_errors=True)
+            started = time.time_ns()
             self._clone_mirror(remote, mirror, git_env)
-        return mirror
+            return mirror, self._fetched(mirror, started)
+
+    def _fetched(self, mirror: Path, started_ns: int) -> dict[str, str]:
+        """Note a good fetch (or clone) of ``mirror`` begun at ``started_ns`` with the branches it left, for the
+        processes waiting on the lock meanwhile; returns the branches."""
+        heads = self.heads(mirror)
+        (mirror / FETCHED_FILE).write_text(json.dumps({"started_ns": started_ns, "heads": heads}))
+        os.utime(mirror)  # its last use, for eviction
+        return heads
 
     def _clone_mirror(self, remote: str, mirror: Path, git_env: Mapping[str, str] | None) -> None:
         partial = mirror.with_name(f".{mirror.name}.{secrets.token_hex(4)}")
@@ -170,9 +190,8 @@ class GitCache:
                 continue
             if any(_entries(idle_root / mirror.stem)):
                 continue
-            lock = filelock.FileLock(str(mirror.with_suffix(".lock")), timeout=0, mode=0o600)
             try:
-                with lock:
+                with file_lock(mirror.with_suffix(".lock"), 0, mode=0o600):
                     trash = mirror.with_name(f"{TRASH_PREFIX}{mirror.name}")
                     os.rename(mirror, trash)
                     shutil.rmtree(trash, ignore_errors=True)
@@ -214,6 +233,21 @@ class GitCache:
         (git_dir / "refs" / "remotes" / "origin" / "HEAD").write_text(f"ref: refs/remotes/origin/{default}\n")
         (git_dir / "HEAD").write_text(f"ref: refs/heads/{default}\n")
         self.index_path(copy).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _fetched_since(mirror: Path, asked_ns: int) -> dict[str, str] | None:
+    """The branches of ``mirror``'s last good fetch if it began at ``asked_ns`` or later; None if it began
+    earlier, or nothing readable says (a note torn by a crash only costs a fetch)."""
+    try:
+        note = json.loads((mirror / FETCHED_FILE).read_bytes())
+        started, heads = int(note["started_ns"]), note["heads"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if started < asked_ns or not isinstance(heads, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in heads.items()):
+        return None
+    return heads
 
 
 def _entries(directory: Path) -> list[Path]:
