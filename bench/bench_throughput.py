@@ -56,27 +56,32 @@ def round_seconds(send: Callable[[], Any], count: int) -> float:
 @dataclass
 class CpuShares:
     """CPU milliseconds per task, summed over the rounds measured: the pool processes' Python (user + system),
-    the git they ran (their waited-for children), and the worker's main process (Celery's consumer)."""
+    the git they ran (their waited-for children), and the worker's main process (Celery's consumer); and the
+    machine's idle core time per task (a side that waits, on a lock or a timer, leaves cores idle)."""
 
     python: float = 0.0
     git: float = 0.0
     main: float = 0.0
+    idle: float = 0.0
     tasks: int = 0
 
     def add(self, before: list[float], after: list[float], tasks: int) -> None:
         """Add one round's readings (from :func:`cpu_ms`)."""
-        self.python, self.git, self.main = (
-            total + (b - a) for total, a, b in zip((self.python, self.git, self.main), before, after, strict=True)
+        self.python, self.git, self.main, self.idle = (
+            total + (b - a)
+            for total, a, b in zip((self.python, self.git, self.main, self.idle), before, after, strict=True)
         )
         self.tasks += tasks
 
     def per_task(self) -> str:
         n = max(self.tasks, 1)
-        return f"python {self.python / n:.1f} + git {self.git / n:.1f} + celery main {self.main / n:.1f} ms"
+        return (f"python {self.python / n:.1f} + git {self.git / n:.1f} + celery main {self.main / n:.1f} ms "
+                f"(idle cores {self.idle / n:.1f} ms)")
 
 
 def cpu_ms(worker: CeleryWorker) -> list[float]:
-    """[pool processes' own CPU, their reaped children's CPU, the main process's own CPU], in milliseconds."""
+    """[pool processes' own CPU, their reaped children's CPU, the main process's own CPU, the machine's idle
+    time summed over its cores], in milliseconds."""
     assert worker.process is not None
 
     def times(pid: int) -> list[float]:
@@ -85,7 +90,8 @@ def cpu_ms(worker: CeleryWorker) -> list[float]:
 
     pools = [times(pid) for pid in worker.pool_processes()]
     main = times(worker.process.pid)
-    return [sum(t[0] + t[1] for t in pools), sum(t[2] + t[3] for t in pools), main[0] + main[1]]
+    idle = int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[4]) * 1000 / CLOCK_TICKS
+    return [sum(t[0] + t[1] for t in pools), sum(t[2] + t[3] for t in pools), main[0] + main[1], idle]
 
 
 def measured_round(worker: CeleryWorker, shares: CpuShares, send: Callable[[], Any], count: int, keep: bool) -> float:
