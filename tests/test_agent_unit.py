@@ -25,8 +25,10 @@ from worker import agent as agent_module
 from worker import checkout as checkout_module
 from worker.agent import Agent, AgentLimits, Cancelled, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.inbox import Inbox
 from worker.llm import make_provider
 from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
+from worker.run import ReportingAgent
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
 CONTEXT_LENGTH = 32768
@@ -49,9 +51,13 @@ class Workbench:
         self.checkout.prepare()
 
     def agent(self, *, max_steps: int = 20, tool_output_max_chars: int = 20000) -> Agent:
+        return Agent(*self.agent_parts(max_steps=max_steps, tool_output_max_chars=tool_output_max_chars))
+
+    def agent_parts(self, *, max_steps: int = 20, tool_output_max_chars: int = 20000) -> tuple[Any, ...]:
+        """The positional arguments of an :class:`Agent` over this bench."""
         provider = make_provider("openai", "scripted", CONTEXT_LENGTH, self.server.openai_base_url, None, max_retries=0)
         limits = AgentLimits(max_steps, CONTEXT_LENGTH, tool_output_max_chars, bash_timeout_s=30)
-        return Agent(self.ctx, provider, self.checkout, limits, CompressionPolicy())
+        return self.ctx, provider, self.checkout, limits, CompressionPolicy()
 
     def resume_elsewhere(self) -> None:
         """Leave the context as a crashed worker would; another host takes it over once it is stale."""
@@ -335,6 +341,35 @@ def crashed_at(bench: Workbench, point: int) -> bool:
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, status
     return os.WIFSIGNALED(status)
+
+
+@turns(finish_turn("Fixed add()."), finish_turn("Fixed add() and documented it."))
+def test_a_comment_arriving_while_the_model_decides_to_finish_is_answered_before_the_task_ends(
+    workbench: Workbench,
+) -> None:
+    said: list[dict[str, Any]] = []  # the task's inbox: the comment comes in during the finishing model call
+    read = lambda: (said[:], len(said)) if workbench.asked() else ([], 0)  # noqa: E731
+    said.append({"id": "c1", "author": "alice", "body": "Please document it too."})
+    agent = ReportingAgent(
+        *workbench.agent_parts(), after_step=lambda: None,
+        inbox=Inbox(read, lambda count: said.__delitem__(slice(0, count)), lambda entry: entry),
+    )
+
+    assert agent.run() == "Fixed add() and documented it."
+
+    assert workbench.asked() == [0, 1]
+    roles = [(m["role"], m.get("inbox_id")) for m in workbench.messages()[-5:]]
+    assert roles == [("assistant", None), ("tool", None), ("user", "c1"), ("assistant", None), ("tool", None)]
+    assert said == []  # taken from the inbox once the context held it
+
+
+@turns(finish_turn("Fixed add()."), finish_turn("Never asked."))
+def test_a_finish_with_no_new_comment_ends_the_task(workbench: Workbench) -> None:
+    agent = ReportingAgent(*workbench.agent_parts(), after_step=lambda: None,
+                           inbox=Inbox(lambda: ([], 0), lambda count: None, lambda entry: entry))
+
+    assert agent.run() == "Fixed add()."
+    assert workbench.asked() == [0]
 
 
 def test_a_worker_killed_at_any_point_of_a_step_resumes_with_nothing_repeated_and_nothing_silently_lost(

@@ -166,18 +166,29 @@ class ReportingAgent(Agent):
 
     def step(self) -> None:
         """One step of :class:`Agent`, then the hook (also after the step that finished), then the comments:
-        every call of the step is answered by now, so a user message cannot split a call from its result."""
+        every call of the step is answered by now, so a user message cannot split a call from its result.
+        Comments that came in while the model was deciding to finish outweigh the finish: the task goes on
+        with them (they were written to it, and once it ends nothing would read them)."""
         try:
             super().step()
         except Finished:
             self.after_step()
-            raise
-        self.after_step()
-        if self.inbox is None:
+            if not self._hear():
+                raise
+            log.info("comments arrived as the task finished; it goes on with them")
             return
-        if self.inbox.hear(self.ctx):
+        self.after_step()
+        self._hear()
+
+    def _hear(self) -> int:
+        """Append the inbox's new comments as user messages and write the step; returns how many."""
+        if self.inbox is None:
+            return 0
+        heard = self.inbox.hear(self.ctx)
+        if heard:
             self.ctx.step_done()
         self.inbox.taken()  # only now: a crash before this step is on disk leaves the comments in the list
+        return heard
 
 
 def branch_name(task_key: dict[str, str], uuid: str) -> str:
