@@ -324,3 +324,38 @@ def test_cancel_on_the_pull_request_stops_the_follow_up_of_its_thread(fleet: Fle
     finished_after_summary(fleet, OWNER, REPO, change.number)
     assert fleet.forge.item(OWNER, REPO, change.number).comments[-1].body.startswith("**Tasuki stopped: cancelled.**")
     assert fleet.forge.branch_file(OWNER, REPO, change.head, "notes.txt") == "change\n"  # nothing pushed
+
+
+def test_a_comment_arriving_while_the_task_opens_its_pull_request_starts_the_next_task_on_it(fleet: Fleet) -> None:
+    fleet.forge.add_item(OWNER, REPO, 6, "Issue six", "Write it down.", labels=["bug"])
+    said: list[tuple[int, dict[str, Any]]] = []
+
+    def comment_meanwhile(change: FakeChange) -> None:  # the agent is done: its inbox is read no more
+        comment = load_payload("github/issue_comment.created.json")
+        comment["issue"]["number"] = 6
+        comment["comment"]["body"] = "Please also mention the changelog."
+        said.append(fleet.github("issue_comment", comment))
+
+    fleet.forge.on_open = comment_meanwhile
+    try:
+        payload = load_payload("github/issues.labeled.json")
+        payload["issue"]["number"] = 6
+        task_id = fleet.github("issues", payload)[1]["task_id"]
+        assert fleet.stack.wait_finished(task_id)["status"] == "completed"
+    finally:
+        fleet.forge.on_open = None
+
+    assert said == [(200, {"status": "delivered", "task_id": task_id})]
+    [change] = fleet.changes_of(OWNER, 6)
+
+    def next_task() -> dict[str, Any] | None:
+        for metadata in (fleet.stack.contexts_dir / "completed").glob("*/metadata.json"):
+            request = json.loads(metadata.read_text())["request"]
+            if (request.get("followup") or {}).get("previous") == task_id:
+                return dict(request, uuid=metadata.parent.name)
+        return None
+
+    request = fleet.stack.wait_until(next_task, 90.0, "the next task of the thread to finish")
+    assert request["prompt"] == "Please also mention the changelog."
+    assert (request["followup"]["kind"], request["followup"]["pull"]) == ("comment", change.number)
+    assert fleet.changes_of(OWNER, 6) == [change]  # it continued the pull request, it did not open another

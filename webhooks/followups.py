@@ -7,7 +7,6 @@ CI runs start fix tasks up to ``followups.max_ci_fixes`` in a row; ``/tasuki`` c
 
 from __future__ import annotations
 
-import json
 import uuid as uuid_module
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ import structlog
 
 from webhooks.ci_events import CIFailure
 from webhooks.events import COMMANDS, Command, Note, Trigger
+from worker.inbox import deliver
 from worker.names import (
     ACTIVE_PREFIX,
     AUTOFIX,
@@ -24,17 +24,23 @@ from worker.names import (
     CI_FIXES_PREFIX,
     CI_SEEN_PREFIX,
     FORGE_REPLY,
-    INBOX_PREFIX,
     LAST_TASK_PREFIX,
     MAINTENANCE_QUEUE,
 )
 from worker.settings_models import Settings
 from worker.submit import Enqueued, task_key_id
-from worker.threads import THREAD_TTL_S, Thread, find_branch_thread, find_issue_thread, find_thread, key_id
+from worker.threads import (
+    THREAD_TTL_S,
+    Thread,
+    find_branch_thread,
+    find_issue_thread,
+    find_thread,
+    followup_of,
+    key_id,
+)
 
 log = structlog.get_logger(__name__)
 
-INBOX_TTL_S = 8 * 24 * 3600
 PULL_KINDS = ("pull_request", "merge_request")
 Submit = Callable[[dict[str, Any]], Enqueued]
 Outcome = tuple[int, dict[str, Any], str]  # HTTP status, body, metrics outcome
@@ -53,12 +59,6 @@ def new_task_request(action: Trigger) -> dict[str, Any]:
     """The request of a trigger that starts new work (the request of a trigger on an issue)."""
     return {"task_key": action.task_key, "issue": action.issue, "user": action.user, "prompt": action.prompt,
             "trigger": action.trigger}
-
-
-def followup_of(thread: Thread, kind: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``followup`` field of a task request continuing ``thread``."""
-    return {"kind": kind, "pull_kind": thread.pull_kind, "pull": thread.pull, "branch": thread.branch,
-            "previous": thread.last_uuid, **(details or {})}
 
 
 class Followups:
@@ -89,22 +89,22 @@ class Followups:
         """The UUID of the queued or running task of a task key."""
         return _text(self.client.get(ACTIVE_PREFIX + task_key_id(task_key)))
 
-    def to_inbox(self, uuid: str, entry: dict[str, Any]) -> None:
-        """Hand text to a running task: it reads it at its next step boundary."""
-        key = INBOX_PREFIX + uuid
-        pipe = self.client.pipeline(transaction=False)
-        pipe.rpush(key, json.dumps(entry))
-        pipe.expire(key, INBOX_TTL_S)
-        pipe.execute()
+    def to_inbox(self, task_key: dict[str, str], uuid: str, entry: dict[str, Any]) -> bool:
+        """Hand text to the running task of ``task_key``: it reads it at its next step boundary. False when the
+        task has let its task key go meanwhile (it will not read its inbox again)."""
+        if not deliver(self.client, task_key, uuid, entry):
+            log.info("task ended before the comment could be delivered", uuid=uuid)
+            return False
         log.info("comment delivered to the running task", uuid=uuid, author=entry.get("author"))
+        return True
 
     def note(self, action: Note) -> Outcome:
         """A comment without the mention: for the running task of its thread, else nothing."""
         thread = self.thread_of(action.task_key, action.body, action.head)
-        uuid = self.active(thread.task_key if thread else action.task_key)
-        if uuid is None:
+        task_key = thread.task_key if thread else action.task_key
+        uuid = self.active(task_key)
+        if uuid is None or not self.to_inbox(task_key, uuid, inbox_entry(action.user, action.text, action.trigger)):
             return 200, {"status": "ignored", "reason": "comment without the mention"}, "ignored"
-        self.to_inbox(uuid, inbox_entry(action.user, action.text, action.trigger))
         return 200, {"status": "delivered", "task_id": uuid}, "delivered"
 
     def ci_failure(self, action: CIFailure, submit: Submit) -> Outcome:

@@ -178,7 +178,7 @@ class Intake:
     def _answer_active(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
         return self._answer(action, request, self._unless_finished(request, enqueued))
 
-    def _answer(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued) -> Answer:
+    def _answer(self, action: Trigger, request: dict[str, Any], enqueued: Enqueued, tries: int = 3) -> Answer:
         if enqueued.already_active:
             if not action.prompt and not action.details.get("comments") and not action.details.get("review_id"):
                 return Answer(200, {"status": "active", "task_id": enqueued.uuid}, "active")
@@ -186,8 +186,14 @@ class Intake:
             comments = action.details.get("comments")
             text = "" if comments else action.prompt  # a review comment's text is in its comment record
             entry = inbox_entry(action.user, text, action.trigger, comments)
-            self.followups.to_inbox(enqueued.uuid, {**entry, "review_id": action.details.get("review_id")})
-            return Answer(200, {"status": "delivered", "task_id": enqueued.uuid}, "delivered")
+            if self.followups.to_inbox(request["task_key"], enqueued.uuid,
+                                       {**entry, "review_id": action.details.get("review_id")}) or tries <= 1:
+                return Answer(200, {"status": "delivered", "task_id": enqueued.uuid}, "delivered")
+            # The task let its key go since it was found active: the trigger starts the next one.
+            again = self.submit_within_budget(request)
+            if isinstance(again, str):
+                return self._refused(action.task_key, again)
+            return self._answer(action, request, again, tries - 1)
         log.info("task enqueued", uuid=enqueued.uuid, task_key=task_key_id(request["task_key"]), user=action.user,
                  followup=request.get("followup", {}).get("kind"))
         return Answer(202, {"task_id": enqueued.uuid}, "enqueued")

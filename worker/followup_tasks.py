@@ -3,6 +3,11 @@ leaves behind, replies and commands that need the forge (the intake never waits 
 
 from __future__ import annotations
 
+import json
+import uuid as uuid_module
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -13,13 +18,24 @@ from contexts.names import FINAL_STATUSES
 from worker.celery import app
 from worker.forges import ItemRef, make_forge
 from worker.forges.base import Forge
-from worker.names import AUTOFIX, AUTOFIX_OFF_PREFIX, CI_FIXES_PREFIX, FORGE_REPLY, LAST_TASK_PREFIX
+from worker.inbox import INBOX_TTL_S, deliver, heard_ids, take_leftovers
+from worker.names import AUTOFIX, AUTOFIX_OFF_PREFIX, CI_FIXES_PREFIX, FORGE_REPLY, INBOX_PREFIX, LAST_TASK_PREFIX
 from worker.run import TaskRequest
 from worker.runtime import redis_client, settings
-from worker.submit import task_key_id
-from worker.threads import THREAD_TTL_S, Thread, change_number, key_id, record_thread
+from worker.submit import enqueue, task_key_id
+from worker.threads import (
+    THREAD_TTL_S,
+    Thread,
+    change_number,
+    find_issue_thread,
+    followup_of,
+    key_id,
+    record_thread,
+)
 
 log = structlog.get_logger(__name__)
+
+Heard = Callable[[dict[str, Any]], dict[str, Any] | None]  # a reporter's filter of a comment for its task
 
 @app.task(name=FORGE_REPLY)
 def forge_reply(task_key: dict[str, str], body: str) -> None:
@@ -57,6 +73,62 @@ def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> 
         record_thread(redis_client(), Thread(request.task_key, kind, number, branch, uuid))
     except redis.RedisError as exc:
         log.warning("thread not recorded", error=str(exc))
+
+
+def comments_left(uuid: str, status: str, messages: Path, passes: Heard | None) -> list[dict[str, Any]]:
+    """The comments delivered to a task that ended before it read them, taken from its inbox, that its reporter
+    lets through (the filter a running task applies). The task has let its key go: nothing more arrives. None
+    for a delivery that left the task to another one, which reads them, and for a cancelled task (the cancel
+    stands: whoever wants more work asks for it with the mention)."""
+    if status not in FINAL_STATUSES or status == "cancelled":
+        return []
+    try:
+        entries = take_leftovers(redis_client(), uuid)
+    except redis.RedisError as exc:
+        log.warning("inbox not read at the end of the task", error=str(exc))
+        return []
+    held = heard_ids(messages) if entries and messages.is_file() else set()
+    left = []
+    for entry in entries:
+        if entry.get("id") and str(entry["id"]) in held:
+            continue  # heard, but its trim failed
+        try:
+            if passes is None or passes(entry) is not None:
+                left.append(entry)
+        except Exception as exc:  # the forge could not say: not let through unchecked
+            log.warning("comment left at the end not taken", error=mask(str(exc))[:300])
+    return left
+
+
+def start_followup(request: TaskRequest, comments: list[dict[str, Any]]) -> str | None:
+    """Comments delivered as the task ended start the next task of its thread, as they would have a moment
+    later: the first one's text is its prompt, the others wait in its inbox. Returns the task they went to."""
+    if not comments:
+        return None
+    client, (first, *rest) = redis_client(), comments
+    kind = "review" if first.get("review_id") else "comment"
+    trigger = {"kind": kind, "user": first.get("author"),
+               **({"user_id": first["user_id"]} if first.get("user_id") is not None else {})}
+    followup: dict[str, Any] = {**asdict(request), "user": str(first.get("author") or request.user or ""),
+                                "prompt": str(first.get("body") or ""), "trigger": trigger, "followup": {}}
+    thread = find_issue_thread(client, request.task_key)
+    if thread is not None:
+        details = {k: first[k] for k in ("review_id", "comments") if first.get(k)}
+        followup.update(task_key=thread.task_key, followup=followup_of(thread, kind, details))
+    uuid = str(uuid_module.uuid4())
+    if rest:
+        pipe = client.pipeline(transaction=False)
+        pipe.rpush(INBOX_PREFIX + uuid, *(json.dumps(entry) for entry in rest))
+        pipe.expire(INBOX_PREFIX + uuid, INBOX_TTL_S)
+        pipe.execute()
+    enqueued = enqueue(app, client, settings(), followup, uuid=uuid)
+    if enqueued.already_active:  # a trigger started one meanwhile: the comments go to it
+        lost = [e for e in comments if not deliver(client, followup["task_key"], enqueued.uuid, e)]
+        if lost:
+            log.warning("comments that arrived as the task ended could not be delivered", count=len(lost))
+    log.info("comments that arrived as the task ended go to the next task", next_uuid=enqueued.uuid,
+             comments=len(comments), started=not enqueued.already_active)
+    return enqueued.uuid
 
 
 @app.task(name=AUTOFIX)

@@ -21,16 +21,43 @@ import structlog
 from contexts import jsonl
 from contexts.masking import mask
 from contexts.names import MESSAGES_FILE
-from worker.names import INBOX_PREFIX
+from worker.names import ACTIVE_PREFIX, INBOX_PREFIX
 from worker.prompts import comment_message
+from worker.submit import task_key_id
 
 log = structlog.get_logger(__name__)
 
+INBOX_TTL_S = 8 * 24 * 3600
 
-def read_inbox(client: redis.Redis, uuid: str) -> tuple[list[dict[str, Any]], int]:
-    """The comments waiting for a running task, oldest first, and how many list items were read (unreadable items
-    included: they are trimmed with the rest). Nothing is removed."""
-    raw = client.lrange(INBOX_PREFIX + uuid, 0, -1)
+# The task must still be the active one of its task key: checked and pushed in one step, so a task that has let
+# its key go (it read its inbox for the last time before that) is never handed a comment it would not read.
+_DELIVER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+
+def deliver(client: redis.Redis, task_key: dict[str, str], uuid: str, entry: dict[str, Any]) -> bool:
+    """Put ``entry`` in the inbox of task ``uuid`` if it is still its task key's active task; False if not
+    (it has ended, or is ending: the comment is for whatever starts next)."""
+    keys = (ACTIVE_PREFIX + task_key_id(task_key), INBOX_PREFIX + uuid)
+    return bool(client.eval(_DELIVER, 2, *keys, uuid, json.dumps(entry), INBOX_TTL_S))
+
+
+def take_leftovers(client: redis.Redis, uuid: str) -> list[dict[str, Any]]:
+    """Empty the inbox of a task that has ended and let its task key go (nothing more can arrive): the comments
+    delivered after its last look, and any it heard but could not trim."""
+    pipe = client.pipeline(transaction=True)
+    pipe.lrange(INBOX_PREFIX + uuid, 0, -1)
+    pipe.delete(INBOX_PREFIX + uuid)
+    raw, _ = pipe.execute()
+    return _entries(raw)
+
+
+def _entries(raw: list[Any]) -> list[dict[str, Any]]:
+    """The readable records of an inbox list (anything else is skipped)."""
     entries = []
     for item in raw:
         try:
@@ -39,7 +66,19 @@ def read_inbox(client: redis.Redis, uuid: str) -> tuple[list[dict[str, Any]], in
             continue
         if isinstance(entry, dict):
             entries.append(entry)
-    return entries, len(raw)
+    return entries
+
+
+def heard_ids(messages: Any) -> set[str]:
+    """The inbox ids of the comments a context's ``messages.jsonl`` holds."""
+    return {str(r["inbox_id"]) for r in jsonl.iter_records(messages) if r.get("inbox") and r.get("inbox_id")}
+
+
+def read_inbox(client: redis.Redis, uuid: str) -> tuple[list[dict[str, Any]], int]:
+    """The comments waiting for a running task, oldest first, and how many list items were read (unreadable items
+    included: they are trimmed with the rest). Nothing is removed."""
+    raw = client.lrange(INBOX_PREFIX + uuid, 0, -1)
+    return _entries(raw), len(raw)
 
 
 def trim_inbox(client: redis.Redis, uuid: str, count: int) -> None:

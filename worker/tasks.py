@@ -25,7 +25,7 @@ from contexts.usage import Usage, repo_of
 from worker import compressors, lifecycle, memory_tasks  # noqa: F401 - memory_tasks: the memory subscriber
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
-from worker.followup_tasks import remember_thread
+from worker.followup_tasks import comments_left, remember_thread, start_followup
 from worker.forges.reporter import reporter_for
 from worker.inbox import read_inbox, trim_inbox
 from worker.llm import Provider
@@ -103,10 +103,16 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 inbox_trim=lambda count: trim_inbox(redis_client(), uuid, count),
                 meter=meter,
             ).execute(config)
+            left = comments_left(uuid, result["status"], store.completed_path(uuid) / MESSAGES_FILE,
+                                 reporter.heard if reporter is not None else None)
         finally:
             if reporter is not None:
                 reporter.close()
         remember_thread(parsed, uuid, result)
+        try:
+            start_followup(parsed, left)
+        except redis.RedisError as exc:
+            log.warning("comments that arrived as the task ended were not handed on", count=len(left), error=str(exc))
         if result["status"] in ("handed_back", "deferred"):
             requeue(uuid, request, float(result.get("retry_in_s", 0)))
         if result["status"] in NOT_FINAL:

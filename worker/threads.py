@@ -51,6 +51,12 @@ class Thread:
         return {**self.task_key, "task_type": self.pull_kind, "task_id": str(self.pull)}
 
 
+def followup_of(thread: Thread, kind: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``followup`` field of a task request continuing ``thread``."""
+    return {"kind": kind, "pull_kind": thread.pull_kind, "pull": thread.pull, "branch": thread.branch,
+            "previous": thread.last_uuid, **(details or {})}
+
+
 def key_id(key: dict[str, str]) -> str:
     """A task key as one string: ``source/owner/repo/type/id``."""
     return "/".join(str(key[f]) for f in ("task_source", "owner", "repo", "task_type", "task_id"))

@@ -19,7 +19,7 @@ import json
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -134,6 +134,7 @@ class FakeForge:
         self.members: dict[int, int] = {}  # GitLab user id -> access level
         self.review_comments: list[FakeReviewComment] = []
         self.discussion_replies: dict[str, list[str]] = {}  # GitLab discussion id -> reply bodies
+        self.on_open: Callable[[FakeChange], None] | None = None  # called as a pull/merge request is opened
         self.runs: dict[int, list[FakeJob]] = {}  # workflow run / check suite / pipeline id -> its jobs
         self.requests: list[dict[str, Any]] = []
         self.faults: list[int] = []  # statuses the next API requests get instead of an answer
@@ -260,6 +261,8 @@ class FakeForge:
         # A pull request is an issue too (labels, conversation comments).
         kind = "pull_request" if web == "pull" else "merge_request"
         self.items[(owner, repo, number)] = FakeItem(owner, repo, number, title, body, kind)
+        if self.on_open is not None:
+            self.on_open(change)
         return change
 
     # -- GitHub ------------------------------------------------------------------------------------
