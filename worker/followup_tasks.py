@@ -37,6 +37,7 @@ log = structlog.get_logger(__name__)
 
 Heard = Callable[[dict[str, Any]], dict[str, Any] | None]  # a reporter's filter of a comment for its task
 
+
 @app.task(name=FORGE_REPLY)
 def forge_reply(task_key: dict[str, str], body: str) -> None:
     """A short comment on an issue or pull/merge request (the intake's answer to an unknown command)."""
@@ -77,8 +78,8 @@ def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> 
 
 def comments_left(uuid: str, status: str, messages: Path, passes: Heard | None) -> list[dict[str, Any]]:
     """The comments delivered to a task that ended before it read them, taken from its inbox, that its reporter
-    lets through (the filter a running task applies). The task has let its key go: nothing more arrives. None
-    for a delivery that left the task to another one, which reads them, and for a cancelled task (the cancel
+    lets through (the filter a running task applies). The task has let its key go: nothing more arrives. Nothing
+    for a delivery that left the task to another one, which reads them, nor for a cancelled task (the cancel
     stands: whoever wants more work asks for it with the mention)."""
     if status not in FINAL_STATUSES or status == "cancelled":
         return []
