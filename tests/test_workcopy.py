@@ -281,6 +281,7 @@ def test_a_fetch_begun_after_a_task_asked_for_one_serves_it_and_an_older_one_doe
     mirror, heads = cache.refresh(str(remote), None)  # the clone
     fetches = counting_fetches(monkeypatch)
     git(remote, "branch", "pushed-since")
+    assert (mirror / FETCHED_FILE).stat().st_mode & 0o777 == 0o600
     note = json.loads((mirror / FETCHED_FILE).read_text())
     # Another process's fetch began after this call asked (while it waited for the lock): it serves this call.
     (mirror / FETCHED_FILE).write_text(json.dumps({**note, "started_ns": time.time_ns() + 10**12}))

@@ -90,7 +90,9 @@ class GitCache:
         """Note a good fetch (or clone) of ``mirror`` begun at ``started_ns`` with the branches it left, for the
         processes waiting on the lock meanwhile; returns the branches."""
         heads = self.heads(mirror)
-        (mirror / FETCHED_FILE).write_text(json.dumps({"started_ns": started_ns, "heads": heads}))
+        note = mirror / FETCHED_FILE
+        note.touch(mode=0o600)
+        note.write_text(json.dumps({"started_ns": started_ns, "heads": heads}))
         os.utime(mirror)  # its last use, for eviction
         return heads
 
