@@ -22,7 +22,9 @@ from bench.common import CONFIG, TASK_KEY, Result, new_store, standalone, timed
 from contexts import ContextStore
 from contexts.clock import iso
 from contexts.names import METADATA_FILE, STATE_FILE
-from contexts.queries import compute_stats, indexed_stats, list_page, read_contexts
+from contexts.queries import compute_stats, every_summary, indexed_stats, list_page, read_contexts
+from contexts.usage import Usage
+from contexts.usage_report import usage_rows
 from scheduler.alerts import measure
 
 SMALL = 10
@@ -40,7 +42,7 @@ def template(base: Path) -> Path:
     ctx.append_message("user", "Fix the failing test.")
     ctx.append_message("assistant", "Running the tests.")
     ctx.append_tool("bash", {"command": "pytest -q"}, "success", 120, result="1 passed")
-    ctx.update_state(status="processing", add={"llm_call_count": 3, "total_tokens_used": 4200})
+    ctx.update_state(status="processing", add={"llm_call_count": 3}, usage=[(Usage("agent", "bench", 4000, 200), None)])
     return ctx.finish("completed")
 
 
@@ -109,7 +111,25 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     scan = timed(lambda: read_contexts(ContextStore(roots[big])))
     print(f"index: for comparison, the scan every list and stats made before: {scan * 1e3:.0f} ms at {big:,}",
           flush=True)
+    results.append(usage_report(roots[big], big, 3 if quick else 11))
     return results
+
+
+def usage_report(root: Path, big: int, rounds: int) -> Result:
+    """``tasuki usage`` (by repository) at ``big`` completed contexts: from the index against reading every context,
+    as it did before; the two must agree."""
+    indexed, scanned = (lambda: usage_rows(every_summary(ContextStore(root)).items),
+                        lambda: usage_rows(read_contexts(ContextStore(root)).items))
+    assert indexed() == scanned()
+    assert indexed()[0].tasks == big  # every completed one spent (the running ones have not yet)
+    times: dict[str, list[float]] = {"index": [], "scan": []}
+    for _ in range(rounds):
+        times["index"].append(timed(indexed))
+        times["scan"].append(timed(scanned))
+    index_s, scan_s = statistics.median(times["index"]), statistics.median(times["scan"])
+    print(f"index: usage report with {big:,} completed contexts {index_s * 1e3:.0f} ms from the index vs "
+          f"{scan_s * 1e3:.0f} ms reading every context: {index_s / scan_s:.2f}", flush=True)
+    return Result(f"usage report, index vs scan at {big:,}", f"{index_s / scan_s:.2f}", "-", None)
 
 
 if __name__ == "__main__":

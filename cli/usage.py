@@ -29,13 +29,13 @@ def usage_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     """Tokens and cost grouped by repository, user, model or day, from the contexts."""
     from cli import viewer
-    from contexts.queries import read_contexts
+    from contexts.queries import every_summary
     from contexts.usage_report import usage_rows
 
     date_from, date_to = parse_day(args.date_from, "--from"), parse_day(args.date_to, "--to")
     if date_from and date_to and date_from > date_to:
         raise UsageError(f"--from {date_from} is after --to {date_to}")
-    listing = read_contexts(open_store(settings))
+    listing = every_summary(open_store(settings))
     rows = usage_rows(listing.items, by=args.by, repo=args.repo, user=args.user, date_from=date_from,
                       date_to=date_to)
     priced = bool(settings.pricing)
@@ -70,13 +70,13 @@ def format_rows(by: str, rows: list[UsageRow], priced: bool) -> str:
 def cmd_usage_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     """Rebuild today's (UTC) daily counters in Redis from the contexts (after Redis lost them)."""
     from contexts.clock import utc_now
-    from contexts.queries import read_contexts
+    from contexts.queries import every_summary
     from contexts.usage_report import day_counters
     from worker.runtime import redis_client
     from worker.spend import rebuild_day
 
     today = utc_now().date()
-    listing = read_contexts(open_store(settings))
+    listing = every_summary(open_store(settings))
     repos, users = day_counters(listing.items, today)
     rebuild_day(redis_client(), today.isoformat(), repos, users)
     out(f"Rebuilt the counters of {today} (UTC): {len(repos)} repositories, {len(users)} users.")

@@ -334,16 +334,20 @@ class ContextIndex:
 
     def summaries(
         self, *, status: str | None = None, user: str | None = None, location: str | None = COMPLETED_DIR,
-        limit: int = 50, offset: int = 0,
+        limit: int | None = 50, offset: int = 0,
     ) -> list[ContextSummary]:
-        """What the list prints, newest first, as of each context's last index write (final once completed)."""
+        """What the list prints, newest first, as of each context's last index write (final once completed);
+        ``limit`` None: all of them."""
         rows = self._newest("summary", _filters(status, None, user, None, location), limit, offset)
         return [summary_from_json(row[0], self.root) for row in rows]
 
-    def _newest(self, columns: str, where: tuple[str, list[Any]], limit: int, offset: int) -> list[tuple[Any, ...]]:
+    def _newest(
+        self, columns: str, where: tuple[str, list[Any]], limit: int | None, offset: int
+    ) -> list[tuple[Any, ...]]:
         clauses, params = where
         sql = f"SELECT {columns} FROM contexts{clauses} ORDER BY created_at DESC, uuid DESC LIMIT ? OFFSET ?"  # noqa: S608
-        return self._attempt(lambda: self._conn().execute(sql, [*params, max(limit, 0), max(offset, 0)]).fetchall())
+        rows = -1 if limit is None else max(limit, 0)  # SQLite: a negative limit is none
+        return self._attempt(lambda: self._conn().execute(sql, [*params, rows, max(offset, 0)]).fetchall())
 
     def count(
         self,

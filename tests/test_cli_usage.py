@@ -18,6 +18,8 @@ from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.usage import Usage
 from tests.helpers.cli_process import ok, one_line_error
+from worker.metering import Meter
+from worker.settings_models import Settings
 from worker.spend import repo_spent, user_key
 
 PRICING = '{"gpt-4o": {"input": 2.5, "cached_input": 1.25, "output": 10.0}}'
@@ -71,6 +73,22 @@ def test_usage_by_repository_user_model_and_day_from_the_contexts(base: Path) ->
     assert [(r["key"], r["tokens"]) for r in march["rows"]] == [("2024-03-01", 1650), ("2024-03-02", 3300)]
     bob = report(base, "--by", "user", "--user", "bob", "--repo", "github/acme/api")
     assert [(r["key"], r["tokens"]) for r in bob["rows"]] == [("bob", 2200)]
+
+
+def test_the_report_holds_spend_recorded_after_a_task_ended_and_the_spend_of_running_tasks(tmp_path: Path) -> None:
+    base = tmp_path / "contexts"
+    _context(base, datetime(2024, 3, 1, 9, tzinfo=UTC), "api", "ann", [(Usage("agent", "gpt-4o", 1000, 100), None)])
+    [ended] = (base / "completed").iterdir()
+    settings = Settings.model_validate({"contexts": {"base_dir": str(base)}})
+    Meter(settings, "github/acme/api").record_finished(ended, [Usage("memory", "gpt-4o", 500, 50)])  # a memory job
+    key = {"task_source": "github", "owner": "acme", "repo": "web", "task_type": "issue", "task_id": "2"}
+    running = ContextStore(base, fsync="never").create(key, {"model": "gpt-4o"}, user="bob", heartbeat=False)
+    running.update_state(usage=[(Usage("agent", "gpt-4o", 200, 20), None)])
+
+    by_user = report(base, "--by", "user")
+
+    assert {r["key"]: r["tokens"] for r in by_user["rows"]} == {"ann": 1100 + 550, "bob": 220}
+    running.detach()
 
 
 def test_usage_says_no_prices_configured_and_refuses_a_malformed_day(base: Path) -> None:

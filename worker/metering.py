@@ -17,6 +17,7 @@ from contexts.clock import utc_now
 from contexts.state import update_state
 from contexts.usage import Usage, call_record, cost_of, over_task_limit
 from worker.llm.base import Reply
+from worker.runtime import context_store
 from worker.settings_models import LimitSettings, Settings
 from worker.spend import count_usage
 
@@ -83,5 +84,7 @@ class Meter:
     def record_finished(self, directory: Path, usages: Sequence[Usage]) -> None:
         """Calls made for a task that has ended (a memory job's): into its ``state.json`` in one write, and Redis."""
         update_state(directory, self.clock(), fsync=True, usage=[self.priced(usage) for usage in usages])
+        # The index's copy of the totals too: ``tasuki usage`` reads completed contexts from the index.
+        context_store(self.settings).mirror(lambda index: index.record(directory))
         for usage in usages:
             self.count(usage)
