@@ -8,6 +8,7 @@ masked context files. The pages load their scripts and styles from ``/console/st
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -179,6 +180,7 @@ class Console:
         return EventSourceResponse(self._stream(request, uuid, seen), ping=15)
 
     async def _stream(self, request: Request, uuid: str, seen: Seen) -> AsyncIterator[dict[str, str]]:
+        tally = await run_in_threadpool(views.tally_until, self.store, uuid, seen)
         polls = follow(self.store, uuid, seen)
         while True:
             step = await run_in_threadpool(next, polls, None)
@@ -191,6 +193,10 @@ class Console:
                     html = self.templates.get_template("timeline_entries.html").render(
                         entries=views.news_entries(found), prefix=request.scope.get("root_path", ""))
                     yield {"event": "step", "data": html, "id": position}
+                tally.add_summaries(found.summaries)
+                points = tally.add_messages(found.messages)
+                if points:  # the chart's new model calls (JSON the page's script reads, never markup)
+                    yield {"event": "chart", "data": json.dumps({"prompt_tokens": points}), "id": position}
                 if found.ended:
                     yield {"event": "ended", "data": f"The task ended: {found.status}.", "id": position}
                     return

@@ -149,28 +149,52 @@ class TokenChart:
                            "threshold": self.threshold, "estimated": self.estimated})
 
 
+class TokenTally:
+    """Each model call's prompt size, fed the context's records in order: the chart a page is drawn with, and
+    the points a live page adds as the task goes on (without reading the history again)."""
+
+    def __init__(self, config: Record) -> None:
+        self.window = int(config.get("context_length") or 0)
+        self.threshold = int(self.window * float(config.get("compression_threshold") or 0))
+        self.sizes: list[int] = []
+        self.estimated = False  # some record carries no reported prompt size: summed from the messages' token counts
+        self._ends: list[tuple[int, int]] = []  # (end_seq, summary_tokens) of each compression
+        self._running: list[tuple[int, int]] = []  # (seq, tokens) of every message so far
+
+    def add_summaries(self, summaries: Iterable[Record]) -> None:
+        """Compressions, which the estimate of later prompts leaves out what they replaced for."""
+        self._ends = sorted([*self._ends, *((int(s.get("end_seq", 0)), int(s.get("summary_tokens", 0)))
+                                            for s in summaries)])
+
+    def add_messages(self, messages: Iterable[Record]) -> list[int]:
+        """Messages, oldest first; returns the prompt sizes of the model calls among them."""
+        added: list[int] = []
+        for message in messages:
+            seq = int(message.get("seq", 0))
+            if message.get("role") == "assistant":
+                reported = (message.get("usage") or {}).get("prompt_tokens")  # the call's own record (SPEC §16)
+                if isinstance(reported, int) and reported > 0:
+                    added.append(reported)
+                else:
+                    self.estimated = True
+                    added.append(_estimate(self._running, self._ends, seq))
+            self._running.append((seq, int(message.get("token_count") or 0)))
+        self.sizes.extend(added)
+        return added
+
+    def chart(self) -> TokenChart:
+        """The chart of every call so far."""
+        return TokenChart(list(range(1, len(self.sizes) + 1)), list(self.sizes), self.window, self.threshold,
+                          self.estimated)
+
+
 def token_chart(messages: Iterable[Record], summaries: Iterable[Record], config: Record) -> TokenChart:
     """Each assistant message's prompt size: as the provider reported it, else estimated from the messages
     before it that no compression had replaced yet (plus the summaries standing in for them)."""
-    window = int(config.get("context_length") or 0)
-    threshold = int(window * float(config.get("compression_threshold") or 0))
-    ends = sorted((int(s.get("end_seq", 0)), int(s.get("summary_tokens", 0))) for s in summaries)
-    steps: list[int] = []
-    sizes: list[int] = []
-    estimated = False
-    running: list[tuple[int, int]] = []  # (seq, tokens) of every message so far
-    for message in messages:
-        seq = int(message.get("seq", 0))
-        if message.get("role") == "assistant":
-            reported = (message.get("usage") or {}).get("prompt_tokens")  # the call's own record (SPEC §16)
-            if isinstance(reported, int) and reported > 0:
-                sizes.append(reported)
-            else:
-                estimated = True
-                sizes.append(_estimate(running, ends, seq))
-            steps.append(len(steps) + 1)
-        running.append((seq, int(message.get("token_count") or 0)))
-    return TokenChart(steps, sizes, window, threshold, estimated)
+    tally = TokenTally(config)
+    tally.add_summaries(summaries)
+    tally.add_messages(messages)
+    return tally.chart()
 
 
 def _estimate(before: list[tuple[int, int]], ends: list[tuple[int, int]], seq: int) -> int:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
 from console.diff import BranchDiff, branch_diff
-from console.live import News
-from console.timeline import Entry, TokenChart, compression_entry, entries, message_entry, token_chart
+from console.live import News, Seen
+from console.timeline import Entry, TokenChart, TokenTally, compression_entry, entries, message_entry, token_chart
+from contexts import jsonl
+from contexts.atomic import read_json
 from contexts.clock import parse_iso
-from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
+from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES, MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
 from contexts.queries import ContextDetail, show_context
 from contexts.store import ContextStore
 from worker.settings_models import Settings
@@ -97,6 +100,17 @@ def task_view(settings: Settings, store: ContextStore, uuid: str) -> TaskView:
         last_seq=int(detail.messages[-1]["seq"]) if detail.messages else 0,
         last_summary=int(detail.summaries[-1]["summary_id"]) if detail.summaries else 0,
     )
+
+
+def tally_until(store: ContextStore, uuid: str, seen: Seen) -> TokenTally:
+    """The chart's tally of the history a page already shows (messages up to ``seen``), for its live points."""
+    directory = store.locate_inside(uuid)
+    tally = TokenTally(_dict(read_json(directory / METADATA_FILE).get("config")))
+    tally.add_summaries(takewhile(lambda r: int(r.get("summary_id", 0)) <= seen.summaries,
+                                  jsonl.iter_records(directory / SUMMARIES_FILE)))
+    tally.add_messages(takewhile(lambda r: int(r.get("seq", 0)) <= seen.messages,
+                                 jsonl.iter_records(directory / MESSAGES_FILE)))
+    return tally
 
 
 def news_entries(found: News) -> list[Entry]:

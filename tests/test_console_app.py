@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from console.app import create_console
 from console.fleet import RecentEndings
 from console.server import broker_client
-from console.timeline import entries, token_chart
+from console.timeline import TokenTally, entries, token_chart
 from contexts import ContextStore
 from contexts.context import Context
 from contexts.state import read_state
@@ -132,6 +132,24 @@ def test_tool_runs_carry_their_exit_code_and_the_chart_estimates_unreported_prom
     assert (run.exit_code, run.duration_ms, run.output) == (2, 12, "boom\nexit code: 2")
     chart = token_chart(messages, [], {"context_length": 1000, "compression_threshold": 0.7})
     assert (chart.prompt_tokens, chart.window, chart.threshold, chart.estimated) == ([100, 400], 1000, 700, True)
+
+
+def test_the_points_a_live_page_adds_are_those_the_page_would_be_drawn_with() -> None:
+    messages: list[dict[str, object]] = [{"seq": 1, "role": "system", "content": "s", "token_count": 50}]
+    for n in range(2, 12, 2):
+        usage = {"prompt_tokens": 100 * n} if n % 4 else None  # some calls report their prompt, some do not
+        messages += [{"seq": n, "role": "assistant", "content": "", "token_count": 10, "usage": usage},
+                     {"seq": n + 1, "role": "tool", "content": "out", "token_count": 40 * n}]
+    config = {"context_length": 4000, "compression_threshold": 0.75}
+    drawn = token_chart(messages, [], config)
+    live = TokenTally(config)
+    live.add_messages(messages[:5])  # what the page showed when it was loaded
+
+    added = live.add_messages(messages[5:7]) + live.add_messages(messages[7:])  # what the stream sent since
+
+    assert drawn.prompt_tokens[:2] + added == drawn.prompt_tokens
+    assert len(added) == 3
+    assert live.chart() == drawn
 
 
 def test_the_fleets_endings_of_the_day_are_recounted_once_their_count_is_older_than_its_ttl(tmp_path: Path) -> None:

@@ -203,9 +203,12 @@ def test_a_running_task_page_appends_each_new_step_live_and_stops_when_it_ends(s
     page.goto(stack.page_url(f"/tasks/{stack.live.uuid}"))
     entries = page.locator("#timeline > li")
     expect(entries).to_have_count(6)
+    expect(page.locator("#token-chart")).to_have_attribute("data-steps", "2")
     step(stack.live, 3, prompt_tokens=2700, output="written while the page was open")
     expect(page.locator("#timeline")).to_contain_text("written while the page was open", timeout=10_000)
     expect(entries).to_have_count(8)
+    expect(page.locator("#token-chart")).to_have_attribute("data-steps", "3", timeout=10_000)  # the chart follows
+    expect(page.locator("#token-chart canvas")).to_be_visible()
     stack.live.finish("completed")
     expect(page.locator("#live")).to_contain_text("ended: completed", timeout=10_000)
 

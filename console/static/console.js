@@ -1,17 +1,26 @@
 // The task page's chart: prompt tokens per model call against the window and the compression threshold.
-// Data comes from the chart element's data-chart attribute (escaped by the template, never executed).
+// Data comes from the chart element's data-chart attribute (escaped by the template, never executed); on a
+// running task's page, each "chart" event of its stream adds the new calls' sizes (JSON, never markup).
 (function () {
   "use strict";
-  function drawChart() {
-    var el = document.getElementById("token-chart");
-    if (!el || !window.uPlot) { return; }
-    var data = JSON.parse(el.dataset.chart);
+  var plot = null;
+  var data = null;
+
+  function series() {
     var n = data.steps.length;
     var flat = function (v) { var a = []; for (var i = 0; i < n; i++) { a.push(v); } return a; };
+    return [data.steps, data.prompt_tokens, flat(data.window), flat(data.threshold)];
+  }
+
+  function draw(el) {
+    if (plot) { plot.setData(series()); return; }
     var opts = {
       width: Math.min(el.clientWidth || 800, 1000),
       height: 260,
-      scales: { x: { time: false }, y: { range: [0, Math.max(data.window, Math.max.apply(null, data.prompt_tokens)) * 1.05] } },
+      scales: {
+        x: { time: false },
+        y: { range: function (u, min, max) { return [0, Math.max(data.window, max) * 1.05]; } }
+      },
       axes: [{ label: "model call", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, { label: "tokens", size: 70 }],
       series: [
         {},
@@ -20,7 +29,31 @@
         { label: "compression threshold", stroke: "#d97706", dash: [3, 3] }
       ]
     };
-    new window.uPlot(opts, [data.steps, data.prompt_tokens, flat(data.window), flat(data.threshold)], el);
+    plot = new window.uPlot(opts, series(), el);
   }
-  document.addEventListener("DOMContentLoaded", drawChart);
+
+  function addPoints(el, sizes) {
+    sizes.forEach(function (size) {
+      data.steps.push(data.steps.length + 1);
+      data.prompt_tokens.push(size);
+    });
+    el.dataset.steps = String(data.steps.length);
+    var none = document.getElementById("no-calls");
+    if (none) { none.hidden = true; }
+    draw(el);
+  }
+
+  function start() {
+    var el = document.getElementById("token-chart");
+    if (!el || !window.uPlot) { return; }
+    data = JSON.parse(el.dataset.chart);
+    if (data.steps.length) { draw(el); }
+    var feed = document.getElementById("chart-feed");
+    if (!feed) { return; }
+    feed.addEventListener("htmx:sseBeforeMessage", function (event) {
+      event.preventDefault();  // the points go to the chart, nothing is swapped into the page
+      addPoints(el, JSON.parse(event.detail.data).prompt_tokens);
+    });
+  }
+  document.addEventListener("DOMContentLoaded", start);
 })();
