@@ -151,3 +151,17 @@ def test_a_mention_for_a_task_that_ends_between_the_intakes_check_and_its_delive
     assert answer["task_id"] != ending
     assert redis_client.llen(INBOX_PREFIX + ending) == 0
     assert len(intake.queued()) == 2
+
+
+def test_a_mention_that_finds_no_task_to_take_it_after_three_tries_is_not_reported_delivered(
+    intake: IntakeServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running = post(intake, "issues", load_payload("github/issues.labeled.json"))[1]["task_id"]
+    monkeypatch.setattr(followups_module, "deliver", lambda *args: False)  # each task it finds is ending
+    comment = load_payload("github/issue_comment.created.json")
+    comment["comment"]["body"] = "@tasuki also fix the other typo"
+
+    assert post(intake, "issue_comment", comment) == (
+        200, {"status": "ignored", "reason": "the task ended as the comment arrived"})
+    assert redis_client.llen(INBOX_PREFIX + running) == 0
+    assert len(intake.queued()) == 1

@@ -187,8 +187,11 @@ class Intake:
             text = "" if comments else action.prompt  # a review comment's text is in its comment record
             entry = inbox_entry(action.user, text, action.trigger, comments)
             if self.followups.to_inbox(request["task_key"], enqueued.uuid,
-                                       {**entry, "review_id": action.details.get("review_id")}) or tries <= 1:
+                                       {**entry, "review_id": action.details.get("review_id")}):
                 return Answer(200, {"status": "delivered", "task_id": enqueued.uuid}, "delivered")
+            if tries <= 1:  # tasks of this key kept ending as it arrived: say so rather than claim a delivery
+                return Answer(200, {"status": "ignored", "reason": "the task ended as the comment arrived"},
+                              "ignored")
             # The task let its key go since it was found active: the trigger starts the next one.
             again = self.submit_within_budget(request)
             if isinstance(again, str):
