@@ -8,19 +8,28 @@ commits of history. Measured in one run, each against a baseline of the same run
   also the third's: the first tree's files written in the same second as its index are "racily clean" to git
   (1 s timestamps), so the second task hashes them once more; later tasks do not;
 - a checkpoint after one file changed: ``git add -A`` with the persistent index against a fresh index
-  (``read-tree HEAD`` each time, as before), both followed by the same write-tree.
+  (``read-tree HEAD`` each time, as before), both followed by the same write-tree;
+- a burst: eight task processes of one host refreshing the repository's mirror at the same moment, after a new
+  commit, against one process refreshing it alone; and how many of the eight fetched (a fetch begun after a
+  process asked serves it too).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import statistics
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import Result, standalone, timed
+from worker import workcopy
 from worker.checkout import Checkout, run_git
 from worker.workcopy import GitCache
+
+BURST = 8
 
 SECOND_TARGET = 0.1
 
@@ -93,6 +102,57 @@ def checkpoint_times(scratch: Path, remote: Path, rounds: int) -> tuple[float, f
     return statistics.median(persistent), statistics.median(fresh)
 
 
+def new_commit(remote: Path) -> None:
+    """One more commit on the remote's ``main`` (its tree unchanged): something for the next fetch to bring."""
+    tree = run_git(("rev-parse", "main^{tree}"), cwd=remote).strip()
+    commit = run_git(("commit-tree", tree, "-p", "main", "-m", "more"), cwd=remote).strip()
+    run_git(("update-ref", "refs/heads/main", commit), cwd=remote)
+
+
+def burst_refresh(cache: GitCache, remote: Path, processes: int) -> tuple[float, int]:
+    """``processes`` forked processes refreshing the mirror at once (after a new commit): the seconds until
+    every one has it, and how many ran a fetch."""
+    forked = multiprocessing.get_context("fork")
+    fetches = forked.Value("i", 0)
+    barrier = forked.Barrier(processes + 1)
+
+    def one() -> None:
+        real = workcopy.run_git
+
+        def counted(args: tuple[str, ...], **kwargs: Any) -> str:
+            if args[0] == "fetch":
+                with fetches.get_lock():
+                    fetches.value += 1
+            return real(args, **kwargs)
+
+        workcopy.run_git = counted  # this child's own module: it counts, then runs git as before
+        barrier.wait()
+        cache.refresh(str(remote), None)
+
+    new_commit(remote)
+    children = [forked.Process(target=one) for _ in range(processes)]
+    for child in children:
+        child.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for child in children:
+        child.join()
+    return time.perf_counter() - started, int(fetches.value)
+
+
+def burst_times(scratch: Path, remote: Path, rounds: int) -> tuple[float, float, int]:
+    """Median seconds of one refresh alone and of a burst of ``BURST``, and the fetches of the last burst."""
+    cache = GitCache(scratch / "burst-cache", scratch / "burst-workspaces")
+    cache.refresh(str(remote), None)  # a warm host: the mirror exists
+    alone, burst, fetched = [], [], 0
+    for _ in range(rounds):
+        new_commit(remote)
+        alone.append(timed(lambda: cache.refresh(str(remote), None)))
+        seconds, fetched = burst_refresh(cache, remote, BURST)
+        burst.append(seconds)
+    return statistics.median(alone), statistics.median(burst), fetched
+
+
 def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     """Measure, print one line per comparison, return the results."""
     files, commits, rounds = (500, 30, 1) if quick else (5000, 300, 3)
@@ -106,11 +166,15 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     persistent, fresh = checkpoint_times(scratch, remote, rounds)
     print(f"workcopy    checkpoint after one changed file: persistent index {persistent * 1000:.1f} ms, fresh index "
           f"{fresh * 1000:.1f} ms: ratio {persistent / fresh:.3f}", flush=True)
+    alone, burst, fetched = burst_times(scratch, remote, rounds * 3)
+    print(f"workcopy    {BURST} processes refreshing one mirror at once {burst * 1000:.0f} ms, one alone "
+          f"{alone * 1000:.0f} ms: ratio {burst / alone:.2f}; {fetched} of the {BURST} fetched", flush=True)
     return [
         Result("second task's checkout vs first", f"{ratio:.3f}", f"<= {SECOND_TARGET}", ratio <= SECOND_TARGET),
         Result("third task's checkout vs first", f"{third / first:.3f}", "-", None),
         Result("second checkout vs a plain clone", f"{second / clone:.3f}", "-", None),
         Result("checkpoint: kept vs fresh index", f"{persistent / fresh:.3f}", "-", None),
+        Result(f"{BURST} refreshes of one mirror at once vs one", f"{burst / alone:.2f}", "-", None),
     ]
 
 
