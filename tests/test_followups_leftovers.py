@@ -55,6 +55,11 @@ def queued_requests(client: redis.Redis) -> dict[str, dict[str, Any]]:
     return found
 
 
+def queued_for(client: redis.Redis, task_key: dict[str, str]) -> list[dict[str, Any]]:
+    """The queued requests of ``task_key`` (the database may hold other tests' late messages)."""
+    return [request for request in queued_requests(client).values() if request["task_key"] == task_key]
+
+
 def test_a_comment_reaches_a_tasks_inbox_only_while_the_task_holds_its_task_key(redis_client: redis.Redis) -> None:
     redis_client.set(ACTIVE_PREFIX + task_key_id(TASK_KEY), ENDED)
     assert deliver(redis_client, TASK_KEY, ENDED, entry("a", "Also the docs."))
@@ -99,7 +104,7 @@ def test_when_a_task_started_meanwhile_the_left_comments_go_to_its_inbox(
 
     assert start_followup(TaskRequest(TASK_KEY, user="eve"), [entry("b", "Also the docs.")]) == started
 
-    assert queued_requests(redis_client) == {}
+    assert queued_for(redis_client, TASK_KEY) == []
     assert [json.loads(e)["id"] for e in redis_client.lrange(INBOX_PREFIX + started, 0, -1)] == ["b"]
 
 
@@ -114,7 +119,7 @@ def test_nothing_starts_from_a_comment_the_reporter_drops_or_after_a_cancel_or_a
 
     assert comments_left(ENDED, status, tmp_path / "messages.jsonl", passes) == []
     assert start_followup(TaskRequest(TASK_KEY), []) is None
-    assert queued_requests(redis_client) == {}
+    assert queued_for(redis_client, TASK_KEY) == []
 
 
 @pytest.fixture
