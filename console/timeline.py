@@ -162,7 +162,7 @@ class TokenTally:
         self._running: list[tuple[int, int]] = []  # (seq, tokens) of every message so far
 
     def add_summaries(self, summaries: Iterable[Record]) -> None:
-        """Compressions, which the estimate of later prompts leaves out what they replaced for."""
+        """Compressions: the estimate of a later prompt counts a summary in place of the messages it replaced."""
         self._ends = sorted([*self._ends, *((int(s.get("end_seq", 0)), int(s.get("summary_tokens", 0)))
                                             for s in summaries)])
 
