@@ -130,17 +130,25 @@ def measure(scratch: Path, tasks: int, noops: int, rounds: int) -> Rates:
             for worker in workers:
                 worker.start()
             with client(redis_url) as app:
-                times: dict[str, list[float]] = {"tasuki": [], "noop": [], "bare": [], "floor": []}
-                for index in range(rounds + 1):
-                    keep = index > 0
-                    times["tasuki"].append(measured_round(workers[0], cpu["tasuki"], lambda: send_task(app, repo),
-                                                          tasks, keep))
-                    times["noop"].append(round_seconds(lambda: send_noop(app, repo), noops))
-                    times["bare"].append(measured_round(workers[1], cpu["bare"],
-                                                        lambda: send_git_roundtrip(app, repo, model.url), tasks, keep))
-                    times["floor"].append(measured_round(
+                sides: dict[str, Callable[[bool], float]] = {
+                    "tasuki": lambda keep: measured_round(workers[0], cpu["tasuki"], lambda: send_task(app, repo),
+                                                          tasks, keep),
+                    "noop": lambda keep: round_seconds(lambda: send_noop(app, repo), noops),
+                    "bare": lambda keep: measured_round(workers[1], cpu["bare"],
+                                                        lambda: send_git_roundtrip(app, repo, model.url), tasks, keep),
+                    "floor": lambda keep: measured_round(
                         workers[1], cpu["floor"], lambda: send_context_roundtrip(app, repo, model.url, contexts),
-                        tasks, keep))
+                        tasks, keep),
+                }
+                times: dict[str, list[float]] = {name: [] for name in sides}
+                pushing = ["tasuki", "bare", "floor"]
+                for index in range(rounds + 1):
+                    # Every task pushes a branch, and git's fetch and push cost grows with the remote's branches:
+                    # the sides that push take turns at going first (over three measured rounds, each side is
+                    # once first, once second, once third), so that none always meets the fewest.
+                    turn = (index - 1) % len(pushing)
+                    for name in [*pushing[turn:], *pushing[:turn], "noop"]:
+                        times[name].append(sides[name](index > 0))
         finally:
             for worker in workers:
                 worker.stop()
