@@ -204,7 +204,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     )
     print(
         f"throughput  the bare work inside a context's life (SPEC §3's files, nothing else) {rates.floor:,.1f} "
-        f"tasks/s: {floor:.3f} of the bare rate (the most any SPEC-keeping system reaches); Tasuki against it "
+        f"tasks/s: {floor:.3f} of the bare rate (the ceiling for a task kept in this context store); Tasuki against it "
         f"{rates.tasuki / rates.floor:.3f}",
         flush=True,
     )
