@@ -110,6 +110,17 @@ def test_services_wait_for_a_healthy_redis_with_append_only_persistence() -> Non
         assert SERVICES[name]["environment"]["TASUKI__BROKER__URL"] == "redis://redis:6379/0", name
 
 
+def test_one_container_fills_the_shared_data_volume_before_the_others_are_created() -> None:
+    """Docker fills a fresh named volume from the image when a container first mounts it; several containers doing
+    that at once can fail with "failed to mkdir ... file exists" (moby/moby#43068, seen in this suite's CI)."""
+    sharing = [name for name, definition in SERVICES.items()
+               if any(str(v).startswith("tasuki-data:") for v in definition.get("volumes", []))]
+    first = [name for name in sharing if "maintenance" not in SERVICES[name].get("depends_on", {})]
+
+    assert first == ["maintenance"]
+    assert len(sharing) > 2
+
+
 def test_worker_stop_waits_longer_than_the_soft_shutdown_hands_tasks_back() -> None:
     worker = SERVICES["worker"]
     grace = int(worker["environment"].get("TASUKI__AGENT__SHUTDOWN_GRACE_S", AgentSettings().shutdown_grace_s))
