@@ -20,7 +20,7 @@ from webhooks import followups as followups_module
 from worker import settings as settings_module
 from worker.followup_tasks import comments_left, start_followup
 from worker.inbox import deliver
-from worker.names import ACTIVE_PREFIX, INBOX_PREFIX
+from worker.names import ACTIVE_PREFIX, INBOX_PREFIX, TASKS_QUEUE
 from worker.run import TaskRequest
 from worker.settings_models import Settings
 from worker.submit import task_key_id
@@ -48,7 +48,7 @@ def entry(entry_id: str, body: str, author: str = "alice") -> dict[str, Any]:
 def queued_requests(client: redis.Redis) -> dict[str, dict[str, Any]]:
     """The ``run_task`` requests waiting on the tasks queue, by task id."""
     found = {}
-    for raw in client.lrange("tasks", 0, -1):
+    for raw in client.lrange(TASKS_QUEUE, 0, -1):
         message = json.loads(raw)
         args = json.loads(base64.b64decode(message["body"]))[0]
         found[message["headers"]["id"]] = args[1]
