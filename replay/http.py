@@ -22,6 +22,7 @@ OPENAI_CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 OLLAMA_CHAT_PATH = "/api/chat"
 OPENAI_EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
 OLLAMA_EMBED_PATH = "/api/embed"
+GATES_PATH = "/_gates/"  # POST /_gates/NAME opens a gate; GET /_gates lists them (tests' controls, not an API)
 _OPENAI_ERROR_TYPES = {429: "rate_limit_error", 400: "invalid_request_error"}
 
 
@@ -142,6 +143,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
         if path == "/_requests":
             self._send_json(200, model.snapshot())
             return
+        if path == "/_gates":
+            self._send_json(200, model.gates())
+            return
         entry = model.record("GET", path, None)
         listings: dict[str, Any] = {
             "/v1/models": {
@@ -165,6 +169,10 @@ class ReplayHandler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         model = self.server.replay_model
+        if path.startswith(GATES_PATH) and len(path) > len(GATES_PATH):
+            model.open_gate(path[len(GATES_PATH):])
+            self._send_json(200, model.gates())
+            return
         entry = model.record("POST", path, body)
         protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
         usage: dict[str, int] | None = None

@@ -12,8 +12,9 @@ both compression and a worker crash:
 
 A resumed worker re-sends the conversation as it is on disk: if its reply to turn N was written before
 the crash it gets N+1, otherwise N again. Only scripted faults and delays keep server-side state: each is
-served once per conversation (keyed by the system prompt and the pinned task). A request past the last
-turn gets HTTP 400 "replay trajectory exhausted".
+served once per conversation (keyed by the system prompt and the pinned task). A gated turn is held until
+its gate opens (every conversation, every time, until then). A request past the last turn gets HTTP 400
+"replay trajectory exhausted".
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class ReplayModel:
         self._summary_faults = [status for turn in trajectory for status in turn.summary_faults]
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._gates_open: dict[str, threading.Event] = {}
+        self._gates_reached: dict[str, threading.Event] = {}
 
     def record(self, method: str, path: str, body: Any) -> dict[str, Any]:
         """Log a request on arrival; ``kind`` and ``turn`` are filled in when chosen, ``status`` when sent."""
@@ -113,6 +116,8 @@ class ReplayModel:
             self._delayed.add(key)
         if delay:
             self._stopping.wait(delay)  # cut short when the server stops
+        if turn.gate is not None:
+            self._pass_gate(turn.gate)
         return Answer(
             "agent",
             turn=index,
@@ -128,6 +133,39 @@ class ReplayModel:
                 return Answer("summary", status=self._summary_faults.pop(0), error="scripted failure")
         return Answer("summary", content=replay_summary(messages))
 
+    def _gate(self, name: str) -> tuple[threading.Event, threading.Event]:
+        with self._lock:
+            return (
+                self._gates_reached.setdefault(name, threading.Event()),
+                self._gates_open.setdefault(name, threading.Event()),
+            )
+
+    def _pass_gate(self, name: str) -> None:
+        reached, opened = self._gate(name)
+        reached.set()
+        while not opened.wait(0.05) and not self._stopping.is_set():
+            pass  # released by open_gate, or by stop()
+
+    def open_gate(self, name: str) -> None:
+        """Let every request held at gate ``name`` (and every later one) have its answer."""
+        self._gate(name)[1].set()
+
+    def gate_reached(self, name: str) -> bool:
+        """True once a request has arrived at gate ``name`` (whether or not it was opened since)."""
+        return self._gate(name)[0].is_set()
+
+    def gates(self) -> dict[str, dict[str, bool]]:
+        """Every gate known so far: whether a request reached it and whether it is open."""
+        with self._lock:
+            names = set(self._gates_reached) | set(self._gates_open)
+            return {
+                name: {
+                    "reached": name in self._gates_reached and self._gates_reached[name].is_set(),
+                    "open": name in self._gates_open and self._gates_open[name].is_set(),
+                }
+                for name in sorted(names)
+            }
+
     def stop(self) -> None:
-        """Release requests waiting out a delay."""
+        """Release requests waiting out a delay or held at a gate."""
         self._stopping.set()

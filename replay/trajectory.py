@@ -7,7 +7,10 @@ A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same
 - a **fault** for the next turn: ``{"fail": 500}`` (HTTP status, answered once) or
   ``{"fail": 429, "times": 3}``; with ``"for": "summary"`` it is answered to summary requests instead;
 - a **delay** for the next turn: ``{"delay_s": 2.5}`` (the turn's first answer waits that long);
-  ``fail``/``times``/``delay_s`` may also sit on a turn entry itself.
+- a **gate** for the next turn: ``{"gate": "NAME"}`` (every answer to that turn waits until the gate is opened:
+  ``ReplayModel.open_gate`` in a test, ``POST /_gates/NAME`` over HTTP), so a test can hold a task at a step
+  of its choosing instead of racing it;
+  ``fail``/``times``/``delay_s``/``gate`` may also sit on a turn entry itself.
 
 The ``messages.jsonl`` of an earlier run is a trajectory too: its ``assistant`` records, in order, are the
 turns (other roles are skipped; a torn last line is ignored; ``.jsonl.gz`` is read as well).
@@ -46,6 +49,7 @@ class Turn:
     faults: tuple[int, ...] = ()
     delay_s: float = 0.0
     summary_faults: tuple[int, ...] = ()
+    gate: str | None = None
 
 
 def load_trajectory(path: Path) -> list[Turn]:
@@ -81,6 +85,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
     faults: list[int] = []
     summary_faults: list[int] = []
     delay_s = 0.0
+    gate: str | None = None
     for index, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
             raise ValueError(f"{source}: entry {index} is not an object")
@@ -93,6 +98,10 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
             target = summary_faults if entry.get("for") == "summary" else faults
             target.extend([status] * int(entry.get("times", 1)))
         delay_s = float(entry.get("delay_s", delay_s))
+        if "gate" in entry:
+            if not isinstance(entry["gate"], str) or not entry["gate"]:
+                raise ValueError(f"{source}: entry {index}: 'gate' must be a non-empty name")
+            gate = entry["gate"]
         if not ({"content", "tool_calls"} & entry.keys() or entry.get("role") == "assistant"):
             continue
         turns.append(
@@ -105,11 +114,12 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
                 faults=tuple(faults),
                 delay_s=delay_s,
                 summary_faults=tuple(summary_faults),
+                gate=gate,
             )
         )
-        faults, summary_faults, delay_s = [], [], 0.0
-    if faults or summary_faults or delay_s:
-        raise ValueError(f"{source}: a fail or delay entry at the end has no turn after it to apply to")
+        faults, summary_faults, delay_s, gate = [], [], 0.0, None
+    if faults or summary_faults or delay_s or gate:
+        raise ValueError(f"{source}: a fail, delay or gate entry at the end has no turn after it to apply to")
     return turns
 
 

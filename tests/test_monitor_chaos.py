@@ -286,15 +286,23 @@ def test_in_the_sandbox_a_tool_call_cannot_kill_its_worker(
 def test_sigterm_hands_the_task_back_at_the_next_step_and_another_worker_resumes_it(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
+    # Turn 3 is held until w1 has been told to stop, so the SIGTERM lands mid-task however slow the machine
+    # is (a loaded machine once let the whole task finish on w1 before the test got to send it).
     entries = sleepy_turns(10)
+    turns = len(entries)
+    entries.insert(3, {"gate": "w1-stopping"})
     with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):
         first = stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
-        stack.wait_until(lambda: mid_task_on(stack, [uuid], first, min_steps=2), what="the task running on w1")
+        stack.wait_until(lambda: server.model.gate_reached("w1-stopping"), what="turn 3 asked for (on w1)")
+        assert mid_task_on(stack, [uuid], first, min_steps=3)
         second = stack.start_worker("w2", queues="tasks")
-        assert first.terminate(timeout_s=30) == 0  # warm shutdown, well within the grace period
+        first.ask_to_stop()
+        stack.wait_until(lambda: "worker shutting down" in first.log_text(), what="w1's warm shutdown begun")
+        server.model.open_gate("w1-stopping")
+        assert first.wait(timeout_s=60) == 0  # warm shutdown, well within the grace period
         assert "task handed back on shutdown" in first.log_text()
-        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
+        state = assert_one_history(stack, server, uuid, turns) if stack.wait_finished(uuid) else {}
         assert holder_pid(state) in children_of(second.pid)  # resumed by w2's pool
     assert (state["status"], state["attempt"]) == ("completed", 2)
 

@@ -276,6 +276,8 @@ def test_faults_and_delays_fold_into_the_turn_after_them() -> None:
     [
         ([bash("ls"), {"fail": 500}], "no turn after it"),
         ([{"fail": 200}, bash("ls")], "HTTP status 400-599"),
+        ([bash("ls"), {"gate": "g"}], "no turn after it"),
+        ([{"gate": ""}, bash("ls")], "non-empty name"),
         ([{"tool_calls": [{"arguments": {}}]}], "needs a 'name'"),
         (["text"], "not an object"),
     ],
@@ -321,6 +323,42 @@ def test_a_delayed_request_shows_its_turn_while_it_is_held() -> None:
         resumed = ask(server.url, conversation)  # a resumed worker asks again and is not held
     caller.join(timeout=30)
     assert resumed["choices"][0]["message"]["tool_calls"][0]["id"] == "call_t1_0"
+
+
+def test_a_gated_turn_is_held_for_every_caller_until_the_test_opens_its_gate() -> None:
+    model = ReplayModel(turns_from_entries([bash("ls"), {"gate": "mid-task"}, bash("pwd"), bash("id")]))
+    assert model.answer([SYSTEM, TASK]).turn == 0  # the turns before the gate are not held
+    conversation = [SYSTEM, TASK, {"role": "assistant", "content": turn_marker(0)}]
+    answers: list[int | None] = []
+    callers = [threading.Thread(target=lambda: answers.append(model.answer(conversation).turn)) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    deadline = threading.Event()
+    for _ in range(600):
+        if model.gate_reached("mid-task"):
+            break
+        deadline.wait(0.05)
+    assert model.gates() == {"mid-task": {"reached": True, "open": False}}
+    assert answers == []  # both still held: nothing but the test lets them through
+    model.open_gate("mid-task")
+    for caller in callers:
+        caller.join(timeout=30)
+    assert answers == [1, 1]
+    assert model.answer(conversation).turn == 1  # once open, it stays open
+
+
+def test_a_gate_opens_over_http_and_the_held_request_is_answered() -> None:
+    with model_server([{"gate": "first"}, bash("ls")]) as server:
+        caller = threading.Thread(target=lambda: ask(server.url, [SYSTEM, TASK]), daemon=True)
+        caller.start()
+        wait_for_request(lambda: server.requests, lambda r: r["turn"] == 0)
+        assert httpx.get(f"{server.url}/_gates", timeout=10).json() == {"first": {"reached": True, "open": False}}
+        opened = httpx.post(f"{server.url}/_gates/first", timeout=10).json()
+        caller.join(timeout=30)
+        assert not caller.is_alive()
+        held = wait_for_request(lambda: server.requests, lambda r: r["turn"] == 0 and r["status"] == 200)
+    assert opened == {"first": {"reached": True, "open": True}}
+    assert held["kind"] == "agent"
 
 
 def test_summary_faults_are_answered_to_summary_requests() -> None:

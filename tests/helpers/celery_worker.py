@@ -67,9 +67,18 @@ class WorkerProcess:
 
     def terminate(self, timeout_s: float = 60.0) -> int:
         """SIGTERM (warm shutdown) and wait for the worker to exit; returns its exit code."""
+        self.ask_to_stop()
+        return self.wait(timeout_s)
+
+    def ask_to_stop(self) -> None:
+        """SIGTERM (warm shutdown) without waiting: the test decides what happens before the worker exits."""
         assert self.process is not None
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
+
+    def wait(self, timeout_s: float = 60.0) -> int:
+        """Wait for the worker to exit (SIGKILL past ``timeout_s``, answering -9); returns its exit code."""
+        assert self.process is not None
         try:
             return self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
