@@ -22,7 +22,7 @@ OPENAI_CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 OLLAMA_CHAT_PATH = "/api/chat"
 OPENAI_EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
 OLLAMA_EMBED_PATH = "/api/embed"
-GATES_PATH = "/_gates/"  # POST /_gates/NAME opens a gate; GET /_gates lists them (tests' controls, not an API)
+GATES_PATH = "/_gates/"  # POST /_gates/NAME [{containing}] opens a gate; GET /_gates lists them (tests only)
 _OPENAI_ERROR_TYPES = {429: "rate_limit_error", 400: "invalid_request_error"}
 
 
@@ -170,7 +170,8 @@ class ReplayHandler(BaseHTTPRequestHandler):
             body = None
         model = self.server.replay_model
         if path.startswith(GATES_PATH) and len(path) > len(GATES_PATH):
-            model.open_gate(path[len(GATES_PATH):])
+            containing = body.get("containing") if isinstance(body, dict) else None
+            model.open_gate(path[len(GATES_PATH):], containing if isinstance(containing, str) else None)
             self._send_json(200, model.gates())
             return
         entry = model.record("POST", path, body)

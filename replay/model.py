@@ -13,14 +13,15 @@ both compression and a worker crash:
 A resumed worker re-sends the conversation as it is on disk: if its reply to turn N was written before
 the crash it gets N+1, otherwise N again. Only scripted faults and delays keep server-side state: each is
 served once per conversation (keyed by the system prompt and the pinned task). A gated turn is held until
-its gate opens (every conversation, every time, until then). A request past the last turn gets HTTP 400
-"replay trajectory exhausted".
+the test opens its gate (for every conversation, or for those whose text contains what it names). A request
+past the last turn gets HTTP 400 "replay trajectory exhausted".
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replay.rules import (
@@ -36,7 +37,7 @@ from replay.rules import (
 )
 from replay.trajectory import Turn
 
-__all__ = ["Answer", "ReplayModel"]
+__all__ = ["Answer", "Gate", "ReplayModel"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,18 @@ class Answer:
     error: str | None = None
 
 
+@dataclass
+class Gate:
+    """A point where requests wait for the test: open to all, or to the conversations it released."""
+
+    reached: list[str] = field(default_factory=list)  # the text of every request that arrived at it
+    open: bool = False
+    released: list[str] = field(default_factory=list)
+
+    def passes(self, text: str) -> bool:
+        return self.open or any(part in text for part in self.released)
+
+
 class ReplayModel:
     """Answers chat requests from ``trajectory``; records every request for tests (``GET /_requests``)."""
 
@@ -62,8 +75,8 @@ class ReplayModel:
         self._summary_faults = [status for turn in trajectory for status in turn.summary_faults]
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._gates_open: dict[str, threading.Event] = {}
-        self._gates_reached: dict[str, threading.Event] = {}
+        self._gates: dict[str, Gate] = {}
+        self._gates_changed = threading.Condition(self._lock)
 
     def record(self, method: str, path: str, body: Any) -> dict[str, Any]:
         """Log a request on arrival; ``kind`` and ``turn`` are filled in when chosen, ``status`` when sent."""
@@ -117,7 +130,7 @@ class ReplayModel:
         if delay:
             self._stopping.wait(delay)  # cut short when the server stops
         if turn.gate is not None:
-            self._pass_gate(turn.gate)
+            self._pass_gate(turn.gate, turn.gate_when, messages)
         return Answer(
             "agent",
             turn=index,
@@ -133,37 +146,40 @@ class ReplayModel:
                 return Answer("summary", status=self._summary_faults.pop(0), error="scripted failure")
         return Answer("summary", content=replay_summary(messages))
 
-    def _gate(self, name: str) -> tuple[threading.Event, threading.Event]:
+    def _pass_gate(self, name: str, when: str | None, messages: list[dict[str, Any]]) -> None:
+        text = json.dumps(messages, ensure_ascii=False)
+        if when is not None and when not in text:
+            return  # the gate holds only conversations that carry its text
+        with self._gates_changed:
+            gate = self._gates.setdefault(name, Gate())
+            gate.reached.append(text)
+            self._gates_changed.notify_all()
+            while not (gate.passes(text) or self._stopping.is_set()):
+                self._gates_changed.wait(0.25)  # released by open_gate or release, or by stop()
+
+    def open_gate(self, name: str, containing: str | None = None) -> None:
+        """Let requests held at gate ``name`` have their answer: all of them, now and later, or (with
+        ``containing``) those of the conversations whose text contains it."""
+        with self._gates_changed:
+            gate = self._gates.setdefault(name, Gate())
+            if containing is None:
+                gate.open = True
+            else:
+                gate.released.append(containing)
+            self._gates_changed.notify_all()
+
+    def gate_reached(self, name: str, containing: str | None = None) -> bool:
+        """True once a request has arrived at gate ``name`` (one whose text contains ``containing``, if given)."""
         with self._lock:
-            return (
-                self._gates_reached.setdefault(name, threading.Event()),
-                self._gates_open.setdefault(name, threading.Event()),
-            )
+            gate = self._gates.get(name)
+            return gate is not None and any(containing is None or containing in text for text in gate.reached)
 
-    def _pass_gate(self, name: str) -> None:
-        reached, opened = self._gate(name)
-        reached.set()
-        while not opened.wait(0.05) and not self._stopping.is_set():
-            pass  # released by open_gate, or by stop()
-
-    def open_gate(self, name: str) -> None:
-        """Let every request held at gate ``name`` (and every later one) have its answer."""
-        self._gate(name)[1].set()
-
-    def gate_reached(self, name: str) -> bool:
-        """True once a request has arrived at gate ``name`` (whether or not it was opened since)."""
-        return self._gate(name)[0].is_set()
-
-    def gates(self) -> dict[str, dict[str, bool]]:
-        """Every gate known so far: whether a request reached it and whether it is open."""
+    def gates(self) -> dict[str, dict[str, Any]]:
+        """Every gate known so far: how many requests reached it, whether it is open, what it released."""
         with self._lock:
-            names = set(self._gates_reached) | set(self._gates_open)
             return {
-                name: {
-                    "reached": name in self._gates_reached and self._gates_reached[name].is_set(),
-                    "open": name in self._gates_open and self._gates_open[name].is_set(),
-                }
-                for name in sorted(names)
+                name: {"reached": len(gate.reached), "open": gate.open, "released": list(gate.released)}
+                for name, gate in sorted(self._gates.items())
             }
 
     def stop(self) -> None:

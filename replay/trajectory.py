@@ -9,7 +9,8 @@ A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same
 - a **delay** for the next turn: ``{"delay_s": 2.5}`` (the turn's first answer waits that long);
 - a **gate** for the next turn: ``{"gate": "NAME"}`` (every answer to that turn waits until the gate is opened:
   ``ReplayModel.open_gate`` in a test, ``POST /_gates/NAME`` over HTTP), so a test can hold a task at a step
-  of its choosing instead of racing it;
+  of its choosing instead of racing it; with ``"gate_when": "TEXT"`` only conversations containing TEXT wait
+  (a shared trajectory then holds only the tasks a test marked);
   ``fail``/``times``/``delay_s``/``gate`` may also sit on a turn entry itself.
 
 The ``messages.jsonl`` of an earlier run is a trajectory too: its ``assistant`` records, in order, are the
@@ -50,6 +51,7 @@ class Turn:
     delay_s: float = 0.0
     summary_faults: tuple[int, ...] = ()
     gate: str | None = None
+    gate_when: str | None = None
 
 
 def load_trajectory(path: Path) -> list[Turn]:
@@ -86,6 +88,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
     summary_faults: list[int] = []
     delay_s = 0.0
     gate: str | None = None
+    gate_when: str | None = None
     for index, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
             raise ValueError(f"{source}: entry {index} is not an object")
@@ -102,6 +105,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
             if not isinstance(entry["gate"], str) or not entry["gate"]:
                 raise ValueError(f"{source}: entry {index}: 'gate' must be a non-empty name")
             gate = entry["gate"]
+            gate_when = entry.get("gate_when")
         if not ({"content", "tool_calls"} & entry.keys() or entry.get("role") == "assistant"):
             continue
         turns.append(
@@ -115,9 +119,10 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
                 delay_s=delay_s,
                 summary_faults=tuple(summary_faults),
                 gate=gate,
+                gate_when=gate_when,
             )
         )
-        faults, summary_faults, delay_s, gate = [], [], 0.0, None
+        faults, summary_faults, delay_s, gate, gate_when = [], [], 0.0, None, None
     if faults or summary_faults or delay_s or gate:
         raise ValueError(f"{source}: a fail, delay or gate entry at the end has no turn after it to apply to")
     return turns

@@ -6,6 +6,7 @@ import gzip
 import json
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,14 @@ def bash(command: str) -> dict[str, Any]:
 
 
 FOUR_TURNS = [bash("ls"), bash("cat src/calc.py"), bash("pytest -q tests/test_calc.py"), bash("git diff")]
+
+
+def wait_for(predicate: Any, timeout_s: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds (or fail after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def ask(url: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -333,12 +342,8 @@ def test_a_gated_turn_is_held_for_every_caller_until_the_test_opens_its_gate() -
     callers = [threading.Thread(target=lambda: answers.append(model.answer(conversation).turn)) for _ in range(2)]
     for caller in callers:
         caller.start()
-    deadline = threading.Event()
-    for _ in range(600):
-        if model.gate_reached("mid-task"):
-            break
-        deadline.wait(0.05)
-    assert model.gates() == {"mid-task": {"reached": True, "open": False}}
+    wait_for(lambda: model.gates().get("mid-task", {}).get("reached") == 2)
+    assert model.gates() == {"mid-task": {"reached": 2, "open": False, "released": []}}
     assert answers == []  # both still held: nothing but the test lets them through
     model.open_gate("mid-task")
     for caller in callers:
@@ -347,17 +352,39 @@ def test_a_gated_turn_is_held_for_every_caller_until_the_test_opens_its_gate() -
     assert model.answer(conversation).turn == 1  # once open, it stays open
 
 
+def test_a_gate_with_a_text_holds_only_the_conversations_that_carry_it_until_each_is_released() -> None:
+    model = ReplayModel(turns_from_entries([{"gate": "g", "gate_when": "(hold)"}, bash("ls")]))
+    assert model.answer([SYSTEM, TASK]).turn == 0  # no "(hold)" in it: not held
+    marked = [[SYSTEM, {"role": "user", "content": f"Task {n} (hold)."}] for n in (1, 2)]
+    answers: dict[int, int | None] = {}
+    callers = [
+        threading.Thread(target=lambda n=n, m=m: answers.__setitem__(n, model.answer(m).turn))
+        for n, m in zip((1, 2), marked, strict=True)
+    ]
+    for caller in callers:
+        caller.start()
+    wait_for(lambda: model.gate_reached("g", "Task 1") and model.gate_reached("g", "Task 2"))
+    model.open_gate("g", containing="Task 1")
+    callers[0].join(timeout=30)
+    assert answers == {1: 0}  # task 2 is still held
+    assert model.answer(marked[0]).turn == 0  # a released conversation passes again (a resumed worker)
+    model.open_gate("g", containing="Task 2")
+    callers[1].join(timeout=30)
+    assert answers == {1: 0, 2: 0}
+
+
 def test_a_gate_opens_over_http_and_the_held_request_is_answered() -> None:
     with model_server([{"gate": "first"}, bash("ls")]) as server:
         caller = threading.Thread(target=lambda: ask(server.url, [SYSTEM, TASK]), daemon=True)
         caller.start()
         wait_for_request(lambda: server.requests, lambda r: r["turn"] == 0)
-        assert httpx.get(f"{server.url}/_gates", timeout=10).json() == {"first": {"reached": True, "open": False}}
+        listed = httpx.get(f"{server.url}/_gates", timeout=10).json()
+        assert listed == {"first": {"reached": 1, "open": False, "released": []}}
         opened = httpx.post(f"{server.url}/_gates/first", timeout=10).json()
         caller.join(timeout=30)
         assert not caller.is_alive()
         held = wait_for_request(lambda: server.requests, lambda r: r["turn"] == 0 and r["status"] == 200)
-    assert opened == {"first": {"reached": True, "open": True}}
+    assert opened == {"first": {"reached": 1, "open": True, "released": []}}
     assert held["kind"] == "agent"
 
 
