@@ -13,13 +13,14 @@ both compression and a worker crash:
 A resumed worker re-sends the conversation as it is on disk: if its reply to turn N was written before
 the crash it gets N+1, otherwise N again. Only scripted faults and delays keep server-side state: each is
 served once per conversation (keyed by the system prompt and the pinned task). A gated turn is held until
-the test opens its gate (for every conversation, or for those whose text contains what it names). A request
+the test opens its gate (for every conversation, or for those carrying a mark it released). A request
 past the last turn gets HTTP 400 "replay trajectory exhausted".
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,14 +55,16 @@ class Answer:
 
 @dataclass
 class Gate:
-    """A point where requests wait for the test: open to all, or to the conversations it released."""
+    """A point where requests wait for the test: open to all, or to the conversations whose marks it released."""
 
     reached: list[str] = field(default_factory=list)  # the text of every request that arrived at it
     open: bool = False
     released: list[str] = field(default_factory=list)
 
-    def passes(self, text: str) -> bool:
-        return self.open or any(part in text for part in self.released)
+    def passes(self, marks: set[str]) -> bool:
+        """Open, or every mark the conversation carries released: a conversation that also quotes an earlier
+        task's mark (its memory recalls that task) still waits for its own."""
+        return self.open or (bool(marks) and marks <= set(self.released))
 
 
 class ReplayModel:
@@ -148,18 +151,19 @@ class ReplayModel:
 
     def _pass_gate(self, name: str, when: str | None, messages: list[dict[str, Any]]) -> None:
         text = json.dumps(messages, ensure_ascii=False)
-        if when is not None and when not in text:
-            return  # the gate holds only conversations that carry its text
+        marks = set(re.findall(when, text)) if when is not None else set()
+        if when is not None and not marks:
+            return  # the gate holds only conversations that carry a mark
         with self._gates_changed:
             gate = self._gates.setdefault(name, Gate())
             gate.reached.append(text)
             self._gates_changed.notify_all()
-            while not (gate.passes(text) or self._stopping.is_set()):
-                self._gates_changed.wait(0.25)  # released by open_gate or release, or by stop()
+            while not (gate.passes(marks) or self._stopping.is_set()):
+                self._gates_changed.wait(0.25)  # released by open_gate, or by stop()
 
     def open_gate(self, name: str, containing: str | None = None) -> None:
         """Let requests held at gate ``name`` have their answer: all of them, now and later, or (with
-        ``containing``) those of the conversations whose text contains it."""
+        ``containing``, a mark the gate's ``gate_when`` pattern finds) the conversations that carry it."""
         with self._gates_changed:
             gate = self._gates.setdefault(name, Gate())
             if containing is None:

@@ -9,8 +9,9 @@ A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same
 - a **delay** for the next turn: ``{"delay_s": 2.5}`` (the turn's first answer waits that long);
 - a **gate** for the next turn: ``{"gate": "NAME"}`` (every answer to that turn waits until the gate is opened:
   ``ReplayModel.open_gate`` in a test, ``POST /_gates/NAME`` over HTTP), so a test can hold a task at a step
-  of its choosing instead of racing it; with ``"gate_when": "TEXT"`` only conversations containing TEXT wait
-  (a shared trajectory then holds only the tasks a test marked);
+  of its choosing instead of racing it; with ``"gate_when": "REGEX"`` only conversations in which the pattern
+  finds a mark wait, each until every mark it carries is released (``open_gate(NAME, containing=MARK)``), so
+  a trajectory shared by several tests holds only the tasks a test marked;
   ``fail``/``times``/``delay_s``/``gate`` may also sit on a turn entry itself.
 
 The ``messages.jsonl`` of an earlier run is a trajectory too: its ``assistant`` records, in order, are the
@@ -106,6 +107,10 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
                 raise ValueError(f"{source}: entry {index}: 'gate' must be a non-empty name")
             gate = entry["gate"]
             gate_when = entry.get("gate_when")
+            try:
+                re.compile(gate_when or "")
+            except (re.error, TypeError):
+                raise ValueError(f"{source}: entry {index}: 'gate_when' must be a regular expression") from None
         if not ({"content", "tool_calls"} & entry.keys() or entry.get("role") == "assistant"):
             continue
         turns.append(

@@ -30,7 +30,7 @@ from tests.helpers.followup_payloads import (
     workflow_run_failed,
 )
 from tests.helpers.intake_server import IntakeServer, intake_server
-from tests.helpers.model_server import model_server, wait_for_request
+from tests.helpers.model_server import model_server
 from tests.helpers.stack import Stack, git, make_buggy_repo
 from worker.settings import load_settings
 
@@ -40,17 +40,23 @@ FORGE_TOKEN = "followups-forge-token-77c1"
 GITHUB_SECRET = "followups-github-secret"
 GITLAB_SECRET = "followups-gitlab-token"
 OWNER, REPO = "Codertocat", "Hello-World"
-PAUSE_S = 2.0
+GATE = "second-call"  # a task whose text carries a hold mark waits at its second model call until released
+
+
+def hold(name: object) -> str:
+    """The mark that holds a task at its second model call until ``release``/``open_gate`` names it."""
+    return f"(held by the test: {name})"
 SUMMARY = "Noted the change in notes.txt."
 LEAKED = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 
 
 def trajectory() -> list[dict[str, Any]]:
-    """Every task (first or follow-up) appends a line to notes.txt; the second answer comes after a pause,
-    so a test can speak to a task while it runs."""
+    """Every task (first or follow-up) appends a line to notes.txt; a task marked with ``hold(…)`` gets its second
+    answer only when its test releases it, so a test can speak to a task while it runs, however slow the
+    machine."""
     return [
         {"content": "Note it.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo change >> notes.txt"}}]},
-        {"delay_s": PAUSE_S},
+        {"gate": GATE, "gate_when": r"\(held by the test: [^)]*\)"},
         {"content": None, "tool_calls": [{"name": "bash", "arguments": {"command": "cat notes.txt"}}]},
         {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": SUMMARY}}]},
     ]
@@ -124,13 +130,17 @@ def label_to_pull_request(fleet: Fleet, number: int) -> tuple[str, FakeChange]:
 
 def follow_up_waiting_on_the_model(fleet: Fleet, number: int, text: str) -> tuple[FakeChange, str]:
     """A pull request opened for issue ``number``, and a follow-up asked for by a mention on it, held by the
-    model on its second request."""
+    model on its second request until the test calls ``release(fleet, text)``."""
     _, change = label_to_pull_request(fleet, number)
-    status, answer = fleet.github("issue_comment", pull_comment(change, f"@tasuki {text}"))
+    status, answer = fleet.github("issue_comment", pull_comment(change, f"@tasuki {text} {hold(text)}"))
     assert status == 202, answer
-    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and text in json.dumps(r["body"]))
+    fleet.stack.wait_until(lambda: fleet.model.model.gate_reached(GATE, text), what="the follow-up held")
     return change, str(answer["task_id"])
+
+
+def release(fleet: Fleet, text: str) -> None:
+    """Let the task marked ``hold(text)`` have its answer."""
+    fleet.model.model.open_gate(GATE, containing=hold(text))
 
 
 def branch_log(fleet: Fleet, owner: str, repo: str, branch: str) -> list[str]:
@@ -220,20 +230,20 @@ def test_review_then_ci_failures_continue_the_same_branch(fleet: Fleet, redis_cl
 
 
 def test_a_comment_mid_run_reaches_the_next_model_request(fleet: Fleet) -> None:
-    fleet.forge.add_item(OWNER, REPO, 5, "Issue five", "Write it down.", labels=["bug"])
+    fleet.forge.add_item(OWNER, REPO, 5, f"Issue five {hold('Issue five')}", "Write it down.", labels=["bug"])
     payload = load_payload("github/issues.labeled.json")
     payload["issue"]["number"] = 5
     status, answer = fleet.github("issues", payload)
     assert status == 202
     task_id = answer["task_id"]
-    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and "Issue five" in json.dumps(r["body"]))
+    fleet.stack.wait_until(lambda: fleet.model.model.gate_reached(GATE, "Issue five"), what="the task held")
 
     comment = load_payload("github/issue_comment.created.json")
     comment["issue"]["number"] = 5
     comment["comment"]["body"] = "Please also mention the changelog."
     status, answer = fleet.github("issue_comment", comment)
     assert (status, answer) == (200, {"status": "delivered", "task_id": task_id})
+    release(fleet, "Issue five")
 
     assert fleet.stack.wait_finished(task_id)["status"] == "completed"
     seen = [r for r in fleet.model.requests if r["turn"] == 2 and "Issue five" in json.dumps(r["body"])]
@@ -305,6 +315,7 @@ def test_a_review_arriving_while_a_follow_up_runs_is_delivered_to_it(fleet: Flee
         ("notes.txt", 2, "@@ -1 +1,2 @@\n change\n+change", "Why twice?")])
     status, answer = fleet.github("pull_request_review", review_submitted(change, review_id, None))
     assert (status, answer) == (200, {"status": "delivered", "task_id": followup})  # not a second task
+    release(fleet, "tidy the notes up")
 
     assert fleet.stack.wait_finished(followup)["status"] == "completed"
     seen = [r for r in fleet.model.requests if r["turn"] == 2 and "tidy the notes up" in json.dumps(r["body"])]
@@ -320,6 +331,7 @@ def test_cancel_on_the_pull_request_stops_the_follow_up_of_its_thread(fleet: Fle
 
     status, answer = fleet.github("issue_comment", pull_comment(change, "/tasuki cancel"))
     assert (status, answer["status"], answer["task_id"]) == (200, "cancelled", followup)
+    release(fleet, "add a line")
     assert fleet.stack.wait_finished(followup)["status"] == "cancelled"
     finished_after_summary(fleet, OWNER, REPO, change.number)
     assert fleet.forge.item(OWNER, REPO, change.number).comments[-1].body.startswith("**Tasuki stopped: cancelled.**")

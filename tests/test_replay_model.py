@@ -287,6 +287,7 @@ def test_faults_and_delays_fold_into_the_turn_after_them() -> None:
         ([{"fail": 200}, bash("ls")], "HTTP status 400-599"),
         ([bash("ls"), {"gate": "g"}], "no turn after it"),
         ([{"gate": ""}, bash("ls")], "non-empty name"),
+        ([{"gate": "g", "gate_when": "(("}, bash("ls")], "regular expression"),
         ([{"tool_calls": [{"arguments": {}}]}], "needs a 'name'"),
         (["text"], "not an object"),
     ],
@@ -352,10 +353,14 @@ def test_a_gated_turn_is_held_for_every_caller_until_the_test_opens_its_gate() -
     assert model.answer(conversation).turn == 1  # once open, it stays open
 
 
-def test_a_gate_with_a_text_holds_only_the_conversations_that_carry_it_until_each_is_released() -> None:
-    model = ReplayModel(turns_from_entries([{"gate": "g", "gate_when": "(hold)"}, bash("ls")]))
-    assert model.answer([SYSTEM, TASK]).turn == 0  # no "(hold)" in it: not held
-    marked = [[SYSTEM, {"role": "user", "content": f"Task {n} (hold)."}] for n in (1, 2)]
+def test_a_gate_with_a_pattern_holds_each_marked_conversation_until_its_own_marks_are_released() -> None:
+    model = ReplayModel(turns_from_entries([{"gate": "g", "gate_when": r"\(hold \d+\)"}, bash("ls")]))
+    assert model.answer([SYSTEM, TASK]).turn == 0  # no mark in it: not held
+    marked = [
+        [SYSTEM, {"role": "user", "content": "Task 1 (hold 1)."}],
+        # Task 2 also quotes task 1 (as a memory would): releasing task 1 must not let it through.
+        [SYSTEM, {"role": "user", "content": "Task 2 (hold 2). Earlier: Task 1 (hold 1)."}],
+    ]
     answers: dict[int, int | None] = {}
     callers = [
         threading.Thread(target=lambda n=n, m=m: answers.__setitem__(n, model.answer(m).turn))
@@ -364,11 +369,11 @@ def test_a_gate_with_a_text_holds_only_the_conversations_that_carry_it_until_eac
     for caller in callers:
         caller.start()
     wait_for(lambda: model.gate_reached("g", "Task 1") and model.gate_reached("g", "Task 2"))
-    model.open_gate("g", containing="Task 1")
+    model.open_gate("g", containing="(hold 1)")
     callers[0].join(timeout=30)
     assert answers == {1: 0}  # task 2 is still held
     assert model.answer(marked[0]).turn == 0  # a released conversation passes again (a resumed worker)
-    model.open_gate("g", containing="Task 2")
+    model.open_gate("g", containing="(hold 2)")
     callers[1].join(timeout=30)
     assert answers == {1: 0, 2: 0}
 

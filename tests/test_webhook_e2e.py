@@ -17,7 +17,7 @@ from replay import ReplayServer
 from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.intake_server import IntakeServer, intake_server
-from tests.helpers.model_server import model_server, wait_for_request
+from tests.helpers.model_server import model_server
 from tests.helpers.stack import FIXED_CALC, Stack, fix_calc_trajectory, make_buggy_repo
 from tests.helpers.user_config_server import UserConfigServer
 from worker.forges.reporter import MARKER
@@ -30,7 +30,12 @@ FORGE_TOKEN = "e2e-forge-token-5d1c9a"
 GITHUB_SECRET = "e2e-github-webhook-secret"
 GITLAB_SECRET = "e2e-gitlab-webhook-token"
 DONE, FAILED = "coding agent done", "coding agent failed"
-PAUSE_S = 2.5
+GATE = "second-call"  # a task whose text carries a hold mark waits at its second model call until released
+
+
+def hold(name: object) -> str:
+    """The mark that holds a task at its second model call until ``release``/``open_gate`` names it."""
+    return f"(held by the test: {name})"
 
 
 @dataclass
@@ -52,9 +57,10 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("e2e")
     users = UserConfigServer({"Codertocat": {"llm": {"openai": {"context_length": 64000}}}})
-    # The second turn's first answer comes after a pause: the cancel test cancels a task while it waits.
+    # A task marked hold(…) waits for its second answer until its test releases it: the cancel test cancels a task
+    # while it waits, however slow the machine is.
     trajectory = fix_calc_trajectory()
-    trajectory.insert(1, {"delay_s": PAUSE_S})
+    trajectory.insert(1, {"gate": GATE, "gate_when": r"\(held by the test: [^)]*\)"})
     with model_server(trajectory) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo("Codertocat", "Hello-World", make_buggy_repo(root / "github-source"))
         forge.add_repo("gitlabhq", "gitlab-test", make_buggy_repo(root / "gitlab-source"))
@@ -151,16 +157,15 @@ def test_gitlab_label_to_merge_request(fleet: Fleet, redis_client: redis.Redis) 
 @pytest.mark.parametrize(("number", "remote"), [(2, False), (3, True)], ids=["same-host", "other-host"])
 def test_github_cancel_comment_stops_a_running_task(fleet: Fleet, redis_client: redis.Redis, number: int,
                                                     remote: bool) -> None:
-    title = f"Another typo, number {number}"
+    title = f"Another typo, number {number} {hold(number)}"
     fleet.forge.add_item("Codertocat", "Hello-World", number, title, labels=["bug"])
     trigger = load_payload("github/issues.labeled.json")
     trigger["issue"]["number"] = number
     status, answer = fleet.post("/webhooks/github", github_delivery("issues", trigger, GITHUB_SECRET))
     assert status == 202
     task_id = answer["task_id"]
-    # The task is running: its second model call is being answered (after the scripted pause).
-    wait_for_request(lambda: fleet.model.requests, lambda r: r["turn"] == 1 and r["status"] is None
-                     and title in json.dumps(r["body"]))
+    # The task is running: its second model call waits for the test.
+    fleet.stack.wait_until(lambda: fleet.model.model.gate_reached(GATE, title), what="the task held")
 
     comment = load_payload("github/issue_comment.created.json")
     comment["issue"]["number"] = number
@@ -169,6 +174,7 @@ def test_github_cancel_comment_stops_a_running_task(fleet: Fleet, redis_client: 
     delivery = github_delivery("issue_comment", comment, GITHUB_SECRET)
     status, answer = fleet.post("/webhooks/github", delivery, via=fleet.elsewhere if remote else None)
     assert (status, answer["status"], answer["task_id"]) == (200, "cancelled", task_id)
+    fleet.model.model.open_gate(GATE, containing=hold(number))
 
     state = fleet.stack.wait_finished(task_id)
     assert state["status"] == "cancelled"
