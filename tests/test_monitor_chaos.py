@@ -55,6 +55,12 @@ def sleepy_turns(steps: int, sleep_s: float = 0.4) -> list[dict[str, Any]]:
     ] + [finish_turn()]
 
 
+def gated(entries: list[dict[str, Any]], gates: dict[int, str]) -> list[dict[str, Any]]:
+    """``entries`` with turn N held at gate ``gates[N]`` until the test opens it: the test, not the machine's
+    speed, decides that a kill or a stop lands mid-task."""
+    return [{**entry, "gate": gates[n]} if n in gates else entry for n, entry in enumerate(entries)]
+
+
 @contextmanager
 def chaos_stack(tmp_path: Path, redis_url: str, entries: list[dict[str, Any]], *, beat: bool = True,
                 **env: str) -> Iterator[tuple[Stack, ReplayServer]]:
@@ -130,14 +136,16 @@ def assert_one_history(stack: Stack, server: ReplayServer, uuid: str, turns: int
 def test_killed_worker_tasks_resume_elsewhere_and_every_task_completes_once(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
-    entries = sleepy_turns(6)
+    entries = gated(sleepy_turns(6), {2: "w1-killed"})  # every task waits at turn 2 until w1 is dead
     with chaos_stack(tmp_path, redis_url, entries) as (stack, server):
         w1 = stack.start_worker("w1", queues="tasks", concurrency=2)
         stack.start_worker("w2", queues="tasks", concurrency=2)
         uuids = send_tasks(stack, tmp_path, 5)
         # Both of w1's slots busy mid-task: nothing it fetched is left unstarted when it dies.
-        victims = stack.wait_until(lambda: (v := mid_task_on(stack, uuids, w1)) and len(v) == 2 and v, what="w1 busy")
+        victims = stack.wait_until(lambda: (v := mid_task_on(stack, uuids, w1, min_steps=2)) and len(v) == 2 and v,
+                                   what="w1 busy")
         w1.kill()
+        server.model.open_gate("w1-killed")
         states = {uuid: assert_one_history(stack, server, uuid, len(entries))
                   for uuid in uuids if stack.wait_finished(uuid, FINISH_TIMEOUT_S)}
     assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
@@ -153,21 +161,22 @@ def test_task_whose_worker_is_killed_max_attempts_times_fails_and_its_issue_says
         forge.add_repo("team", "calc", make_buggy_repo(tmp_path / "source"))
         forge.add_item("team", "calc", 7, "add() subtracts")
         forge_env = {"TASUKI__GITHUB__API_URL": forge.github_api_url, "GITHUB_TOKEN": FORGE_TOKEN}
-        with chaos_stack(tmp_path, redis_url, sleepy_turns(40, sleep_s=0.2), **forge_env) as (stack, _server):
+        # Attempt N is killed while it waits at turn 2N: each attempt gets further than the last.
+        entries = gated(sleepy_turns(10, sleep_s=0.2), {2: "attempt-1", 4: "attempt-2", 6: "attempt-3"})
+        with chaos_stack(tmp_path, redis_url, entries, **forge_env) as (stack, server):
             uuid = stack.send({"task_key": {"task_source": "github", "owner": "team", "repo": "calc",
                                             "task_type": "issue", "task_id": "7"}, "user": "octocat"})
-            steps = 0
             for attempt in (1, 2, 3):
                 worker = stack.start_worker(f"w{attempt}", queues="tasks")
 
-                def progressed(worker: WorkerProcess = worker, attempt: int = attempt, steps: int = steps) -> bool:
+                def held(worker: WorkerProcess = worker, attempt: int = attempt) -> bool:
                     state = running_state(stack, uuid)
-                    return bool(state and state["attempt"] == attempt and state["llm_call_count"] > steps
-                                and mid_task_on(stack, [uuid], worker))
+                    return bool(server.model.gate_reached(f"attempt-{attempt}") and state
+                                and state["attempt"] == attempt and mid_task_on(stack, [uuid], worker))
 
-                stack.wait_until(progressed, what=f"attempt {attempt} running")
-                steps = int((running_state(stack, uuid) or {})["llm_call_count"])
+                stack.wait_until(held, what=f"attempt {attempt} running")
                 worker.kill()
+                server.model.open_gate(f"attempt-{attempt}")
             state = stack.wait_finished(uuid, FINISH_TIMEOUT_S)
             issue = forge.item("team", "calc", 7)
             stack.wait_until(lambda: issue.labels == [FAILED_LABEL], what="the issue's failed label")
@@ -200,14 +209,15 @@ def redeliver(redis_url: str, uuid: str) -> int:
 def test_redelivery_while_the_task_runs_is_dropped_and_the_task_runs_once(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
-    entries = sleepy_turns(8)
+    entries = gated(sleepy_turns(8), {2: "redelivered"})  # the task waits at turn 2 until the redelivery is seen
     with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):
         worker = stack.start_worker("w1", queues="tasks", concurrency=2)  # a free slot takes the redelivery
         [uuid] = send_tasks(stack, tmp_path, 1)
-        stack.wait_until(lambda: mid_task_on(stack, [uuid], worker), what="the task running")
+        stack.wait_until(lambda: server.model.gate_reached("redelivered"), what="the task running")
         assert redeliver(redis_url, uuid) == 1
         stack.wait_until(lambda: "delivery dropped: context held by a live worker" in worker.log_text(),
                          what="the redelivery dropped")
+        server.model.open_gate("redelivered")
         state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
     assert (state["status"], state["attempt"]) == ("completed", 1)
     asked = Counter(r["turn"] for r in agent_requests(server.requests))
@@ -220,14 +230,16 @@ def test_redelivery_while_the_task_runs_is_dropped_and_the_task_runs_once(
 def test_killed_pool_child_is_requeued_and_the_requeue_resumes_the_task(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
-    entries = sleepy_turns(8)
+    entries = gated(sleepy_turns(8), {2: "child-killed"})  # the task waits at turn 2 until its process is killed
     with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):  # no monitor: Celery alone
         worker = stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
-        stack.wait_until(lambda: mid_task_on(stack, [uuid], worker, min_steps=2), what="the task running")
+        stack.wait_until(lambda: server.model.gate_reached("child-killed"), what="the task running")
+        assert mid_task_on(stack, [uuid], worker, min_steps=2)
         child = holder_pid(running_state(stack, uuid))
         assert child in children_of(worker.pid)
         os.kill(child, signal.SIGKILL)
+        server.model.open_gate("child-killed")
         state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
         assert worker.process is not None
         assert worker.process.poll() is None  # the worker itself lived on
@@ -288,9 +300,7 @@ def test_sigterm_hands_the_task_back_at_the_next_step_and_another_worker_resumes
 ) -> None:
     # Turn 3 is held until w1 has been told to stop, so the SIGTERM lands mid-task however slow the machine
     # is (a loaded machine once let the whole task finish on w1 before the test got to send it).
-    entries = sleepy_turns(10)
-    turns = len(entries)
-    entries.insert(3, {"gate": "w1-stopping"})
+    entries = gated(sleepy_turns(10), {3: "w1-stopping"})
     with chaos_stack(tmp_path, redis_url, entries, beat=False) as (stack, server):
         first = stack.start_worker("w1", queues="tasks")
         [uuid] = send_tasks(stack, tmp_path, 1)
@@ -302,7 +312,7 @@ def test_sigterm_hands_the_task_back_at_the_next_step_and_another_worker_resumes
         server.model.open_gate("w1-stopping")
         assert first.wait(timeout_s=60) == 0  # warm shutdown, well within the grace period
         assert "task handed back on shutdown" in first.log_text()
-        state = assert_one_history(stack, server, uuid, turns) if stack.wait_finished(uuid) else {}
+        state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
         assert holder_pid(state) in children_of(second.pid)  # resumed by w2's pool
     assert (state["status"], state["attempt"]) == ("completed", 2)
 
@@ -312,20 +322,22 @@ def test_a_task_handed_back_by_more_rolling_restarts_than_max_attempts_still_com
 ) -> None:
     """Found by the compose test: `docker compose stop` of three workers bounced a task from one stopping
     worker to the next until its attempts ran out, and it failed. A hand-back is not a lost attempt."""
-    entries = sleepy_turns(12)
+    # The worker of stop N is told to stop while the task waits at turn 2 + 3N: each stop lands mid-task.
+    entries = gated(sleepy_turns(12), {2: "stop-0", 5: "stop-1", 8: "stop-2"})
     with chaos_stack(tmp_path, redis_url, entries, beat=False, TASUKI__MONITOR__MAX_ATTEMPTS="2") as (stack, server):
         [uuid] = send_tasks(stack, tmp_path, 1)
-        steps = 0
         for n in range(3):  # three warm shutdowns mid-task, each handing the task back
             worker = stack.start_worker(f"w{n}", queues="tasks")
 
-            def progressed(worker: WorkerProcess = worker, steps: int = steps) -> bool:
-                state = running_state(stack, uuid)
-                return bool(state and state["llm_call_count"] > steps and mid_task_on(stack, [uuid], worker))
+            def held(worker: WorkerProcess = worker, n: int = n) -> bool:
+                return server.model.gate_reached(f"stop-{n}") and bool(mid_task_on(stack, [uuid], worker))
 
-            stack.wait_until(progressed, what=f"the task running on w{n}")
-            steps = int((running_state(stack, uuid) or {})["llm_call_count"])
-            assert worker.terminate(timeout_s=30) == 0
+            stack.wait_until(held, what=f"the task running on w{n}")
+            worker.ask_to_stop()
+            stack.wait_until(lambda worker=worker: "worker shutting down" in worker.log_text(),
+                             what=f"w{n}'s warm shutdown begun")
+            server.model.open_gate(f"stop-{n}")
+            assert worker.wait(timeout_s=30) == 0
         stack.start_worker("last", queues="tasks")
         state = assert_one_history(stack, server, uuid, len(entries)) if stack.wait_finished(uuid) else {}
     assert (state["status"], state["attempt"], state["handbacks"]) == ("completed", 4, 3)
