@@ -43,11 +43,13 @@ def reenqueued_at(fleet: Fleet, uuid: str) -> float:
 def one_failover(root: Path, timings: dict[str, str]) -> tuple[float, float]:
     """Detection and resume seconds of one ``docker kill`` mid-task."""
     with compose_fleet(root, timings) as fleet:
-        uuid = fleet.submit(fleet.new_issue())
-        fleet.stack.wait(lambda: fleet.mid_task(uuid), TIMEOUT_S, "the task to be mid-task")
+        number = fleet.new_issue(held=True)
+        uuid = fleet.submit(number)
+        fleet.stack.wait(lambda: fleet.held(number), TIMEOUT_S, "the task to be mid-task")
         container = fleet.holder_container(uuid)
         fleet.stack.engine.docker("kill", container)
         died = time.time()
+        fleet.release(number)
         state = fleet.stack.wait(lambda: fleet.completed_state(uuid), TIMEOUT_S, "the task to finish")
         assert state["status"] == "completed" and state["attempt"] == 2, state  # noqa: PT018 - one verdict
         stepped = died + fleet.first_step_after(uuid, died)

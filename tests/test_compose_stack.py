@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -82,8 +83,9 @@ def test_a_task_through_the_webhook_and_one_through_tasuki_submit_complete_in_th
 
 @pytest.mark.parametrize("how", ["kill", "restart"])
 def test_a_worker_container_that_dies_mid_task_never_strands_its_task(fleet: Fleet, how: str) -> None:
-    uuid = fleet.submit(fleet.new_issue())
-    fleet.stack.wait(lambda: fleet.mid_task(uuid), 120, f"task {uuid} to be mid-task", logs_of="worker")
+    number = fleet.new_issue(held=True)
+    uuid = fleet.submit(number)
+    fleet.stack.wait(lambda: fleet.held(number), 120, f"task {uuid} to be mid-task", logs_of="worker")
     container = fleet.holder_container(uuid)
 
     if how == "kill":
@@ -91,6 +93,7 @@ def test_a_worker_container_that_dies_mid_task_never_strands_its_task(fleet: Fle
     else:  # the same container again: same hostname, a new PID namespace whose low pids are reused at once
         fleet.stack.engine.docker("restart", "-t", "0", container)
     died = time.time()
+    fleet.release(number)
 
     state = fleet.wait_finished(uuid)
     assert state["status"] == "completed", state
@@ -115,9 +118,20 @@ def test_flower_lists_the_tasks(fleet: Fleet) -> None:
 
 
 def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet) -> None:
-    running = fleet.submit(fleet.new_issue())
-    fleet.stack.wait(lambda: fleet.mid_task(running), 120, f"task {running} to be mid-task", logs_of="worker")
-    fleet.stack.compose("stop", "worker", timeout_s=300)  # SIGTERM: the running task is handed back
+    number = fleet.new_issue(held=True)
+    running = fleet.submit(number)
+    fleet.stack.wait(lambda: fleet.held(number), 120, f"task {running} to be mid-task", logs_of="worker")
+    holder = fleet.holder_container(running)
+
+    def told_to_stop() -> bool:
+        done = fleet.stack.engine.docker("logs", "--tail", "200", holder, check=False)
+        return "worker shutting down" in done.stdout + done.stderr
+
+    with ThreadPoolExecutor(1) as pool:  # SIGTERM: the running task is handed back at its next step
+        stopping = pool.submit(fleet.stack.compose, "stop", "worker", timeout_s=300)
+        fleet.stack.wait(told_to_stop, 120, "the task's worker to begin its warm shutdown", logs_of="worker")
+        fleet.release(number)
+        stopping.result()
     queued = fleet.submit(fleet.new_issue())  # no worker is up to take it
 
     fleet.stack.down()  # containers gone; the named volumes (Redis's append-only file, contexts) stay

@@ -29,7 +29,9 @@ SLOW_TURN = 2
 def test_a_redis_restart_while_a_task_runs_costs_it_no_attempt_and_no_repeated_step(tmp_path: Path) -> None:
     redis_url, stop_redis = start_private_redis(tmp_path)
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    turns = [bash_turn(0), bash_turn(1), {"delay_s": 8}, bash_turn(SLOW_TURN), bash_turn(3), finish_turn()]
+    # The model holds its answer to SLOW_TURN until Redis is back: the restart lands inside that call however
+    # long it takes.
+    turns = [bash_turn(0), bash_turn(1), {"gate": "redis-back"}, bash_turn(SLOW_TURN), bash_turn(3), finish_turn()]
     try:
         (tmp_path / "stack").mkdir()
         with running_stack(tmp_path / "stack", redis_url, turns) as (stack, server):
@@ -41,6 +43,7 @@ def test_a_redis_restart_while_a_task_runs_costs_it_no_attempt_and_no_repeated_s
             stop_redis()  # the broker goes away while the model thinks ...
             assert not redis_answers("127.0.0.1", port)
             _, stop_redis = start_private_redis(tmp_path, port)  # ... and comes back, empty (no persistence)
+            server.model.open_gate("redis-back")
 
             state = stack.wait_finished(uuid, timeout_s=120)
 

@@ -1,6 +1,7 @@
 """A compose fleet for tests and benchmarks: the stack of :mod:`tests.helpers.compose_stack` with its fakes.
 
-The model (the replay server, pausing before its second answer so a worker can be killed mid-task), GitHub's
+The model (the replay server; a task on an issue made with ``new_issue(held=True)`` waits for its second answer
+until the test releases it, so a worker is killed or stopped mid-task however slow the machine is), GitHub's
 API and the git remote (the fake forge) run in this process on the loopback, which host-networked containers
 reach; ``tasuki submit`` runs inside a container, as an operator would run it.
 
@@ -32,7 +33,8 @@ OWNER, REPO = "Codertocat", "Hello-World"
 FORGE_TOKEN = "compose-forge-token-8e1f0c"
 GITHUB_SECRET = "compose-github-webhook-secret"
 FLOWER_AUTH = ("operator", "compose-flower-password")
-PAUSE_S = 6.0  # the model's pause before its second answer: the window in which a worker is killed mid-task
+GATE = "second-answer"  # a held task's second answer waits here until its test has killed or stopped its worker
+HOLD_MARK = r"\(held by the test: \d+\)"
 TURNS = 5
 MARKER = re.compile(r"\[tasuki-replay turn=(\d+)\]")
 TEST_TIMINGS = {
@@ -54,10 +56,20 @@ class Fleet:
     def contexts(self) -> Path:
         return self.stack.volume_path("tasuki-data") / "contexts"
 
-    def new_issue(self) -> int:
+    def new_issue(self, *, held: bool = False) -> int:
+        """A new issue; a task on a ``held`` one waits for its second answer until ``release(number)``."""
         number = next(self.issues)
-        self.forge.add_item(OWNER, REPO, number, f"add() is wrong ({number})", "The calc test fails.")
+        title = f"add() is wrong ({number})" + (f" {hold_mark(number)}" if held else "")
+        self.forge.add_item(OWNER, REPO, number, title, "The calc test fails.")
         return number
+
+    def held(self, number: int) -> bool:
+        """A task on issue ``number`` waits at the gate (its first tool result is on disk)."""
+        return self.model.model.gate_reached(GATE, hold_mark(number))
+
+    def release(self, number: int) -> None:
+        """Let the held task on issue ``number`` (and its resumed self) have its answers."""
+        self.model.model.open_gate(GATE, containing=hold_mark(number))
 
     def submit(self, number: int) -> str:
         """``tasuki submit`` as an operator runs it: inside a container of the stack."""
@@ -83,10 +95,6 @@ class Fleet:
                                                 f"task {uuid} to finish")
         return state
 
-    def mid_task(self, uuid: str) -> bool:
-        """The task's first tool result is on disk: the model now pauses before its second answer."""
-        return any(m.get("role") == "tool" for m in self.messages(uuid))
-
     def holder_container(self, uuid: str) -> str:
         """The worker container whose process holds the context (by the PID namespace the lock records)."""
         lock = json.loads(self.running_file(uuid, ".lock").read_text())
@@ -106,6 +114,10 @@ class Fleet:
         return min(t for t in later if t > moment) - moment
 
 
+def hold_mark(number: int) -> str:
+    return f"(held by the test: {number})"
+
+
 @contextmanager
 def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -> Iterator[Fleet]:
     """Build the images (stand-ins once per machine), start the stack and its fakes; stop and remove it all.
@@ -117,7 +129,7 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -
     trajectory = fix_calc_trajectory()
     # The first answer proves the sandbox: in bubblewrap's PID namespace, process 1 is bwrap itself.
     trajectory[0]["tool_calls"][0]["arguments"]["command"] = "cat /proc/1/comm; python -m unittest -q"
-    trajectory.insert(1, {"delay_s": PAUSE_S})
+    trajectory.insert(1, {"gate": GATE, "gate_when": HOLD_MARK})
     with model_server(trajectory) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo(OWNER, REPO, make_buggy_repo(root / "source"))
         settings = {
