@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2"}  # the user name each forge's token goes with
+GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2", "gitea": "tasuki"}  # the user name each forge's token goes with
 
 
 def git_authorized(authorization: str, token: str) -> bool:
