@@ -320,6 +320,10 @@ def test_gitea_mention_on_the_pull_request_continues_it_and_a_readers_is_refused
     finished_after_summary(fleet, "gogits", "hello-world", change.number)
     assert fleet.forge.item("gogits", "hello-world", change.number).labels == ["coding agent done"]
 
+    # Commands from a comment whose author's role the payload does not say wait for a worker's access check.
+    comment["comment"]["body"] = "/tasuki autofix off"
+    assert fleet.gitea("issue_comment", comment) == (202, {"status": "autofix_off", "pending": "access check"})
+
 
 def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: Fleet) -> None:
     fleet.forge.add_item("gitlabhq", "gitlab-test", 23, "New API", "Create it", labels=["Platform"])
