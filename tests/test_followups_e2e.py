@@ -289,7 +289,7 @@ def test_unknown_commands_are_answered_and_retry_carries_the_summary(fleet: Flee
     assert fleet.changes_of(OWNER, 7) == [change]
 
 
-def test_gitea_mention_on_the_pull_request_continues_it_and_a_readers_is_refused(fleet: Fleet) -> None:
+def test_gitea_mention_and_review_on_the_pull_request_continue_it_and_a_readers_is_refused(fleet: Fleet) -> None:
     fleet.forge.add_item("gogits", "hello-world", 1, "Problem", "Found a bug", labels=["coding agent"])
     status, answer = fleet.gitea("issues", gitea_labeled(["coding agent"]))
     assert status == 202, answer
@@ -323,6 +323,18 @@ def test_gitea_mention_on_the_pull_request_continues_it_and_a_readers_is_refused
     # Commands from a comment whose author's role the payload does not say wait for a worker's access check.
     comment["comment"]["body"] = "/tasuki autofix off"
     assert fleet.gitea("issue_comment", comment) == (202, {"status": "autofix_off", "pending": "access check"})
+
+    # A review asking for changes (the published review delivery, on this pull request) continues it again.
+    review = load_payload("gitea/pull_request_approved.reviewed.json")
+    review["pull_request"].update(number=change.number, body=change.body, head={"ref": change.head})
+    review.update(repository=comment["repository"], sender=comment["sender"])
+    review["review"] = {"type": "pull_request_review_rejected", "content": "Say which forge it was."}
+    status, answer = fleet.gitea("pull_request_rejected", review)
+    assert status == 202, answer
+    assert fleet.stack.wait_finished(answer["task_id"])["status"] == "completed"
+    assert "Say which forge it was." in fleet.task_text(answer["task_id"])
+    assert fleet.changes_of("gogits", 1) == [change]
+    assert fleet.forge.branch_file("gogits", "hello-world", change.head, "notes.txt") == "change\nchange\nchange\n"
 
 
 def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: Fleet) -> None:

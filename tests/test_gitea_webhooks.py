@@ -104,6 +104,20 @@ def test_published_comments_without_the_mention_are_notes_and_commands_are_comma
     assert retry.trigger["user_id"] == 1
 
 
+def test_a_review_with_text_is_a_review_trigger_on_the_pull_request_and_a_bare_approval_is_not() -> None:
+    payload = load_payload("gitea/pull_request_approved.reviewed.json")
+    approved = gitea_action("pull_request_approved", payload, CFG)
+    assert isinstance(approved, Trigger)
+    assert approved.task_key == {"task_source": "gitea", "owner": "jcitizen", "repo": "my-repo",
+                                 "task_type": "pull_request", "task_id": "1"}
+    assert (approved.prompt, approved.body, approved.head) == ("I approve", "Using a BSD License", "feature")
+    assert approved.trigger == {"kind": "review", "user": "jcitizen", "user_id": 6641}
+    payload["review"] = {"type": "pull_request_review_rejected", "content": "Use MIT.\n/tasuki cancel"}
+    assert isinstance(gitea_action("pull_request_rejected", payload, CFG), Cancel)
+    payload["review"] = {"type": "pull_request_review_approved", "content": " "}
+    assert isinstance(gitea_action("pull_request_approved", payload, CFG), Ignore)
+
+
 @pytest.mark.parametrize(("event", "change"), [
     ("issue_comment", {"action": "edited"}),
     ("issue_comment", {"action": "deleted"}),

@@ -1,7 +1,8 @@
 """What a verified Gitea or Forgejo event asks for (SPEC §8), as :mod:`webhooks.events` says it for GitHub and GitLab.
 
 Gitea names the event in ``X-Gitea-Event`` (Forgejo also in ``X-Forgejo-Event``): ``issues`` and ``pull_request``
-with the action ``label_updated`` or ``label_cleared`` for label changes, ``issue_comment`` for comments on both.
+with the action ``label_updated`` or ``label_cleared`` for label changes, ``issue_comment`` for comments on both,
+``pull_request_approved`` / ``_rejected`` / ``_comment`` with the action ``reviewed`` for a submitted review.
 A label event carries the item's labels after the change, not which label changed; so the trigger label present
 starts a task, and the processing label absent (with no final label either) cancels the item's running task.
 Comment payloads carry no author role: the worker asks the forge (``user_id`` in the trigger says so).
@@ -15,11 +16,14 @@ from typing import Any
 from webhooks.events import Action, Cancel, Ignore, Trigger
 from webhooks.events import _comment_action as comment_action  # the comment rules every forge shares
 from webhooks.events import _key as task_key
+from webhooks.events import _review_action as review_action
 from webhooks.payload import get, number, text
 from webhooks.signatures import verify_gitea
 from worker.settings_models import GiteaSettings
 
 LABEL_ACTIONS = ("label_updated", "label_cleared")
+# A submitted review: X-Gitea-Event of its kind (a review comment is ``pull_request_comment``), action "reviewed".
+REVIEW_EVENTS = ("pull_request_approved", "pull_request_rejected", "pull_request_comment")
 
 
 def verify_delivery(secret: str | None, headers: Mapping[str, str], body: bytes) -> bool:
@@ -51,6 +55,8 @@ def gitea_action(event: str, payload: dict[str, Any], cfg: GiteaSettings) -> Act
         return _labels(event, payload, cfg, owner, repo, sender)
     if event == "issue_comment" and action == "created":
         return _comment(payload, cfg, owner, repo, sender)
+    if event in REVIEW_EVENTS and action == "reviewed":
+        return _review(event, payload, owner, repo, sender)
     return Ignore(f"event {event}.{action}" if action else f"event {event}")
 
 
@@ -82,6 +88,22 @@ def _comment(payload: dict[str, Any], cfg: GiteaSettings, owner: str, repo: str,
     pull = (text(get(issue, "body")), text(get(payload, "pull_request", "head", "ref"))) if is_pull else ("", "")
     return comment_action(text(get(payload, "comment", "body")), sender, key, _issue(issue), cfg.mention, trigger,
                           pull)
+
+
+def _review(event: str, payload: dict[str, Any], owner: str, repo: str, sender: str) -> Action:
+    """A review continues a pull request a task opened with its text (its line comments are not in the payload,
+    nor is the id they could be fetched by)."""
+    item = get(payload, "pull_request")
+    found = number(get(item, "number"))
+    if found is None:
+        return Ignore("review without a pull request number")
+    body = text(get(payload, "review", "content"))
+    if event == "pull_request_approved" and not body.strip():
+        return Ignore("approved without comments")
+    key = task_key("gitea", owner, repo, "pull_request", found)
+    trigger = {"kind": "review", "user": sender, "user_id": number(get(payload, "sender", "id")) or 0}
+    pull = (text(get(item, "body")), text(get(item, "head", "ref")))
+    return review_action(body, sender, key, _issue(item), trigger, pull, {})
 
 
 def _names(labels: Any) -> set[str]:
