@@ -56,10 +56,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def submit_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--repo", metavar="OWNER/NAME", help="a GitHub or GitLab repository")
+    where.add_argument("--repo", metavar="OWNER/NAME", help="a GitHub, GitLab or Gitea repository")
     where.add_argument("--repo-path", metavar="PATH", help="a local git repository")
     parser.add_argument("--issue", type=int, metavar="N", help="the issue to work on (with --repo)")
-    parser.add_argument("--source", choices=("github", "gitlab"), default="github", help="where --repo lives")
+    parser.add_argument("--source", choices=("github", "gitlab", "gitea"), default="github",
+                        help="where --repo lives")
     parser.add_argument("--prompt", metavar="TEXT", default="", help="what to do (local tasks: required)")
     parser.add_argument("--user", metavar="USER", help="who asked (recorded in metadata.json)")
     parser.add_argument("--wait", action="store_true", help="show progress until the task finishes")

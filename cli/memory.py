@@ -35,7 +35,7 @@ def _repository(args: argparse.Namespace, value: str) -> str:
 
 
 def _source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", choices=("github", "gitlab"), default="github",
+    parser.add_argument("--source", choices=("github", "gitlab", "gitea"), default="github",
                         help="the forge of an OWNER/NAME repository (default github)")
 
 

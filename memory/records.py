@@ -1,6 +1,6 @@
 """What memory holds: episodes (one per finished task), thread and repository memories, recall hits.
 
-Repositories and threads are named by strings: ``github:owner/name`` (or ``gitlab:``) or a local
+Repositories and threads are named by strings: ``github:owner/name`` (or ``gitlab:``, ``gitea:``) or a local
 repository's absolute path, and ``{repository}#{task_type}/{task_id}`` for a thread.
 """
 
@@ -23,7 +23,7 @@ def repository_key(task_key: dict[str, Any], repo_path: str | None = None) -> st
 
 def parse_repository(text: str, source: str = "github") -> str:
     """An operator's name for a repository (``owner/name`` or a path) as a repository key."""
-    if text.startswith(("github:", "gitlab:")):
+    if text.startswith(("github:", "gitlab:", "gitea:")):
         return text
     if text.startswith(("/", ".", "~")) or Path(text).is_dir():
         return str(Path(text).expanduser().absolute())

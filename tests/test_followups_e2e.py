@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from replay import ReplayServer
-from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import gitea_delivery, gitea_labeled, github_delivery, gitlab_delivery, load_payload
 from tests.helpers.fake_forge import FakeChange, FakeForge
 from tests.helpers.followup_payloads import (
     check_suite_failed,
@@ -39,6 +39,7 @@ pytestmark = pytest.mark.integration
 FORGE_TOKEN = "followups-forge-token-77c1"
 GITHUB_SECRET = "followups-github-secret"
 GITLAB_SECRET = "followups-gitlab-token"
+GITEA_SECRET = "followups-gitea-secret"
 OWNER, REPO = "Codertocat", "Hello-World"
 GATE = "second-call"  # a task whose text carries a hold mark waits at its second model call until released
 
@@ -79,6 +80,11 @@ class Fleet:
         response = httpx.post(self.intake.url + "/webhooks/gitlab", content=body, headers=headers, timeout=10)
         return response.status_code, response.json()
 
+    def gitea(self, event: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        body, headers = gitea_delivery(event, payload, GITEA_SECRET)
+        response = httpx.post(self.intake.url + "/webhooks/gitea", content=body, headers=headers, timeout=10)
+        return response.status_code, response.json()
+
     def task_text(self, task_id: str) -> str:
         """The pinned task message of a finished task."""
         path = self.stack.contexts_dir / "completed" / task_id / "messages.jsonl"
@@ -96,18 +102,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     with model_server(trajectory()) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo(OWNER, REPO, make_buggy_repo(root / "github-source"))
         forge.add_repo("gitlabhq", "gitlab-test", make_buggy_repo(root / "gitlab-source"))
+        forge.add_repo("gogits", "hello-world", make_buggy_repo(root / "gitea-source"))
         stack = Stack(root, redis_url, model.url, env_overrides={
             "TASUKI__GITHUB__API_URL": forge.github_api_url,
             "TASUKI__GITLAB__API_URL": forge.gitlab_api_url,
+            "TASUKI__GITEA__API_URL": forge.gitea_api_url,
             "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
             "TASUKI__GITLAB__LABELS__TRIGGER": "Platform",
             "TASUKI__FOLLOWUPS__CI_LOG_LINES": "5",
             "GITHUB_TOKEN": FORGE_TOKEN,
             "GITLAB_TOKEN": FORGE_TOKEN,
+            "GITEA_TOKEN": FORGE_TOKEN,
         })
         try:
             stack.start_worker("followups")
-            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET}
+            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET,
+                   "GITEA_WEBHOOK_SECRET": GITEA_SECRET}
             with intake_server(load_settings(env=env)) as intake:
                 yield Fleet(stack, forge, intake, model)
         finally:
@@ -277,6 +287,54 @@ def test_unknown_commands_are_answered_and_retry_carries_the_summary(fleet: Flee
     assert fleet.stack.wait_finished(retried)["status"] == "completed"
     assert SUMMARY in fleet.task_text(retried)  # the previous task's summary carried over
     assert fleet.changes_of(OWNER, 7) == [change]
+
+
+def test_gitea_mention_and_review_on_the_pull_request_continue_it_and_a_readers_is_refused(fleet: Fleet) -> None:
+    fleet.forge.add_item("gogits", "hello-world", 1, "Problem", "Found a bug", labels=["coding agent"])
+    status, answer = fleet.gitea("issues", gitea_labeled(["coding agent"]))
+    assert status == 202, answer
+    first = answer["task_id"]
+    assert fleet.stack.wait_finished(first)["status"] == "completed"
+    change = fleet.forge.change("gogits", "hello-world", f"tasuki/1-{first[:8]}")
+    finished_after_summary(fleet, "gogits", "hello-world", 1)
+
+    # The published comment on a pull request, on the one the task opened (its body carries the thread).
+    comment = load_payload("gitea/pull_request_comment.created.json")
+    comment["issue"].update(number=change.number, body=change.body)
+    comment["comment"]["body"] = "@tasuki Mention Gitea too."
+    fleet.forge.permissions["unknwon"] = "read"
+    status, answer = fleet.gitea("issue_comment", comment)
+    assert status == 202, answer
+    refused = fleet.stack.wait_finished(answer["task_id"])
+    assert refused["status"] == "failed"
+    assert "may not start tasks" in refused["error"]
+
+    fleet.forge.permissions["unknwon"] = "write"
+    status, answer = fleet.gitea("issue_comment", comment)
+    assert status == 202, answer
+    followup = answer["task_id"]
+    assert fleet.stack.wait_finished(followup)["status"] == "completed"
+    assert "Mention Gitea too." in fleet.task_text(followup)
+    assert fleet.changes_of("gogits", 1) == [change]  # no second pull request
+    assert fleet.forge.branch_file("gogits", "hello-world", change.head, "notes.txt") == "change\nchange\n"
+    finished_after_summary(fleet, "gogits", "hello-world", change.number)
+    assert fleet.forge.item("gogits", "hello-world", change.number).labels == ["coding agent done"]
+
+    # Commands from a comment whose author's role the payload does not say wait for a worker's access check.
+    comment["comment"]["body"] = "/tasuki autofix off"
+    assert fleet.gitea("issue_comment", comment) == (202, {"status": "autofix_off", "pending": "access check"})
+
+    # A review asking for changes (the published review delivery, on this pull request) continues it again.
+    review = load_payload("gitea/pull_request_approved.reviewed.json")
+    review["pull_request"].update(number=change.number, body=change.body, head={"ref": change.head})
+    review.update(repository=comment["repository"], sender=comment["sender"])
+    review["review"] = {"type": "pull_request_review_rejected", "content": "Say which forge it was."}
+    status, answer = fleet.gitea("pull_request_rejected", review)
+    assert status == 202, answer
+    assert fleet.stack.wait_finished(answer["task_id"])["status"] == "completed"
+    assert "Say which forge it was." in fleet.task_text(answer["task_id"])
+    assert fleet.changes_of("gogits", 1) == [change]
+    assert fleet.forge.branch_file("gogits", "hello-world", change.head, "notes.txt") == "change\nchange\nchange\n"
 
 
 def test_gitlab_diff_note_and_failed_pipeline_continue_the_merge_request(fleet: Fleet) -> None:

@@ -15,7 +15,7 @@ from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import FIXED_CALC, git, make_buggy_repo
 from worker.checkout import Checkout
 from worker.followup_tasks import apply_autofix
-from worker.forges import GitHubForge, GitLabForge
+from worker.forges import GiteaForge, GitHubForge, GitLabForge
 from worker.forges.reporter import ForgeReporter
 from worker.names import AUTOFIX_OFF_PREFIX
 from worker.run import TaskRequest
@@ -118,4 +118,16 @@ def test_a_gitlab_autofix_command_applies_only_for_a_developer(forge: FakeForge,
     assert redis_client.exists(off)
     assert apply_autofix(client, redis_client, pull, True, {"user_id": 7})
     assert not redis_client.exists(off)
+    client.close()
+
+
+def test_a_gitea_autofix_command_applies_only_for_a_writer(forge: FakeForge, redis_client: redis.Redis) -> None:
+    forge.permissions.update({"maintainer": "write", "watcher": "read"})
+    pull = {"task_source": "gitea", "owner": OWNER, "repo": REPO, "task_type": "pull_request", "task_id": "6"}
+    client = GiteaForge(forge.gitea_api_url, TOKEN)
+    off = AUTOFIX_OFF_PREFIX + key_id(pull)
+    assert not apply_autofix(client, redis_client, pull, False, {"user": "watcher", "user_id": 4})
+    assert not redis_client.exists(off)
+    assert apply_autofix(client, redis_client, pull, False, {"user": "maintainer", "user_id": 3})
+    assert redis_client.exists(off)
     client.close()

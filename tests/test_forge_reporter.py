@@ -22,7 +22,7 @@ from tests.helpers.stack import make_buggy_repo
 from worker import endings
 from worker.checkout import Checkout
 from worker.endings import Ending
-from worker.forges import GitHubForge, GitLabForge
+from worker.forges import Forge, GiteaForge, GitHubForge, GitLabForge
 from worker.forges import reporter as reporter_module
 from worker.forges.reporter import MARKER, ForgeReporter, TriggerRefused, progress_body, report_outcome
 from worker.run import TaskRequest
@@ -55,14 +55,16 @@ def forge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeForge]:
 _numbers = iter(range(1, 10_000))
 
 
-@pytest.fixture(params=["github", "gitlab"])
+@pytest.fixture(params=["github", "gitlab", "gitea"])
 def setup(request: pytest.FixtureRequest, forge: FakeForge) -> Iterator[tuple[ForgeReporter, FakeForge, int, Clock]]:
     source = str(request.param)
     number = next(_numbers)
     forge.add_item(OWNER, REPO, number, "add() subtracts", "Fix it.", labels=[LABELS.trigger, LABELS.failed],
                    comments=(("alice", "@tasuki please"), ("tasuki-bot", "<!-- tasuki:old --> earlier run")))
-    client = (GitHubForge(forge.github_api_url, TOKEN) if source == "github"
-              else GitLabForge(forge.gitlab_api_url, TOKEN))
+    clients = {"github": lambda: GitHubForge(forge.github_api_url, TOKEN),
+               "gitlab": lambda: GitLabForge(forge.gitlab_api_url, TOKEN),
+               "gitea": lambda: GiteaForge(forge.gitea_api_url, TOKEN)}
+    client: Forge = clients[source]()
     key = {"task_source": source, "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
     request_ = TaskRequest(task_key=key, user="alice", trigger={"kind": "label", "user": "alice"})
     clock = Clock()
@@ -166,6 +168,24 @@ def test_gitlab_note_from_a_non_member_is_refused_before_anything_changes(forge:
         with pytest.raises(TriggerRefused):
             reporter.begin(STATE)
         assert forge.item(OWNER, REPO, number).labels == []
+    finally:
+        reporter.close()
+
+
+def test_gitea_comment_from_a_reader_is_refused_before_anything_changes(forge: FakeForge) -> None:
+    number = next(_numbers)
+    forge.add_item(OWNER, REPO, number, "t", labels=[])
+    forge.permissions["reader"] = "read"
+    key = {"task_source": "gitea", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": str(number)}
+    request = TaskRequest(task_key=key, user="reader", trigger={"kind": "comment", "user": "reader", "user_id": 67})
+    reporter = ForgeReporter(GiteaForge(forge.gitea_api_url, TOKEN), request, UUID, LABELS, "tasuki-bot")
+    try:
+        with pytest.raises(TriggerRefused):
+            reporter.begin(STATE)
+        assert forge.item(OWNER, REPO, number).labels == []
+        assert reporter.heard({"author": "reader", "user_id": 67, "body": "also this"}) is None  # nor heard later
+        forge.permissions["reader"] = "write"
+        assert reporter.heard({"author": "reader", "user_id": 67, "body": "also this"}) is not None
     finally:
         reporter.close()
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from replay import ReplayServer
-from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import gitea_delivery, gitea_labeled, github_delivery, gitlab_delivery, load_payload
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.intake_server import IntakeServer, intake_server
 from tests.helpers.model_server import model_server
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 FORGE_TOKEN = "e2e-forge-token-5d1c9a"
 GITHUB_SECRET = "e2e-github-webhook-secret"
 GITLAB_SECRET = "e2e-gitlab-webhook-token"
+GITEA_SECRET = "e2e-gitea-webhook-secret"
 DONE, FAILED = "coding agent done", "coding agent failed"
 GATE = "second-call"  # a task whose text carries a hold mark waits at its second model call until released
 
@@ -64,18 +65,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
     with model_server(trajectory) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo("Codertocat", "Hello-World", make_buggy_repo(root / "github-source"))
         forge.add_repo("gitlabhq", "gitlab-test", make_buggy_repo(root / "gitlab-source"))
+        forge.add_repo("gogits", "hello-world", make_buggy_repo(root / "gitea-source"))
         stack = Stack(root, redis_url, model.url, env_overrides={
             "TASUKI__GITHUB__API_URL": forge.github_api_url,
             "TASUKI__GITLAB__API_URL": forge.gitlab_api_url,
+            "TASUKI__GITEA__API_URL": forge.gitea_api_url,
             "TASUKI__GITHUB__LABELS__TRIGGER": "bug",  # the label of the published example
             "TASUKI__GITLAB__LABELS__TRIGGER": "Platform",
             "TASUKI__USER_CONFIG_API__URL": users.url,
             "GITHUB_TOKEN": FORGE_TOKEN,
             "GITLAB_TOKEN": FORGE_TOKEN,
+            "GITEA_TOKEN": FORGE_TOKEN,
         })
         try:
             stack.start_worker("e2e")
-            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET}
+            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET, "GITLAB_WEBHOOK_SECRET": GITLAB_SECRET,
+                   "GITEA_WEBHOOK_SECRET": GITEA_SECRET}
             other_host = {**env, "TASUKI__CONTEXTS__BASE_DIR": str(root / "other-host-contexts")}
             with intake_server(load_settings(env=env)) as intake, \
                     intake_server(load_settings(env=other_host)) as elsewhere:
@@ -86,7 +91,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
 
 
 def assert_life_on_the_issue(fleet: Fleet, owner: str, repo: str, number: int, task_id: str) -> str:
-    """The checks both forges share; returns the URL of the opened pull/merge request."""
+    """The checks every forge shares; returns the URL of the opened pull/merge request."""
     stack, forge = fleet.stack, fleet.forge
     state = stack.wait_finished(task_id)
     assert state["status"] == "completed", state
@@ -152,6 +157,26 @@ def test_gitlab_label_to_merge_request(fleet: Fleet, redis_client: redis.Redis) 
 
     url = assert_life_on_the_issue(fleet, "gitlabhq", "gitlab-test", 23, task_id)
     assert "/-/merge_requests/" in url
+
+
+def test_gitea_label_to_pull_request(fleet: Fleet, redis_client: redis.Redis) -> None:
+    fleet.forge.add_item("gogits", "hello-world", 1, "Problem", "Found a bug", labels=["coding agent"])
+    delivery = gitea_delivery("issues", gitea_labeled(["coding agent"]), GITEA_SECRET)
+
+    status, answer = fleet.post("/webhooks/gitea", delivery)
+    assert status == 202
+    task_id = answer["task_id"]
+    assert fleet.post("/webhooks/gitea", delivery) == (200, {"status": "duplicate"})
+
+    url = assert_life_on_the_issue(fleet, "gogits", "hello-world", 1, task_id)
+    assert "/pulls/" in url
+    # Gitea's state machine labels were created in the repository, then set on the issue by id.
+    assert {"coding agent processing", DONE} <= set(fleet.forge.repo_labels[("gogits", "hello-world")])
+    api = [r for r in fleet.forge.requests if r["path"].startswith("/api/v1/")]
+    assert api
+    assert all(r["authorization"] == f"token {FORGE_TOKEN}" for r in api)
+    fleet.stack.wait_until(lambda: redis_client.get(ACTIVE_PREFIX + "gitea/gogits/hello-world/issue/1") is None,
+                           what="the issue's task key to be freed")
 
 
 @pytest.mark.parametrize(("number", "remote"), [(2, False), (3, True)], ids=["same-host", "other-host"])

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of both webhook routes on a real uvicorn server: no input gets a 5xx, and no
+"""Property-based fuzzing of the webhook routes on a real uvicorn server: no input gets a 5xx, and no
 unsigned or wrongly signed request ever enqueues a task."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
+from tests.helpers.deliveries import gitea_delivery, gitea_labeled, github_delivery, gitlab_delivery, load_payload
 from tests.helpers.intake_server import IntakeServer, intake_server
-from webhooks.signatures import github_signature, signing_key, standard_signature
+from webhooks.signatures import gitea_signature, github_signature, signing_key, standard_signature
 from worker.names import TASKS_QUEUE
 from worker.settings import load_settings
 
@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 GITHUB_SECRET = "fuzz-github-secret"
 GITLAB_TOKEN = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # a signing token; X-Gitlab-Token must equal it too
+GITEA_SECRET = "fuzz-gitea-secret"
 MAX_BODY = 16 * 1024
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -34,6 +35,9 @@ GITLAB_EVENTS = ["Issue Hook", "Note Hook", "Merge Request Hook", "Push Hook", "
 GITHUB_BASES = ["github/issues.labeled.json", "github/issues.unlabeled.json", "github/issue_comment.created.json",
                 "github/ping.json"]
 GITLAB_BASES = ["gitlab/issue_hook.json", "gitlab/note_hook.issue.json", "gitlab/note_hook.merge_request.json"]
+GITEA_EVENTS = ["issues", "issue_comment", "pull_request", "push", "", "x"]
+GITEA_BASES = ["gitea/issues.opened.json", "gitea/issue_comment.created.json",
+               "gitea/pull_request_comment.created.json"]
 INTERESTING = [
     "action", "label", "label.name", "issue", "issue.number", "issue.pull_request", "comment", "comment.body",
     "comment.author_association", "sender", "sender.login", "repository", "repository.name",
@@ -41,7 +45,7 @@ INTERESTING = [
     "user.id", "project", "project.path_with_namespace", "object_attributes", "object_attributes.iid",
     "object_attributes.note", "object_attributes.noteable_type", "object_attributes.system",
     "object_attributes.action", "changes", "changes.labels", "changes.labels.current", "changes.labels.previous",
-    "merge_request", "merge_request.iid",
+    "merge_request", "merge_request.iid", "issue.labels", "is_pull", "sender.id", "number",
 ]
 MENTIONS = st.sampled_from(["@tasuki fix it", "/tasuki cancel", "> @tasuki", "bug", "Platform", "API",
                             "coding agent", "OWNER", "NONE", "a/b", "/", 1, -1, 0, True, None])
@@ -95,6 +99,7 @@ def intake(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator
         "TASUKI__GITLAB__LABELS__TRIGGER": "Platform",
         "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET,
         "GITLAB_WEBHOOK_SECRET": GITLAB_TOKEN,
+        "GITEA_WEBHOOK_SECRET": GITEA_SECRET,
     }
     with intake_server(load_settings(config_path=Path(root / "config.yaml"), env=env)) as server:
         yield server
@@ -212,6 +217,44 @@ def test_gitlab_route_answers_any_signed_payload_without_5xx(
         forget_tasks(intake.redis)
 
 
+@FUZZ
+@given(body=BODIES, event=st.sampled_from(GITEA_EVENTS) | HEADER_TEXT,
+       signature=st.one_of(st.none(), HEADER_TEXT, HEADER_TEXT.map(lambda t: "sha256=" + t),
+                           st.binary(max_size=40).map(lambda b: b.hex())),
+       forge_secret=st.sampled_from([None, "", "wrong-secret", GITEA_SECRET[:-1]]),
+       header=st.sampled_from(["X-Gitea-Signature", "X-Forgejo-Signature", "X-Hub-Signature-256"]))
+def test_gitea_route_refuses_every_request_not_signed_with_the_secret(
+    intake: IntakeServer, http: httpx.Client, body: bytes, event: str, signature: str | None,
+    forge_secret: str | None, header: str,
+) -> None:
+    headers = {"X-Gitea-Event": event, "Content-Type": "application/json", "X-Gitea-Delivery": "fuzz"}
+    if signature is not None:
+        headers[header] = signature
+    if forge_secret:
+        headers[header] = gitea_signature(forge_secret, body)
+    if header == "X-Hub-Signature-256":  # Gitea sends GitHub's header too; the route reads Gitea's only
+        headers[header] = "sha256=" + gitea_signature(GITEA_SECRET, body)
+    response = http.post("/webhooks/gitea", content=body, headers=headers)
+    assert response.status_code in (401, 413)
+    assert nothing_enqueued(intake)
+
+
+@FUZZ
+@given(payload=st.one_of(
+    st.tuples(mutated(GITEA_BASES), st.sampled_from([None, "label_updated", "created"])).map(
+        lambda pa: json.dumps({**pa[0], "action": pa[1]} if pa[1] else pa[0]).encode()),
+    BODIES), event=st.sampled_from(GITEA_EVENTS))
+def test_gitea_route_answers_any_signed_payload_without_5xx(
+    intake: IntakeServer, http: httpx.Client, payload: bytes, event: str
+) -> None:
+    body, headers = gitea_delivery(event, payload, GITEA_SECRET)
+    try:
+        response = http.post("/webhooks/gitea", content=body, headers=headers)
+        assert response.status_code in (200, 202, 400, 413), response.text
+    finally:
+        forget_tasks(intake.redis)
+
+
 def test_signed_fuzzing_reaches_the_enqueue_path(intake: IntakeServer, http: httpx.Client) -> None:
     """A guard for the properties above: the unmodified examples do start tasks on this server."""
     try:
@@ -219,5 +262,7 @@ def test_signed_fuzzing_reaches_the_enqueue_path(intake: IntakeServer, http: htt
         assert http.post("/webhooks/github", content=body, headers=headers).status_code == 202
         body, headers = gitlab_delivery("Issue Hook", load_payload("gitlab/issue_hook.json"), token=GITLAB_TOKEN)
         assert http.post("/webhooks/gitlab", content=body, headers=headers).status_code == 202
+        body, headers = gitea_delivery("issues", gitea_labeled(["coding agent"]), GITEA_SECRET)
+        assert http.post("/webhooks/gitea", content=body, headers=headers).status_code == 202
     finally:
         forget_tasks(intake.redis)

@@ -34,7 +34,7 @@ class Submission(BaseModel):
 
     repo: Annotated[str, Field(pattern=_REPO, max_length=300)] | None = None
     repo_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
-    source: Literal["github", "gitlab"] = "github"
+    source: Literal["github", "gitlab", "gitea"] = "github"
     issue: Annotated[int, Field(gt=0)] | None = None
     prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
     user: Annotated[str, Field(max_length=200)] | None = None

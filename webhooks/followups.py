@@ -16,6 +16,7 @@ import structlog
 
 from webhooks.ci_events import CIFailure
 from webhooks.events import COMMANDS, Command, Note, Trigger
+from worker.forges import forge_section
 from worker.inbox import deliver
 from worker.names import (
     ACTIVE_PREFIX,
@@ -125,8 +126,7 @@ class Followups:
             # check_suite and workflow_run both report one failed commit: one fix task for it
             return 200, {"status": "ignored", "reason": "this commit's failure already has a fix task"}, "ignored"
         request = {"task_key": thread.task_key, "issue": {"number": thread.pull, "title": "", "body": ""},
-                   "user": self.settings.github.bot_login if action.source == "github" else
-                   self.settings.gitlab.bot_login,
+                   "user": forge_section(action.source, self.settings).bot_login,
                    "prompt": "The CI run on this branch failed. Make it pass.",
                    "trigger": {"kind": "ci"}, "followup": followup_of(thread, "ci", {"ci": action.ci})}
         enqueued = submit(request)
@@ -144,8 +144,8 @@ class Followups:
                 return 200, {"status": "ignored", "reason": "autofix applies to a Tasuki pull/merge request"}, \
                     "ignored"
             pull = key_id(thread.pull_key)
-            if action.task_key["task_source"] == "gitlab":
-                # A GitLab note says nothing of its author's role: a worker checks the access level first.
+            if "user_id" in action.trigger:
+                # The payload said nothing of the author's role (GitLab, Gitea): a worker checks the access first.
                 self.celery_app.send_task(AUTOFIX, args=[thread.pull_key, action.name == "autofix on",
                                                          action.trigger], queue=MAINTENANCE_QUEUE)
                 return 202, {"status": action.name.replace(" ", "_"), "pending": "access check"}, "command"
@@ -185,5 +185,5 @@ def inbox_entry(author: str, text: str, trigger: dict[str, Any], comments: list[
     # The id lets a resumed task tell a comment it already holds from one it has not heard (worker/inbox.py).
     entry: dict[str, Any] = {"id": uuid_module.uuid4().hex, "author": author, "body": text, "comments": comments or []}
     if trigger.get("user_id") is not None:
-        entry["user_id"] = trigger["user_id"]  # GitLab: the worker checks the author's access level
+        entry["user_id"] = trigger["user_id"]  # GitLab, Gitea: the worker checks the author's access
     return entry

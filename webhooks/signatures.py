@@ -1,4 +1,5 @@
-"""Webhook authenticity (SPEC §8): GitHub's HMAC-SHA256, GitLab's secret token, Standard-Webhooks signatures.
+"""Webhook authenticity (SPEC §8): GitHub's and Gitea's HMAC-SHA256, GitLab's secret token, Standard-Webhooks
+signatures.
 
 Pure functions of the secret, the raw body, the headers and ``now``; every comparison is constant-time.
 Header values arrive as Starlette decodes them (latin-1), so ``latin-1`` gives back their exact bytes.
@@ -31,6 +32,23 @@ def verify_github(secret: str | None, body: bytes, header: str | None) -> bool:
     if not secret or not header or not header.startswith(GITHUB_PREFIX):
         return False
     return hmac.compare_digest(github_signature(secret, body).encode(), _raw(header))
+
+
+def gitea_signature(secret: str, body: bytes) -> str:
+    """The ``X-Gitea-Signature`` (and Forgejo's ``X-Forgejo-Signature``) value for ``body``: bare lowercase hex."""
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify_gitea(secret: str | None, body: bytes, *headers: str | None) -> bool:
+    """True when one of ``headers`` is the hex HMAC-SHA256 of ``body`` under ``secret``."""
+    if not secret:
+        return False
+    expected = gitea_signature(secret, body).encode()
+    matched = False
+    for header in headers:  # every one compared, not just until a match
+        if header:
+            matched |= hmac.compare_digest(expected, _raw(header))
+    return matched
 
 
 def verify_gitlab_token(secret: str | None, header: str | None) -> bool:

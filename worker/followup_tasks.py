@@ -16,7 +16,7 @@ import structlog
 from contexts.masking import mask
 from contexts.names import FINAL_STATUSES
 from worker.celery import app
-from worker.forges import ItemRef, make_forge
+from worker.forges import FORGES, ItemRef, is_forge, make_forge
 from worker.forges.base import Forge
 from worker.inbox import INBOX_TTL_S, deliver, heard_ids, take_leftovers
 from worker.names import AUTOFIX, AUTOFIX_OFF_PREFIX, CI_FIXES_PREFIX, FORGE_REPLY, INBOX_PREFIX, LAST_TASK_PREFIX
@@ -42,7 +42,7 @@ Heard = Callable[[dict[str, Any]], dict[str, Any] | None]  # a reporter's filter
 def forge_reply(task_key: dict[str, str], body: str) -> None:
     """A short comment on an issue or pull/merge request (the intake's answer to an unknown command)."""
     ref = ItemRef.from_task_key(task_key)
-    if ref is None or task_key.get("task_source") not in ("github", "gitlab"):
+    if ref is None or not is_forge(task_key.get("task_source")):
         return
     forge = make_forge(task_key["task_source"], settings())
     try:
@@ -63,10 +63,10 @@ def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> 
     if followup and not followup.get("pull"):
         return
     number = int(followup["pull"]) if followup else change_number(str(result.get("pull_request_url") or ""))
-    if number is None or request.task_key.get("task_source") not in ("github", "gitlab"):
+    source = request.task_key.get("task_source")
+    if number is None or source is None or not is_forge(source):
         return
-    kind = str(followup["pull_kind"]) if followup else (
-        "pull_request" if request.task_key["task_source"] == "github" else "merge_request")
+    kind = str(followup["pull_kind"]) if followup else FORGES[source].change_kind
     branch = str(followup["branch"]) if followup else str(result.get("branch") or "")
     if not branch:
         return
@@ -134,7 +134,8 @@ def start_followup(request: TaskRequest, comments: list[dict[str, Any]]) -> str 
 
 @app.task(name=AUTOFIX)
 def set_autofix(pull_key: dict[str, str], on: bool, trigger: dict[str, Any]) -> bool:
-    """``/tasuki autofix on|off`` from a GitLab note: applied once the author's access is checked."""
+    """``/tasuki autofix on|off`` from a comment whose author's access the intake could not check (GitLab, Gitea):
+    applied once it is checked."""
     forge = make_forge(pull_key["task_source"], settings())
     try:
         return apply_autofix(forge, redis_client(), pull_key, on, trigger)

@@ -21,6 +21,7 @@ Name = Annotated[str, Field(min_length=1)]
 AuthorAssociation = Literal[
     "OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE"
 ]
+RepositoryPermission = Literal["owner", "admin", "write", "read", "none"]  # Gitea's collaborator permission
 
 
 def _http_url(value: str) -> str:
@@ -296,6 +297,19 @@ class GitLabSettings(Section):
     """Label names of the trigger → processing → done / failed state machine."""
 
 
+class GiteaSettings(Section):
+    api_url: HttpUrl = "https://gitea.com/api/v1"
+    """REST API root of the Gitea or Forgejo instance (Codeberg: https://codeberg.org/api/v1)."""
+    bot_login: Name = "tasuki-bot"
+    """The bot's username; events it sends are ignored."""
+    mention: Name = "@tasuki"
+    """A comment containing this starts a task."""
+    allowed_permissions: tuple[RepositoryPermission, ...] = ("owner", "admin", "write")
+    """Repository permissions whose holders' comments may start a task (checked by a worker: payloads carry none)."""
+    labels: LabelSettings = LabelSettings()
+    """Label names of the trigger → processing → done / failed state machine (created when missing)."""
+
+
 GiB = 1024**3
 
 
@@ -417,6 +431,8 @@ class Secrets(Section):
     gitlab_token: SecretStr | None = None
     github_webhook_secret: SecretStr | None = None
     gitlab_webhook_secret: SecretStr | None = None
+    gitea_token: SecretStr | None = None
+    gitea_webhook_secret: SecretStr | None = None
     tasuki_api_token: SecretStr | None = None
 
 
@@ -445,6 +461,8 @@ class Settings(Section):
     """GitHub events and API."""
     gitlab: GitLabSettings = GitLabSettings()
     """GitLab events and API."""
+    gitea: GiteaSettings = GiteaSettings()
+    """Gitea / Forgejo events and API."""
     user_config_api: UserConfigAPISettings = UserConfigAPISettings()
     """Optional per-user settings service."""
     sandbox: SandboxSettings = SandboxSettings()

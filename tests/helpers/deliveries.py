@@ -1,4 +1,4 @@
-"""Webhook deliveries as GitHub and GitLab send them: the checked-in example payloads, signed."""
+"""Webhook deliveries as GitHub, GitLab and Gitea send them: the checked-in example payloads, signed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from webhooks.signatures import github_signature, signing_key, standard_signature
+from webhooks.signatures import gitea_signature, github_signature, signing_key, standard_signature
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "webhooks"
 
@@ -48,3 +48,27 @@ def gitlab_delivery(event: str, payload: dict[str, Any] | bytes, *, token: str |
         headers.update({"webhook-id": key, "webhook-timestamp": stamp,
                         "webhook-signature": standard_signature(signing, key, stamp, body)})
     return body, headers
+
+
+def gitea_delivery(event: str, payload: dict[str, Any] | bytes, secret: str | None, *,
+                   delivery: str | None = None, forgejo: bool = False) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a Gitea delivery, or a Forgejo one (which names itself in ``X-Forgejo-*`` only,
+    as older Forgejo does): the hex HMAC-SHA256 of the body when ``secret`` is given."""
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    prefix = "X-Forgejo" if forgejo else "X-Gitea"
+    headers = {"Content-Type": "application/json", f"{prefix}-Event": event, f"{prefix}-Delivery":
+               delivery or str(uuid.uuid4()), "User-Agent": "Go-http-client/1.1"}
+    if secret is not None:
+        headers[f"{prefix}-Signature"] = gitea_signature(secret, body)
+    return body, headers
+
+
+def gitea_labeled(labels: list[str], number: int | None = None) -> dict[str, Any]:
+    """A Gitea ``issues`` delivery of ``label_updated``: the published ``issues.opened.json`` with the action and the
+    issue's labels after the change (see fixtures/webhooks/README.md)."""
+    payload = load_payload("gitea/issues.opened.json")
+    payload["action"] = "label_updated"
+    payload["issue"]["labels"] = [{"id": 100 + i, "name": name, "color": "ededed"} for i, name in enumerate(labels)]
+    if number is not None:
+        payload["issue"]["number"] = payload["number"] = number
+    return payload

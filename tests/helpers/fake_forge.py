@@ -1,11 +1,12 @@
-"""A fake GitHub and GitLab in one real HTTP server, over local bare git repositories.
+"""A fake GitHub, GitLab and Gitea in one real HTTP server, over local bare git repositories.
 
-- ``/api/v3/...`` speaks the GitHub REST subset Tasuki uses, ``/api/v4/...`` the GitLab REST v4 subset;
-  both refuse a request without ``Authorization: Bearer {token}``.
+- ``/api/v3/...`` speaks the GitHub REST subset Tasuki uses, ``/api/v4/...`` the GitLab REST v4 subset,
+  ``/api/v1/...`` the Gitea (and Forgejo) REST v1 subset; the first two refuse a request without
+  ``Authorization: Bearer {token}``, Gitea's without ``Authorization: token {token}``.
 - ``/git/{owner}/{repo}.git`` is git's smart HTTP protocol, served by ``git http-backend`` from bare
   repositories under ``root``; it refuses a request without the Basic credentials of the dialect
-  (``x-access-token:{token}`` for GitHub, ``oauth2:{token}`` for GitLab), so a clone or push only works
-  when the worker passed them out of band.
+  (``x-access-token:{token}`` for GitHub, ``oauth2:{token}`` for GitLab, ``tasuki:{token}`` for Gitea), so a
+  clone or push only works when the worker passed them out of band.
 
 with FakeForge(tmp_path / "forge", token="t0ken").serve() as forge:
     forge.add_repo("octo", "hello", source_checkout)
@@ -132,6 +133,8 @@ class FakeForge:
         self.items: dict[tuple[str, str, int], FakeItem] = {}
         self.changes: list[FakeChange] = []
         self.members: dict[int, int] = {}  # GitLab user id -> access level
+        self.permissions: dict[str, str] = {}  # Gitea login -> repository permission (owner, admin, write, read)
+        self.repo_labels: dict[tuple[str, str], dict[str, int]] = {}  # Gitea: a repository's labels, name -> id
         self.review_comments: list[FakeReviewComment] = []
         self.discussion_replies: dict[str, list[str]] = {}  # GitLab discussion id -> reply bodies
         self.on_open: Callable[[FakeChange], None] | None = None  # called as a pull/merge request is opened
@@ -206,6 +209,10 @@ class FakeForge:
     def gitlab_api_url(self) -> str:
         return f"{self.url}/api/v4"
 
+    @property
+    def gitea_api_url(self) -> str:
+        return f"{self.url}/api/v1"
+
     def git_url(self, owner: str, repo: str) -> str:
         return f"{self.url}/git/{owner}/{repo}.git"
 
@@ -259,7 +266,7 @@ class FakeForge:
         change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}")
         self.changes.append(change)
         # A pull request is an issue too (labels, conversation comments).
-        kind = "pull_request" if web == "pull" else "merge_request"
+        kind = "merge_request" if web.endswith("merge_requests") else "pull_request"
         self.items[(owner, repo, number)] = FakeItem(owner, repo, number, title, body, kind)
         if self.on_open is not None:
             self.on_open(change)
@@ -423,6 +430,104 @@ class FakeForge:
         return {"id": comment.id, "body": comment.body, "author": {"username": comment.author}, "system": False}
 
 
+    # -- Gitea -------------------------------------------------------------------------------------
+
+    def gitea(self, method: str, parts: list[str], query: dict[str, str], data: Any) -> tuple[int, Any]:
+        if len(parts) < 3 or parts[0] != "repos":
+            raise ForgeError(404, "The target couldn't be found.")
+        owner, repo, rest = parts[1], parts[2], parts[3:]
+        if not rest and method == "GET":
+            return 200, {"full_name": f"{owner}/{repo}", "clone_url": self.git_url(owner, repo),
+                         "default_branch": self._default_branch(owner, repo)}
+        if rest[:2] == ["issues", "comments"] and len(rest) == 3 and method == "PATCH":
+            for item in self.items.values():
+                for comment in item.comments:
+                    if comment.id == int(rest[2]) and (item.owner, item.repo) == (owner, repo):
+                        comment.history.append(comment.body)
+                        comment.body = data["body"]
+                        return 200, self._github_comment(comment)
+            raise ForgeError(404, "The target couldn't be found.")
+        if rest[:1] == ["issues"] and len(rest) >= 2:
+            return self._gitea_issue(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
+        if rest == ["labels"]:
+            return self._gitea_labels(method, owner, repo, data)
+        if rest[:1] == ["pulls"]:
+            return self._gitea_pulls(method, owner, repo, rest[1:], data)
+        if len(rest) == 3 and rest[0] == "collaborators" and rest[2] == "permission" and method == "GET":
+            permission = self.permissions.get(rest[1])
+            if permission is None:
+                raise ForgeError(404, "user does not exist")
+            return 200, {"permission": permission, "role_name": permission, "user": {"login": rest[1]}}
+        raise ForgeError(404, "The target couldn't be found.")
+
+    def _gitea_label_id(self, owner: str, repo: str, name: str) -> int:
+        """The id of a repository label (a label an item was set up with exists in its repository)."""
+        labels = self.repo_labels.setdefault((owner, repo), {})
+        if name not in labels:
+            labels[name] = self._next_id()
+        return labels[name]
+
+    def _gitea_label_list(self, owner: str, repo: str, names: list[str]) -> list[dict[str, Any]]:
+        return [{"id": self._gitea_label_id(owner, repo, n), "name": n, "color": "ededed"} for n in names]
+
+    def _gitea_labels(self, method: str, owner: str, repo: str, data: Any) -> tuple[int, Any]:
+        known = self.repo_labels.setdefault((owner, repo), {})
+        if method == "GET":
+            return 200, self._gitea_label_list(owner, repo, list(known))
+        if method == "POST":
+            if data["name"] in known or not data.get("color"):
+                raise ForgeError(422, "label exists or has no colour")
+            return 201, self._gitea_label_list(owner, repo, [data["name"]])[0]
+        raise ForgeError(405, "Method Not Allowed")
+
+    def _gitea_issue(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
+        owner, repo = item.owner, item.repo
+        if not rest and method == "GET":
+            web = "pulls" if item.kind == "pull_request" else "issues"
+            issue = {"number": item.number, "title": item.title, "body": item.body,
+                     "html_url": f"{self.url}/{owner}/{repo}/{web}/{item.number}",
+                     "labels": self._gitea_label_list(owner, repo, item.labels),
+                     "pull_request": {"merged": False} if item.kind == "pull_request" else None}
+            return 200, issue
+        if rest == ["comments"] and method == "GET":
+            return 200, [self._github_comment(c) for c in item.comments]
+        if rest == ["comments"] and method == "POST":
+            comment = FakeComment(self._next_id(), self.bot_login, data["body"])
+            item.comments.append(comment)
+            return 201, self._github_comment(comment)
+        if rest == ["labels"] and method == "POST":
+            ids = {i: n for n, i in self.repo_labels.get((owner, repo), {}).items()}
+            if not all(isinstance(i, int) and i in ids for i in data["labels"]):  # ids of repository labels only
+                raise ForgeError(422, "labels must be ids of the repository's labels")
+            item.labels += [ids[i] for i in data["labels"] if ids[i] not in item.labels]
+            return 200, self._gitea_label_list(owner, repo, item.labels)
+        if len(rest) == 2 and rest[0] == "labels" and method == "DELETE":
+            names = {i: n for n, i in self.repo_labels.get((owner, repo), {}).items()}
+            name = names.get(int(rest[1]))
+            if name is None or name not in item.labels:
+                raise ForgeError(404, "label not found")
+            item.labels.remove(name)
+            return 204, None
+        raise ForgeError(404, "The target couldn't be found.")
+
+    def _gitea_pulls(self, method: str, owner: str, repo: str, rest: list[str], data: Any) -> tuple[int, Any]:
+        if not rest and method == "POST":
+            if any((c.owner, c.repo, c.head, c.base) == (owner, repo, data["head"], data["base"])
+                   for c in self.changes):
+                raise ForgeError(409, "pull request already exists for these targets")
+            change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
+                                       "pulls")
+            return 201, {"number": change.number, "html_url": change.url}
+        if len(rest) >= 2 and method == "GET":  # /pulls/{base}/{head...}: the head branch may hold slashes
+            base, head = rest[0], "/".join(rest[1:])
+            for change in self.changes:
+                if (change.owner, change.repo, change.base, change.head) == (owner, repo, base, head):
+                    return 200, {"number": change.number, "html_url": change.url,
+                                 "head": {"ref": change.head}, "base": {"ref": change.base}}
+            raise ForgeError(404, "pull request does not exist")
+        raise ForgeError(404, "The target couldn't be found.")
+
+
 def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -482,7 +587,8 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             if split.path.startswith("/_logs/"):  # the pre-signed log download: no token (it is another host's)
                 self._send_log(split.path.rsplit("/", 1)[-1])
                 return
-            if self.headers.get("Authorization") != f"Bearer {forge.token}":
+            scheme = "token" if split.path.startswith("/api/v1/") else "Bearer"  # Gitea's, else GitHub's and GitLab's
+            if self.headers.get("Authorization") != f"{scheme} {forge.token}":
                 self._send(401, b'{"message": "Bad credentials"}', {"Content-Type": "application/json"})
                 return
             with forge.lock:
@@ -499,6 +605,8 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
                         status, answer = forge.github(self.command, parts[2:], query, data)
                     elif parts[:2] == ["api", "v4"]:
                         status, answer = forge.gitlab(self.command, parts[2:], query, data)
+                    elif parts[:2] == ["api", "v1"]:
+                        status, answer = forge.gitea(self.command, parts[2:], query, data)
                     else:
                         raise ForgeError(404, "Not Found")
             except ForgeError as exc:
@@ -506,7 +614,8 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             except RawAnswer as raw:
                 self._send(raw.raw.status, raw.raw.body, raw.raw.headers)
                 return
-            self._send(status, json.dumps(answer).encode(), {"Content-Type": "application/json"})
+            payload = b"" if status == 204 else json.dumps(answer).encode()  # a 204 has no body (keep-alive)
+            self._send(status, payload, {"Content-Type": "application/json"})
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 

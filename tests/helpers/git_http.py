@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2"}  # the user name each forge's token goes with
+# The user name each forge's token goes with (Gitea reads a token as the password whatever the name).
+GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2", "gitea": "tasuki"}
 
 
 def git_authorized(authorization: str, token: str) -> bool:

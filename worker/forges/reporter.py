@@ -22,7 +22,7 @@ from contexts.names import METADATA_FILE
 from contexts.state import read_state
 from contexts.usage import format_cost, format_tokens
 from worker.endings import Ending, on_ending
-from worker.forges import make_forge
+from worker.forges import forge_section, is_forge, make_forge
 from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
 from worker.run import TaskRequest, Workplace
 from worker.settings_models import LabelSettings, Settings
@@ -172,12 +172,14 @@ class ForgeReporter:
         return text
 
     def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
-        """A comment for the running task: GitLab authors need Developer access (GitHub's association was
-        checked at the intake); review comments it carries are fetched, deduplicated and answered at the end."""
+        """A comment for the running task: its author's access is checked here when the intake could not
+        (GitLab, Gitea; GitHub's association was checked at the intake); review comments it carries are fetched,
+        deduplicated and answered at the end."""
         if self.ref is None:
             return entry
-        user_id = entry.get("user_id")
-        if user_id is not None and not self.forge.allows(self.ref, {"kind": "comment", "user_id": user_id}):
+        user_id = entry.get("user_id")  # set when the intake could not check the author (GitLab, Gitea)
+        trigger = {"kind": "comment", "user_id": user_id, "user": entry.get("author")}
+        if user_id is not None and not self.forge.allows(self.ref, trigger):
             return None
         comments = [ReviewComment.from_json(c) for c in entry.get("comments") or []]
         if entry.get("review_id") and self.ref.kind in ("pull_request", "merge_request"):
@@ -263,12 +265,12 @@ class ForgeReporter:
 
 
 def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeReporter | None:
-    """The reporter of a GitHub or GitLab task; None for a local one."""
+    """The reporter of a forge's task; None for a local one."""
     source = request.task_key.get("task_source")
-    if source not in ("github", "gitlab"):
+    if source is None or not is_forge(source):
         return None
     forge = make_forge(source, settings)
-    section = settings.github if source == "github" else settings.gitlab
+    section = forge_section(source, settings)
     return ForgeReporter(forge, request, uuid, section.labels, section.bot_login,
                          ci_log_lines=settings.followups.ci_log_lines, priced=bool(settings.pricing))
 
@@ -292,7 +294,7 @@ def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:
 @on_ending("forge")
 def _tell_the_forge(ending: Ending) -> None:
     """An ending no worker reported (the monitor's) reaches the issue too: final label, progress, summary."""
-    if ending.reported or ending.task_key.get("task_source") not in ("github", "gitlab"):
+    if ending.reported or not is_forge(ending.task_key.get("task_source")):
         return
     from worker.runtime import context_store, settings
 

@@ -1,0 +1,143 @@
+"""Gitea's REST API v1 (and Forgejo's, which keeps it) at ``gitea.api_url`` as a :class:`~worker.forges.base.Forge`.
+
+Gitea names labels on an issue by id, not by name: the repository's labels are looked up (and the state
+machine's created when missing, as GitHub does on its own). Pull requests are issues here too, so labels and
+conversation comments of both live under ``/issues/{index}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from worker.forges.base import (
+    Comment,
+    FailedJob,
+    ForgeHTTP,
+    Item,
+    ItemRef,
+    Repository,
+    ReviewComment,
+    basic_auth_env,
+)
+
+DEFAULT_PERMISSIONS = ("owner", "admin", "write")
+LABEL_COLOR = "#ededed"  # a new label needs a colour; the state machine's labels get a quiet grey
+
+
+class GiteaForge:
+    """Issues, labels, comments and pull requests through ``/repos/{owner}/{repo}/...``."""
+
+    source = "gitea"
+
+    def __init__(self, api_url: str, token: str | None, *, allowed_permissions: Sequence[str] = DEFAULT_PERMISSIONS,
+                 timeout_s: float = 30.0, backoff_s: float = 0.5) -> None:
+        headers = {"Accept": "application/json", "User-Agent": "tasuki"}
+        if token:
+            headers["Authorization"] = f"token {token}"
+        self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s, backoff_s=backoff_s)
+        self.allowed_permissions = frozenset(allowed_permissions)
+        self._token = token
+
+    @staticmethod
+    def _repo(owner: str, repo: str) -> str:
+        return f"repos/{quote(owner, safe='')}/{quote(repo, safe='')}"
+
+    def _issue(self, ref: ItemRef) -> str:
+        return f"{self._repo(ref.owner, ref.repo)}/issues/{ref.number}"
+
+    def repository(self, owner: str, repo: str) -> Repository:
+        """``GET /repos/{owner}/{repo}``."""
+        data = self.http.json("GET", self._repo(owner, repo))
+        return Repository(str(data["clone_url"]), str(data.get("default_branch") or "main"))
+
+    def read_item(self, ref: ItemRef) -> Item:
+        """The issue (or pull request) and its conversation comments, oldest first."""
+        data = self.http.json("GET", self._issue(ref))
+        comments = tuple(
+            Comment(int(c["id"]), str((c.get("user") or {}).get("login", "")), str(c.get("body") or ""))
+            for c in self.http.pages(f"{self._issue(ref)}/comments", {})
+        )
+        return Item(ref, str(data.get("title") or ""), str(data.get("body") or ""), str(data.get("html_url") or ""),
+                    tuple(_label_ids(data.get("labels"))), comments)
+
+    def move_labels(self, ref: ItemRef, add: Sequence[str], remove: Sequence[str]) -> None:
+        """``DELETE .../labels/{id}`` for each present label to remove, then ``POST .../labels`` with the ids of
+        the labels to add (created in the repository when missing)."""
+        if remove:
+            present = _label_ids(self.http.json("GET", self._issue(ref)).get("labels"))
+            for name in remove:
+                if name in present:
+                    self.http.request("DELETE", f"{self._issue(ref)}/labels/{present[name]}", missing_ok=True)
+        if add:
+            ids = self._repository_labels(ref.owner, ref.repo, add)
+            self.http.request("POST", f"{self._issue(ref)}/labels", json={"labels": [ids[name] for name in add]})
+
+    def _repository_labels(self, owner: str, repo: str, names: Sequence[str]) -> dict[str, int]:
+        """The ids of the repository's labels ``names``; the missing ones are created."""
+        path = f"{self._repo(owner, repo)}/labels"
+        known = _label_ids(list(self.http.pages(path, {"limit": 50})))
+        for name in names:
+            if name not in known:
+                known[name] = int(self.http.json("POST", path, json={"name": name, "color": LABEL_COLOR})["id"])
+        return known
+
+    def comment(self, ref: ItemRef, body: str, comment_id: int | None = None) -> int:
+        """``PATCH .../issues/comments/{id}``, or ``POST .../comments`` (also when the old one was deleted)."""
+        if comment_id is not None:
+            path = f"{self._repo(ref.owner, ref.repo)}/issues/comments/{comment_id}"
+            response = self.http.request("PATCH", path, json={"body": body}, missing_ok=True)
+            if response.status_code != 404:
+                return comment_id
+        return int(self.http.json("POST", f"{self._issue(ref)}/comments", json={"body": body})["id"])
+
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
+        """The pull request of ``head`` into ``base`` (``GET .../pulls/{base}/{head}``), or one opened now."""
+        pulls = f"{self._repo(owner, repo)}/pulls"
+        found = self.http.request("GET", f"{pulls}/{quote(base, safe='')}/{quote(head, safe='/')}", missing_ok=True)
+        if found.status_code == 200:
+            return str(found.json()["html_url"])
+        created = self.http.json("POST", pulls, json={"title": title, "head": head, "base": base, "body": body})
+        return str(created["html_url"])
+
+    def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
+        """A comment's author needs one of the allowed repository permissions (a payload names none, and anyone
+        may comment on a public repository); changing labels already needs write access to issues."""
+        if trigger.get("kind") not in ("comment", "review"):
+            return True
+        user = trigger.get("user")
+        if not isinstance(user, str) or not user:
+            return False
+        path = f"{self._repo(ref.owner, ref.repo)}/collaborators/{quote(user, safe='')}/permission"
+        response = self.http.request("GET", path, missing_ok=True)
+        return response.status_code == 200 and response.json().get("permission") in self.allowed_permissions
+
+    def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
+        """None: Gitea's review webhooks are not follow-up triggers (their payload names no review id)."""
+        return []
+
+    def reply_in_thread(self, ref: ItemRef, comment: ReviewComment, body: str) -> None:
+        """A conversation comment on the pull request (review threads are not followed up here)."""
+        self.comment(ref, body)
+
+    def failed_jobs(self, owner: str, repo: str, ci: Mapping[str, Any], max_lines: int) -> list[FailedJob]:
+        """None: Gitea Actions runs are not followed up."""
+        return []
+
+    def git_env(self, clone_url: str) -> dict[str, str]:
+        """``Authorization: Basic`` with the token as the password for the clone URL's origin (Gitea takes a token
+        there whatever the user name)."""
+        return basic_auth_env(clone_url, "tasuki", self._token)
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.http.close()
+
+
+def _label_ids(labels: Any) -> dict[str, int]:
+    """``{name: id}`` of a label list as Gitea answers it (order kept: an issue's labels read in that order)."""
+    if not isinstance(labels, list):
+        return {}
+    return {str(label["name"]): int(label.get("id") or 0) for label in labels
+            if isinstance(label, dict) and isinstance(label.get("name"), str)}
