@@ -33,7 +33,9 @@ from tests.helpers.compose_fleet import (
 from tests.helpers.deliveries import github_delivery, load_payload
 from tests.helpers.docker_host import DockerUnavailable
 
-pytestmark = [pytest.mark.integration, pytest.mark.compose]
+# Deadlines, not timings: a stack of eight containers on a busy 2-core machine took over 300 s to come up.
+pytestmark = [pytest.mark.integration, pytest.mark.compose, pytest.mark.timeout(1200)]
+BUSY_DEADLINE_S = 600
 
 
 def assert_each_step_once(fleet: Fleet, uuid: str) -> None:
@@ -57,7 +59,7 @@ def test_every_service_of_the_stack_becomes_healthy_with_three_workers(fleet: Fl
         health = fleet.stack.health()
         return health if health and set(health.values()) == {"healthy"} else None
 
-    health = fleet.stack.wait(all_healthy, 180, "every container to be healthy")
+    health = fleet.stack.wait(all_healthy, BUSY_DEADLINE_S, "every container to be healthy")
 
     services = sorted(re.sub(r"^tasukitest\w+?[-_]|[-_]\d+$", "", name) for name in health)
     assert services == ["beat", "flower", "maintenance", "redis", "webhook", "worker", "worker", "worker"]
@@ -85,7 +87,7 @@ def test_a_task_through_the_webhook_and_one_through_tasuki_submit_complete_in_th
 def test_a_worker_container_that_dies_mid_task_never_strands_its_task(fleet: Fleet, how: str) -> None:
     number = fleet.new_issue(held=True)
     uuid = fleet.submit(number)
-    fleet.stack.wait(lambda: fleet.held(number), 120, f"task {uuid} to be mid-task", logs_of="worker")
+    fleet.stack.wait(lambda: fleet.held(number), BUSY_DEADLINE_S, f"task {uuid} to be mid-task", logs_of="worker")
     container = fleet.holder_container(uuid)
 
     if how == "kill":
@@ -120,7 +122,7 @@ def test_flower_lists_the_tasks(fleet: Fleet) -> None:
 def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet) -> None:
     number = fleet.new_issue(held=True)
     running = fleet.submit(number)
-    fleet.stack.wait(lambda: fleet.held(number), 120, f"task {running} to be mid-task", logs_of="worker")
+    fleet.stack.wait(lambda: fleet.held(number), BUSY_DEADLINE_S, f"task {running} to be mid-task", logs_of="worker")
     holder = fleet.holder_container(running)
 
     def told_to_stop() -> bool:
@@ -129,7 +131,7 @@ def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet)
 
     with ThreadPoolExecutor(1) as pool:  # SIGTERM: the running task is handed back at its next step
         stopping = pool.submit(fleet.stack.compose, "stop", "worker", timeout_s=300)
-        fleet.stack.wait(told_to_stop, 120, "the task's worker to begin its warm shutdown", logs_of="worker")
+        fleet.stack.wait(told_to_stop, BUSY_DEADLINE_S, "the task's worker to begin its warm shutdown", logs_of="worker")
         fleet.release(number)
         stopping.result()
     queued = fleet.submit(fleet.new_issue())  # no worker is up to take it

@@ -42,7 +42,7 @@ TEST_TIMINGS = {
     "TASUKI__CONTEXTS__STALE_AFTER_S": "8",
     "TASUKI__MONITOR__INTERVAL_S": "2",
 }
-FINISH_TIMEOUT_S = 180.0
+FINISH_TIMEOUT_S = 600.0  # a deadline on a busy machine, not a timing
 
 
 @dataclass
