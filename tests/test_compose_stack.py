@@ -131,7 +131,7 @@ def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet)
 
     with ThreadPoolExecutor(1) as pool:  # SIGTERM: the running task is handed back at its next step
         stopping = pool.submit(fleet.stack.compose, "stop", "worker", timeout_s=300)
-        fleet.stack.wait(told_to_stop, BUSY_DEADLINE_S, "the task's worker to begin its warm shutdown", logs_of="worker")
+        fleet.stack.wait(told_to_stop, BUSY_DEADLINE_S, "the holder's warm shutdown to begin", logs_of="worker")
         fleet.release(number)
         stopping.result()
     queued = fleet.submit(fleet.new_issue())  # no worker is up to take it
