@@ -27,3 +27,4 @@ ACTIVE_STATUSES = ("initializing", "processing", "compressing", "completing")
 FINAL_STATUSES = ("completed", "failed", "timeout", "cancelled")
 
 INDEX_FILE = "index.sqlite3"  # the context index (contexts/index.py), beside running/ and completed/
+OUTCOMES_FILE = "outcomes.sqlite3"  # what became of the pull/merge requests tasks opened (contexts/outcomes_sqlite.py)

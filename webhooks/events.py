@@ -14,6 +14,7 @@ from webhooks.ci_events import CIFailure, github_ci, gitlab_ci
 from webhooks.payload import get as _get
 from webhooks.payload import number as _number
 from webhooks.payload import text as _text
+from webhooks.pull_events import PullEnded, github_pull_ended, gitlab_pull_ended
 from worker.settings_models import GitHubSettings, GitLabSettings
 
 COMMAND_PREFIX = "/tasuki"
@@ -81,7 +82,7 @@ class Ignore:
     reason: str
 
 
-Action = Trigger | Cancel | Note | Command | CIFailure | Ignore
+Action = Trigger | Cancel | Note | Command | CIFailure | PullEnded | Ignore
 
 
 def live_lines(body: str) -> list[str]:
@@ -158,14 +159,22 @@ def _review_action(
                    details=details)
 
 
+def _forge_fact(ci: CIFailure | str | None, ended: PullEnded | None) -> Action | None:
+    """What the forge reports whoever sent it, classified before the "sent by the bot" rule: a CI run's failure (a
+    reason string: a run that did not fail) or a pull/merge request's ending."""
+    if ci is not None:
+        return ci if isinstance(ci, CIFailure) else Ignore(ci)
+    return ended
+
+
 # -- GitHub --------------------------------------------------------------------------------------
 
 
 def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> Action:
     """The action of a GitHub event (``X-GitHub-Event``) and its payload."""
-    ci = github_ci(event, payload)
-    if ci is not None:
-        return ci if isinstance(ci, CIFailure) else Ignore(ci)
+    fact = _forge_fact(github_ci(event, payload), github_pull_ended(event, payload))
+    if fact is not None:
+        return fact
     sender = _text(_get(payload, "sender", "login"))
     if sender.lower() == cfg.bot_login.lower():
         return Ignore("sent by the bot")
@@ -272,9 +281,9 @@ def _label_titles(labels: Any) -> set[str]:
 
 def gitlab_action(payload: dict[str, Any], cfg: GitLabSettings) -> Action:
     """The action of a GitLab event payload (``object_kind`` says which; the header only names it)."""
-    ci = gitlab_ci(payload)
-    if ci is not None:
-        return ci if isinstance(ci, CIFailure) else Ignore(ci)
+    fact = _forge_fact(gitlab_ci(payload), gitlab_pull_ended(payload))
+    if fact is not None:
+        return fact
     user = _text(_get(payload, "user", "username"))
     if user.lower() == cfg.bot_login.lower():
         return Ignore("sent by the bot")

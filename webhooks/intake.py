@@ -26,6 +26,8 @@ from webhooks.budget import not_started, over_budget, reply_text, should_reply
 from webhooks.ci_events import CIFailure
 from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
 from webhooks.followups import Followups, inbox_entry, may_continue_thread, new_task_request
+from webhooks.outcome_intake import PullOutcomes
+from webhooks.pull_events import PullEnded
 from worker.admission import Admissions
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
 from worker.settings_models import Settings
@@ -81,6 +83,7 @@ class Intake:
         self.blocking = blocking
         self._store: ContextStore | None = None
         self.followups = Followups(settings, client, celery_app)
+        self.outcomes = PullOutcomes(settings, client, celery_app, self.followups, lambda: self.store)
 
     @property
     def store(self) -> ContextStore:
@@ -120,7 +123,7 @@ class Intake:
             await self.async_client.delete(key)  # not acted on: a redelivery must be able to try again
             raise
 
-    def _deliver_blocking(self, key: str, action: Trigger | Cancel | Note | Command | CIFailure) -> Answer:
+    def _deliver_blocking(self, key: str, action: Trigger | Cancel | Note | Command | CIFailure | PullEnded) -> Answer:
         if not self.client.set(key, "1", nx=True, ex=DELIVERY_TTL_S):
             return Answer(200, {"status": "duplicate"}, "duplicate")
         try:
@@ -129,7 +132,9 @@ class Intake:
             self.client.delete(key)  # not acted on: a redelivery must be able to try again
             raise
 
-    def _act(self, action: Trigger | Cancel | Note | Command | CIFailure) -> Answer:
+    def _act(self, action: Trigger | Cancel | Note | Command | CIFailure | PullEnded) -> Answer:
+        if isinstance(action, PullEnded):
+            return Answer(*self.outcomes.ended(action, self.cancel))
         if isinstance(action, Trigger):
             return self._trigger(action)
         if isinstance(action, Cancel):
@@ -164,6 +169,7 @@ class Intake:
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")
+        self.outcomes.reviewed(request, action)
         enqueued = self.submit_within_budget(request)
         if isinstance(enqueued, str):
             return self._refused(action.task_key, enqueued)

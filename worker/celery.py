@@ -89,5 +89,6 @@ def _settings_or_exit() -> Settings:
         raise SystemExit(2) from None
 
 
-app = Celery("tasuki", include=["worker.tasks", "worker.memory_tasks", "worker.followup_tasks", "scheduler.tasks"])
+app = Celery("tasuki", include=["worker.tasks", "worker.memory_tasks", "worker.followup_tasks", "worker.outcome_tasks",
+                                "scheduler.tasks"])
 app.conf.update(celery_config(_settings_or_exit()))

@@ -17,6 +17,7 @@ REAP_STALE: Final = "tasuki.reap_stale"
 RETENTION: Final = "tasuki.retention"
 ALERTS: Final = "tasuki.alerts"
 UPDATE_MEMORY: Final = "tasuki.update_memory"  # embedding and thread memory of a finished task's episode
+REMEMBER_REJECTION: Final = "tasuki.remember_rejection"  # a request closed unmerged: its last review to memory
 MERGE_MEMORY: Final = "tasuki.merge_memory"  # the waiting thread memories of one repository into its memory
 
 # Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them

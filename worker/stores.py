@@ -10,6 +10,9 @@ from datetime import datetime
 from pathlib import Path
 
 from contexts.errors import ContextNotFoundError
+from contexts.names import OUTCOMES_FILE
+from contexts.outcomes import OutcomeStore
+from contexts.outcomes_sqlite import SQLiteOutcomeStore
 from contexts.store import ContextStore
 from memory.errors import MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
@@ -34,6 +37,20 @@ def open_store(
         fsync=config.fsync,
         on_heartbeat=on_heartbeat,
     )
+
+
+def open_outcomes(settings: Settings) -> OutcomeStore:
+    """The configured outcome store (issue 28): what became of the pull/merge requests tasks opened."""
+    base = Path(settings.contexts.base_dir)
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return SQLiteOutcomeStore(base)
+
+
+def find_outcomes(settings: Settings) -> OutcomeStore | None:
+    """The outcome store for readers: None when no request was ever recorded (looking never creates it)."""
+    if not (Path(settings.contexts.base_dir) / OUTCOMES_FILE).is_file():
+        return None
+    return open_outcomes(settings)
 
 
 def open_memory(settings: Settings, *, must_exist: bool = False) -> SQLiteMemoryStore:

@@ -22,7 +22,7 @@ from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
 from contexts.usage import Usage, repo_of
-from worker import compressors, lifecycle, memory_tasks  # noqa: F401 - memory_tasks: the memory subscriber
+from worker import compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
 from worker.followup_tasks import comments_left, remember_thread, start_followup

@@ -1,0 +1,292 @@
+"""The embedded :class:`~contexts.outcomes.OutcomeStore`: one SQLite file (WAL) beside the contexts,
+``<root>/outcomes.sqlite3``.
+
+Unlike the context index it mirrors nothing: what the forge said about a request is known only here, so it is
+never rebuilt or thrown away. A report reads one aggregate per group and state (``GROUP BY`` over an index by
+opening time) and the merged requests' times to merge, never the contexts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from contexts.errors import ContextError
+from contexts.names import OUTCOMES_FILE
+from contexts.outcomes import (
+    LAST_REVIEW_ENTRIES,
+    OutcomeGroup,
+    PullOutcome,
+    Selection,
+    week_of,
+)
+from contexts.totals import nano_usd
+
+BUSY_TIMEOUT_S = 30.0
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS pulls (
+    pull TEXT PRIMARY KEY,
+    thread TEXT NOT NULL,
+    repository TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    url TEXT NOT NULL,
+    branch TEXT NOT NULL,
+    model TEXT NOT NULL,
+    first_uuid TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    opened_at REAL NOT NULL,
+    week TEXT NOT NULL,
+    state TEXT NOT NULL,
+    closed_at REAL,
+    merge_s REAL,
+    followups INTEGER NOT NULL DEFAULT 0,
+    review_comments INTEGER NOT NULL DEFAULT 0,
+    tokens INTEGER NOT NULL DEFAULT 0,
+    cost_nusd INTEGER NOT NULL DEFAULT 0,
+    priced INTEGER NOT NULL DEFAULT 0,
+    last_review TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS pulls_opened ON pulls (opened_at);
+CREATE INDEX IF NOT EXISTS pulls_repository ON pulls (repository, opened_at);
+CREATE TABLE IF NOT EXISTS pull_tasks (
+    pull TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    followup INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    cost_nusd INTEGER NOT NULL,
+    priced INTEGER NOT NULL,
+    PRIMARY KEY (pull, uuid)
+);
+"""
+_COLUMNS = {"repo": "repository", "model": "model", "week": "week"}
+_TOTALS = """
+UPDATE pulls SET followups = (SELECT COUNT(*) FROM pull_tasks t WHERE t.pull = pulls.pull AND t.followup = 1),
+    tokens = (SELECT IFNULL(SUM(tokens), 0) FROM pull_tasks t WHERE t.pull = pulls.pull),
+    cost_nusd = (SELECT IFNULL(SUM(cost_nusd), 0) FROM pull_tasks t WHERE t.pull = pulls.pull),
+    priced = (SELECT IFNULL(MAX(priced), 0) FROM pull_tasks t WHERE t.pull = pulls.pull)
+WHERE pull = ?
+"""
+
+
+class OutcomesUnavailable(ContextError):
+    """The outcome store cannot be opened or written."""
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def _moment(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _day_start(day: date) -> float:
+    return datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+
+
+def _where(selection: Selection) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if selection.repository is not None:
+        clauses.append("repository = ?")
+        params.append(selection.repository)
+    if selection.since is not None:
+        clauses.append("opened_at >= ?")
+        params.append(_day_start(selection.since))
+    if selection.until is not None:
+        clauses.append("opened_at < ?")
+        params.append(_day_start(selection.until + timedelta(days=1)))
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+class SQLiteOutcomeStore:
+    """Outcomes in ``<root>/outcomes.sqlite3``; safe to share between threads, reopened after a fork."""
+
+    def __init__(self, root: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.path = Path(root) / OUTCOMES_FILE
+        self.busy_timeout_s = busy_timeout_s
+        self._guard = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self._pid = -1
+        self._attempt(self._conn)
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is not None and self._pid == os.getpid():
+            return self._db
+        with suppress(FileExistsError):  # created 0600 (SQLite gives its -wal and -shm files the same mode)
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        self._db, self._pid = db, os.getpid()  # a parent's connection is left alone after a fork, never closed
+        return db
+
+    def _attempt(self, action: Callable[[], T]) -> T:
+        with self._guard:
+            try:
+                return action()
+            except sqlite3.Error as exc:
+                raise OutcomesUnavailable(f"outcome store {self.path}: {exc}") from None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection (the next call reopens it)."""
+        with self._guard:
+            if self._db is not None and self._pid == os.getpid():
+                self._db.close()
+            self._db = None
+
+    # -- writers -------------------------------------------------------------------------------------
+
+    def opened(self, outcome: PullOutcome) -> bool:
+        """Record a request a task opened; False when it was recorded already."""
+
+        def insert() -> bool:
+            with self._write() as db:
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO pulls (pull, thread, repository, number, url, branch, model, first_uuid, "
+                    "started_at, opened_at, week, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open')",
+                    (outcome.pull, outcome.thread, outcome.repository, outcome.number, outcome.url, outcome.branch,
+                     outcome.model, outcome.first_uuid, _epoch(outcome.started_at), _epoch(outcome.opened_at),
+                     week_of(outcome.opened_at)),
+                )
+                return cursor.rowcount == 1
+
+        return self._attempt(insert)
+
+    def add_task(self, pull: str, uuid: str, *, followup: bool, tokens: int, cost_usd: float | None) -> bool:
+        """Count a task of the request's thread; its totals are summed again from its tasks."""
+
+        def upsert() -> bool:
+            with self._write() as db:
+                if not db.execute("SELECT 1 FROM pulls WHERE pull = ?", (pull,)).fetchone():
+                    return False
+                db.execute("INSERT OR REPLACE INTO pull_tasks VALUES (?, ?, ?, ?, ?, ?)",
+                           (pull, uuid, int(followup), tokens, nano_usd(cost_usd), int(cost_usd is not None)))
+                db.execute(_TOTALS, (pull,))
+                return True
+
+        return self._attempt(upsert)
+
+    def note_review(self, pull: str, entries: Sequence[dict[str, Any]]) -> bool:
+        """Count review comments and keep the newest ``LAST_REVIEW_ENTRIES``."""
+
+        def update() -> bool:
+            with self._write() as db:
+                row = db.execute("SELECT last_review FROM pulls WHERE pull = ?", (pull,)).fetchone()
+                if row is None:
+                    return False
+                kept = [*json.loads(row[0]), *entries][-LAST_REVIEW_ENTRIES:]
+                db.execute("UPDATE pulls SET last_review = ?, review_comments = review_comments + ? WHERE pull = ?",
+                           (json.dumps(kept, ensure_ascii=False), len(entries), pull))
+                return True
+
+        return self._attempt(update)
+
+    def ended(self, pull: str, *, merged: bool, at: datetime, review_comments: int | None = None) -> str | None:
+        """Merged or closed: the previous state (None: no task opened it)."""
+
+        def update() -> str | None:
+            with self._write() as db:
+                row = db.execute("SELECT state, started_at FROM pulls WHERE pull = ?", (pull,)).fetchone()
+                if row is None:
+                    return None
+                merge_s = max(_epoch(at) - row[1], 0.0) if merged else None
+                db.execute(
+                    "UPDATE pulls SET state = ?, closed_at = ?, merge_s = ?, "
+                    "review_comments = MAX(review_comments, ?) WHERE pull = ?",
+                    ("merged" if merged else "closed", _epoch(at), merge_s, review_comments or 0, pull),
+                )
+                return str(row[0])
+
+        return self._attempt(update)
+
+    def reopened(self, pull: str) -> str | None:
+        """Open again: the previous state (None: no task opened it)."""
+
+        def update() -> str | None:
+            with self._write() as db:
+                row = db.execute("SELECT state FROM pulls WHERE pull = ?", (pull,)).fetchone()
+                if row is None:
+                    return None
+                db.execute("UPDATE pulls SET state = 'open', closed_at = NULL, merge_s = NULL WHERE pull = ?", (pull,))
+                return str(row[0])
+
+        return self._attempt(update)
+
+    # -- readers -------------------------------------------------------------------------------------
+
+    def get(self, pull: str) -> PullOutcome | None:
+        """One request's outcome."""
+
+        def read() -> PullOutcome | None:
+            db = self._conn()
+            row = db.execute(
+                "SELECT pull, thread, repository, number, url, branch, model, first_uuid, started_at, opened_at, "
+                "state, closed_at, followups, review_comments, tokens, cost_nusd, priced, last_review "
+                "FROM pulls WHERE pull = ?", (pull,)).fetchone()
+            if row is None:
+                return None
+            tasks = [r[0] for r in db.execute("SELECT uuid FROM pull_tasks WHERE pull = ? ORDER BY followup, rowid",
+                                              (pull,))]
+            return PullOutcome(
+                pull=row[0], thread=row[1], repository=row[2], number=row[3], url=row[4], branch=row[5],
+                model=row[6], first_uuid=row[7], started_at=_moment(row[8]) or datetime.now(UTC),
+                opened_at=_moment(row[9]) or datetime.now(UTC), state=row[10], closed_at=_moment(row[11]),
+                followups=row[12], review_comments=row[13], tokens=row[14],
+                cost_usd=row[15] / 1e9 if row[16] else None, tasks=tuple(tasks),
+                last_review=tuple(json.loads(row[17])),
+            )
+
+        return self._attempt(read)
+
+    def groups(self, by: str | None, selection: Selection) -> list[OutcomeGroup]:
+        """One aggregate per group and state, and the merged requests' times to merge (ordered by the index)."""
+        column = _COLUMNS[by] if by is not None else "'all'"
+        where, params = _where(selection)
+        sums = (f"SELECT {column}, state, COUNT(*), SUM(followups), SUM(review_comments), SUM(tokens), "  # noqa: S608
+                f"SUM(cost_nusd), SUM(priced) FROM pulls{where} GROUP BY 1, 2")
+        merged_where = f"{where} AND state = 'merged'" if where else " WHERE state = 'merged'"
+        times = f"SELECT {column}, merge_s FROM pulls{merged_where}"  # noqa: S608 - constants; values are parameters
+
+        def read() -> list[OutcomeGroup]:
+            db = self._conn()
+            found: dict[str, dict[str, Any]] = {}
+            for key, state, n, followups, reviews, tokens, cost, priced in db.execute(sums, params):
+                group = found.setdefault(str(key), {"counts": {}, "followups": 0, "review_comments": 0, "tokens": 0,
+                                                    "cost": 0, "priced": 0, "merge": []})
+                group["counts"][state] = n
+                group["followups"] += followups
+                group["review_comments"] += reviews
+                group["tokens"] += tokens
+                group["cost"] += cost
+                group["priced"] += priced
+            for key, seconds in db.execute(times, params):
+                found[str(key)]["merge"].append(seconds)
+            return [
+                OutcomeGroup(key, g["counts"], g["followups"], g["review_comments"], g["tokens"],
+                             g["cost"] / 1e9 if g["priced"] else None, tuple(g["merge"]))
+                for key, g in found.items()
+            ]
+
+        return self._attempt(read)
