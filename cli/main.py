@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, memory, reading, usage
+from cli import commands, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -96,6 +96,8 @@ COMMANDS: list[Command] = [
     ),
     Command(("usage",), "tokens and cost by repository, user, model or day (from the contexts)", usage.cmd_usage,
             usage.usage_arguments),
+    Command(("outcomes",), "pull/merge requests tasks opened: merged, closed, open; cost per merged, time to merge",
+            outcomes.cmd_outcomes, outcomes.outcomes_arguments),
     Command(("usage", "rebuild"), "rebuild today's daily budget counters in Redis from the contexts",
             usage.cmd_usage_rebuild),
     Command(

@@ -20,6 +20,7 @@ from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, RUNNING_STATUS_PREF
 from worker.settings_models import Settings
 from worker.spend import fleet_totals
 
+PULL_OUTCOMES = ("opened", "merged", "closed")  # STATS_KEY fields pull_requests:{outcome}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -89,6 +90,11 @@ class FleetCollector(Collector):
                                   value=stats.get("compression_queue_wait_ms", 0) / 1000)
         yield CounterMetricFamily("tasuki_compression_run_seconds", "Time compressions took to run",
                                   value=stats.get("compression_run_ms", 0) / 1000)
+        pulls = CounterMetricFamily("tasuki_pull_requests", "Pull/merge requests tasks opened, and endings the forges "
+                                    "announced for them: merged, or closed unmerged", labels=["outcome"])
+        for outcome in PULL_OUTCOMES:
+            pulls.add_metric([outcome], stats.get(f"pull_requests:{outcome}", 0))
+        yield pulls
         alert = GaugeMetricFamily("tasuki_alert", "Latest value of each scheduler alert gauge", labels=["name"])
         for name, value in sorted((_text(k), v) for k, v in alerts.items()):
             try:

@@ -105,3 +105,25 @@ def gitlab_diff_note(change: FakeChange, note_id: int, body: str, path: str, lin
                                                   "old_line": None, "new_line": line})
     payload["merge_request"].update(iid=change.number, source_branch=change.head, description=change.body)
     return payload
+
+
+def pull_request_closed(change: FakeChange, *, merged: bool, at: str, review_comments: int = 0) -> dict[str, Any]:
+    """``pull_request`` closed on ``change``: merged (at ``at``, ISO 8601) or not (the published example is not)."""
+    payload = _repository(load_payload("github/pull_request.closed.json"), change.owner, change.repo)
+    _pull(payload, change)
+    payload["number"] = change.number
+    payload["pull_request"].update(merged=merged, closed_at=at, merged_at=at if merged else None,
+                                   review_comments=review_comments, state="closed")
+    return payload
+
+
+def merge_request_hook(change: FakeChange, action: str, at: str) -> dict[str, Any]:
+    """GitLab's Merge Request Hook (go-gitlab's example) with ``action`` merge, close or reopen on ``change``."""
+    payload = load_payload("gitlab/merge_request_hook.json")
+    payload["project"]["path_with_namespace"] = f"{change.owner}/{change.repo}"
+    payload["object_attributes"].update(
+        action=action, iid=change.number, source_branch=change.head, description=change.body,
+        state={"merge": "merged", "close": "closed", "reopen": "opened"}[action],
+        merged_at=at if action == "merge" else None, closed_at=at if action == "close" else None,
+    )
+    return payload
