@@ -22,6 +22,7 @@ from worker.endings import Ending, on_ending
 from worker.merging import DELAY_S, RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
 from worker.metering import Meter, usage_of
 from worker.names import MAINTENANCE_QUEUE, MERGE_MEMORY, UPDATE_MEMORY
+from worker.outcome_tasks import respend
 from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings
 from worker.settings_models import Settings
@@ -175,5 +176,6 @@ class MemoryCalls:
         try:
             task_key = read_json(self.directory / METADATA_FILE)["task_key"]
             Meter(self.settings, repo_of(task_key), redis_client).record_finished(self.directory, usages)
+            respend(self.directory)  # a pull/merge request's outcome counts its thread's memory calls too
         except (OSError, KeyError, ValueError, TasukiError) as exc:  # the task never had a context to count in
             log.info("memory update not metered: no context", reason=str(exc)[:200])

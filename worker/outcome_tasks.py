@@ -24,10 +24,9 @@ from memory import MemoryUnavailable, repository_key
 from memory.rejections import with_rejection
 from worker.celery import app
 from worker.endings import Ending, on_ending
-from worker.memory_tasks import finished_directory
 from worker.merging import RETRY_S, release_merge
 from worker.names import MERGE_RUNNING_PREFIX, REMEMBER_REJECTION, STATS_KEY
-from worker.runtime import redis_client, settings
+from worker.runtime import context_store, redis_client, settings
 from worker.stores import find_outcomes, open_memory, open_outcomes
 from worker.threads import change_number, key_id
 
@@ -37,10 +36,33 @@ PULL_KINDS = {"github": "pull_request", "gitlab": "merge_request"}
 OPENED_FIELD = "pull_requests:opened"  # STATS_KEY fields /metrics reads: pull_requests:{opened,merged,closed}
 
 
+def finished_context(uuid: str) -> Path | None:
+    """The finished context of ``uuid``, None when there is none."""
+    try:
+        directory = context_store(settings(), index=False).completed_path(uuid)
+    except (OSError, TasukiError):
+        return None
+    return directory if directory.is_dir() else None
+
+
+def respend(directory: Path) -> None:
+    """A finished task's spend grew (its memory jobs' calls are metered in its context after it ended): its
+    request's outcome counts it again. Nothing when no request was ever recorded."""
+    store = find_outcomes(settings())
+    if store is None:
+        return
+    try:
+        record_task(store, directory)
+    except (OSError, KeyError, ValueError, TasukiError) as exc:
+        log.warning("outcome spend not updated", error=mask(str(exc))[:300])
+    finally:
+        store.close()
+
+
 @on_ending("outcomes")
 def _record_outcome(ending: Ending) -> None:
     """A task that opened a pull/merge request records it; a follow-up adds itself and its spend to its request's."""
-    directory = finished_directory(settings(), ending.uuid)
+    directory = finished_context(ending.uuid)
     if directory is None:
         return
     store = open_outcomes(settings())
