@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from console import views
 from console.fleet import RecentEndings, read_fleet
 from console.live import POLL_S, Seen, follow
+from console.outcomes import OutcomesReader
 from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matches, token_matches
 from console.tasklist import Filters, read_page
 from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
@@ -99,6 +100,7 @@ class Console:
         self.limiter = SignInLimiter(settings.console.signin_attempts_per_minute)
         self.templates = templates()
         self.endings = RecentEndings()
+        self.outcomes = OutcomesReader(settings)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock(), UTC)
@@ -143,8 +145,10 @@ class Console:
     async def fleet(self, request: Request, session: Session) -> Response:
         fleet = await run_in_threadpool(read_fleet, self.store, self.store.index, self.client, self.now(),
                                         self.workers, self.endings)
-        name = "fleet_live.html" if request.url.path.endswith("/fleet/live") else "fleet.html"
-        return self.page(request, name, {"fleet": fleet, "session": session})
+        if request.url.path.endswith("/fleet/live"):
+            return self.page(request, "fleet_live.html", {"fleet": fleet, "session": session})
+        outcomes = await run_in_threadpool(self.outcomes, self.now())  # the whole page only: weekly figures
+        return self.page(request, "fleet.html", {"fleet": fleet, "session": session, "outcomes": outcomes})
 
     async def tasks(self, request: Request, session: Session) -> Response:
         query = request.query_params

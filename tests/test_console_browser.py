@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,10 @@ import pytest
 import redis
 
 from contexts import ContextStore
+from contexts.clock import utc_now
 from contexts.context import Context
+from contexts.outcomes import PullOutcome
+from contexts.outcomes_sqlite import SQLiteOutcomeStore
 from contexts.state import read_state
 from tests.conftest import TEST_KEY_PATTERNS, delete_keys
 from tests.helpers.ci import cannot_run
@@ -184,6 +188,36 @@ def test_no_raw_secret_and_no_injected_markup_reaches_any_page(stack: Stack, pag
     page.goto(stack.page_url(f"/tasks/{stack.live.uuid}"))
     expect(page.locator("#issue-title")).to_have_text(HOSTILE_TITLE)
     expect(page.locator("#timeline")).to_contain_text("[GITHUB_TOKEN]")
+
+
+def test_fleet_page_shows_the_outcomes_panel_with_its_weekly_chart(stack: Stack, page: Page, tmp_path: Path) -> None:
+    sign_in(page, stack)
+    expect(page.locator("#no-outcomes")).to_be_visible()  # nothing recorded yet
+    store = SQLiteOutcomeStore(stack.store.base_dir)
+    now = utc_now()
+    for n, (weeks_ago, merged) in enumerate([(0, True), (0, False), (2, True), (2, None)], start=1):
+        opened = now - timedelta(weeks=weeks_ago, hours=2)
+        pull = f"github/octo/hello/pull_request/{n}"
+        store.opened(PullOutcome(pull, f"github/octo/hello/issue/{n}", "github/octo/hello", n, f"https://x/{n}",
+                                 f"tasuki/{n}", "gpt-4o", f"u{n}", opened - timedelta(hours=1), opened))
+        store.add_task(pull, f"u{n}", followup=False, tokens=1000, cost_usd=0.75)
+        if merged is not None:
+            store.ended(pull, merged=merged, at=opened + timedelta(hours=1))
+    store.close()
+
+    page.goto(stack.page_url("/"))
+    panel = page.locator("#outcomes")
+    expect(panel).to_contain_text("4opened")
+    expect(panel).to_contain_text("2merged")
+    expect(panel).to_contain_text("1closed unmerged")
+    expect(page.locator("#merge-rate")).to_have_text("67 %")
+    expect(page.locator("#cost-per-merged")).to_have_text("$1.50")  # 3 USD over two merged
+    chart = page.locator("#outcomes-chart")
+    expect(chart).to_have_attribute("data-weeks", "12")
+    expect(chart).to_have_attribute("data-drawn", "true")  # drawn by the page's script under the CSP
+    expect(page.locator("#outcomes-chart canvas")).to_be_visible()
+    expect(page.locator("#outcomes-chart .u-legend")).to_contain_text("closed unmerged")
+    screenshot(page, "console-outcomes.png", tmp_path)
 
 
 def test_task_page_shows_the_token_chart_the_compression_and_the_branch_diff(

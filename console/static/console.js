@@ -57,3 +57,30 @@
   }
   document.addEventListener("DOMContentLoaded", start);
 })();
+
+// The fleet page's outcomes chart: per week, the pull/merge requests tasks opened, merged and closed unmerged.
+// Data comes from the chart element's data-chart attribute (escaped by the template, never executed).
+(function () {
+  "use strict";
+
+  function start() {
+    var el = document.getElementById("outcomes-chart");
+    if (!el || !window.uPlot) { return; }
+    var data = JSON.parse(el.dataset.chart);
+    var opts = {
+      width: Math.min(el.clientWidth || 800, 1000),
+      height: 220,
+      scales: { y: { range: function (u, min, max) { return [0, Math.max(max, 1) * 1.1]; } } },
+      axes: [{ label: "week opened" }, { label: "requests", size: 60 }],
+      series: [
+        {},
+        { label: "opened", stroke: "#2563eb", width: 2, points: { show: true } },
+        { label: "merged", stroke: "#16a34a", width: 2, points: { show: true } },
+        { label: "closed unmerged", stroke: "#dc2626", width: 2, points: { show: true } }
+      ]
+    };
+    new window.uPlot(opts, [data.weeks, data.opened, data.merged, data.closed], el);
+    el.dataset.drawn = "true";
+  }
+  document.addEventListener("DOMContentLoaded", start);
+})();
