@@ -9,7 +9,6 @@ the contexts, :mod:`contexts.outcomes_sqlite`); the figures are pure functions o
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timedelta
@@ -76,7 +75,7 @@ class OutcomeGroup:
     review_comments: int = 0
     tokens: int = 0
     cost_usd: float | None = None
-    merge_seconds: tuple[float, ...] = ()  # each merged request's time to merge
+    median_merge_s: float | None = None  # the merged requests' median time to merge
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ def row_of(group: OutcomeGroup) -> OutcomeRow:
         merge_rate=round(merged / decided, 4) if decided else None,
         cost_usd=cost,
         cost_per_merged_usd=round(cost / merged, 6) if cost is not None and merged else None,
-        median_time_to_merge_s=statistics.median(group.merge_seconds) if group.merge_seconds else None,
+        median_time_to_merge_s=group.median_merge_s,
         followups_per_pr=round(group.followups / opened, 3) if opened else None,
         review_comments=group.review_comments,
         tokens=group.tokens,

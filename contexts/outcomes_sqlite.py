@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import statistics
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -57,6 +58,20 @@ CREATE TABLE IF NOT EXISTS pulls (
 );
 CREATE INDEX IF NOT EXISTS pulls_opened ON pulls (opened_at);
 CREATE INDEX IF NOT EXISTS pulls_repository ON pulls (repository, opened_at);
+CREATE TABLE IF NOT EXISTS tallies (
+    dim TEXT NOT NULL,
+    key TEXT NOT NULL,
+    state TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    followups INTEGER NOT NULL,
+    review_comments INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    cost_nusd INTEGER NOT NULL,
+    priced INTEGER NOT NULL,
+    PRIMARY KEY (dim, key, state)
+);
+CREATE TABLE IF NOT EXISTS medians (dim TEXT NOT NULL, key TEXT NOT NULL, merge_s REAL NOT NULL,
+    PRIMARY KEY (dim, key));
 CREATE TABLE IF NOT EXISTS pull_tasks (
     pull TEXT NOT NULL,
     uuid TEXT NOT NULL,
@@ -68,6 +83,50 @@ CREATE TABLE IF NOT EXISTS pull_tasks (
 );
 """
 _COLUMNS = {"repo": "repository", "model": "model", "week": "week"}
+SEP = "\x1f"  # between the parts of a tally key (no repository, model or week name holds it)
+# Each request counts in one tally row per dimension (and its state): a report without a time range reads the rows
+# of one dimension, never the requests. A dimension is the columns its key is made of.
+DIMENSIONS: dict[str, tuple[str, ...]] = {
+    "all": (), "repo": ("repository",), "model": ("model",), "week": ("week",),
+    "repo-model": ("repository", "model"), "repo-week": ("repository", "week"),
+}
+
+
+def _key_sql(columns: tuple[str, ...], row: str) -> str:
+    return f" || '{SEP}' || ".join(f"{row}.{c}" for c in columns) if columns else "'all'"
+
+
+def _tally_sql() -> list[str]:
+    """The triggers that keep ``tallies``, and the indexes a group's median is read from (merged requests by their
+    time to merge, per dimension)."""
+    add, remove = [], []
+    for dim, columns in DIMENSIONS.items():
+        add.append(
+            f"INSERT INTO tallies VALUES ('{dim}', {_key_sql(columns, 'new')}, new.state, 1, new.followups, "  # noqa: S608
+            "new.review_comments, new.tokens, new.cost_nusd, new.priced) ON CONFLICT DO UPDATE SET n = n + 1, "
+            "followups = followups + excluded.followups, review_comments = review_comments + excluded.review_comments, "
+            "tokens = tokens + excluded.tokens, cost_nusd = cost_nusd + excluded.cost_nusd, "
+            "priced = priced + excluded.priced;")
+        remove.append(
+            "UPDATE tallies SET n = n - 1, followups = followups - old.followups, "  # noqa: S608 - names are constants
+            "review_comments = review_comments - old.review_comments, tokens = tokens - old.tokens, "
+            "cost_nusd = cost_nusd - old.cost_nusd, priced = priced - old.priced "
+            f"WHERE dim = '{dim}' AND key = {_key_sql(columns, 'old')} AND state = old.state;")
+    remove.append("DELETE FROM tallies WHERE n <= 0;")
+    adds, removes = " ".join(add), " ".join(remove)
+    statements = [
+        f"CREATE TRIGGER IF NOT EXISTS tally_insert AFTER INSERT ON pulls BEGIN {adds} END",
+        f"CREATE TRIGGER IF NOT EXISTS tally_delete AFTER DELETE ON pulls BEGIN {removes} END",
+        f"CREATE TRIGGER IF NOT EXISTS tally_update AFTER UPDATE ON pulls BEGIN {removes} {adds} END",
+    ]
+    for dim, columns in DIMENSIONS.items():
+        name = dim.replace("-", "_")
+        indexed = ", ".join(("state", *columns, "merge_s"))
+        statements.append(f"CREATE INDEX IF NOT EXISTS merged_{name} ON pulls ({indexed})")
+    return statements
+
+
+TALLY_SQL = _tally_sql()
 _TOTALS = """
 UPDATE pulls SET followups = (SELECT COUNT(*) FROM pull_tasks t WHERE t.pull = pulls.pull AND t.followup = 1),
     tokens = (SELECT IFNULL(SUM(tokens), 0) FROM pull_tasks t WHERE t.pull = pulls.pull),
@@ -128,6 +187,8 @@ class SQLiteOutcomeStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)
+        for statement in TALLY_SQL:
+            db.execute(statement)
         self._db, self._pid = db, os.getpid()  # a parent's connection is left alone after a fork, never closed
         return db
 
@@ -217,6 +278,7 @@ class SQLiteOutcomeStore:
                     "review_comments = MAX(review_comments, ?) WHERE pull = ?",
                     ("merged" if merged else "closed", _epoch(at), merge_s, review_comments or 0, pull),
                 )
+                _remedian(db, pull)
                 return str(row[0])
 
         return self._attempt(update)
@@ -230,6 +292,7 @@ class SQLiteOutcomeStore:
                 if row is None:
                     return None
                 db.execute("UPDATE pulls SET state = 'open', closed_at = NULL, merge_s = NULL WHERE pull = ?", (pull,))
+                _remedian(db, pull)
                 return str(row[0])
 
         return self._attempt(update)
@@ -261,32 +324,83 @@ class SQLiteOutcomeStore:
         return self._attempt(read)
 
     def groups(self, by: str | None, selection: Selection) -> list[OutcomeGroup]:
-        """One aggregate per group and state, and the merged requests' times to merge (ordered by the index)."""
+        """The selection's aggregates: from the tallies (and the medians from the merged requests' indexes) when no
+        time range is given; a time range reads the requests opened in it (by the index on their opening time)."""
+        if selection.since is not None or selection.until is not None:
+            return self._attempt(lambda: self._scan(by, selection))
+        return self._attempt(lambda: self._tallied(by, selection.repository))
+
+    def _tallied(self, by: str | None, repository: str | None) -> list[OutcomeGroup]:
+        dim = {None: "all", "repo": "repo", "model": "model", "week": "week"}[by]
+        prefix = None
+        if repository is not None:
+            dim, prefix = {"all": ("repo", None), "repo": ("repo", None), "model": ("repo-model", repository),
+                           "week": ("repo-week", repository)}[dim]
+        db = self._conn()
+        sql = "SELECT key, state, n, followups, review_comments, tokens, cost_nusd, priced FROM tallies WHERE dim = ?"
+        if prefix is not None:
+            rows = db.execute(sql + " AND key >= ? AND key < ?", (dim, prefix + SEP, prefix + chr(ord(SEP) + 1)))
+        elif repository is not None:
+            rows = db.execute(sql + " AND key = ?", (dim, repository))
+        else:
+            rows = db.execute(sql, (dim,))
+        found = _fold(rows)
+        medians = dict(db.execute("SELECT key, merge_s FROM medians WHERE dim = ?", (dim,)).fetchall()) \
+            if found else {}
+        return [OutcomeGroup(key.split(SEP)[-1] if prefix is not None else key, g["counts"], g["followups"],
+                             g["review_comments"], g["tokens"], g["cost"] / 1e9 if g["priced"] else None,
+                             medians.get(key))
+                for key, g in found.items()]
+
+    def _scan(self, by: str | None, selection: Selection) -> list[OutcomeGroup]:
         column = _COLUMNS[by] if by is not None else "'all'"
         where, params = _where(selection)
         sums = (f"SELECT {column}, state, COUNT(*), SUM(followups), SUM(review_comments), SUM(tokens), "  # noqa: S608
                 f"SUM(cost_nusd), SUM(priced) FROM pulls{where} GROUP BY 1, 2")
-        merged_where = f"{where} AND state = 'merged'" if where else " WHERE state = 'merged'"
-        times = f"SELECT {column}, merge_s FROM pulls{merged_where}"  # noqa: S608 - constants; values are parameters
+        times = f"SELECT {column}, merge_s FROM pulls{where} AND state = 'merged'"  # noqa: S608 - constants
+        db = self._conn()
+        found = _fold(db.execute(sums, params))
+        merge: dict[str, list[float]] = {}
+        for key, seconds in db.execute(times, params):
+            merge.setdefault(str(key), []).append(seconds)
+        return [
+            OutcomeGroup(key, g["counts"], g["followups"], g["review_comments"], g["tokens"],
+                         g["cost"] / 1e9 if g["priced"] else None,
+                         statistics.median(merge[key]) if merge.get(key) else None)
+            for key, g in found.items()
+        ]
 
-        def read() -> list[OutcomeGroup]:
-            db = self._conn()
-            found: dict[str, dict[str, Any]] = {}
-            for key, state, n, followups, reviews, tokens, cost, priced in db.execute(sums, params):
-                group = found.setdefault(str(key), {"counts": {}, "followups": 0, "review_comments": 0, "tokens": 0,
-                                                    "cost": 0, "priced": 0, "merge": []})
-                group["counts"][state] = n
-                group["followups"] += followups
-                group["review_comments"] += reviews
-                group["tokens"] += tokens
-                group["cost"] += cost
-                group["priced"] += priced
-            for key, seconds in db.execute(times, params):
-                found[str(key)]["merge"].append(seconds)
-            return [
-                OutcomeGroup(key, g["counts"], g["followups"], g["review_comments"], g["tokens"],
-                             g["cost"] / 1e9 if g["priced"] else None, tuple(g["merge"]))
-                for key, g in found.items()
-            ]
 
-        return self._attempt(read)
+def _remedian(db: sqlite3.Connection, pull: str) -> None:
+    """The medians of the groups ``pull`` counts in, again (after it was merged, closed or reopened): each read by
+    offset from its dimension's index of merged requests, so that a report reads one median per group."""
+    row = db.execute("SELECT repository, model, week FROM pulls WHERE pull = ?", (pull,)).fetchone()
+    values = dict(zip(("repository", "model", "week"), row, strict=True))
+    for dim, columns in DIMENSIONS.items():
+        parts = [values[c] for c in columns]
+        key = SEP.join(parts) if columns else "all"
+        where = "".join(f" AND {c} = ?" for c in columns)
+        merged = db.execute(f"SELECT COUNT(*) FROM pulls WHERE state = 'merged'{where}", parts).fetchone()[0]  # noqa: S608
+        found = [r[0] for r in db.execute(
+            f"SELECT merge_s FROM pulls INDEXED BY merged_{dim.replace('-', '_')} "  # noqa: S608 - constants
+            f"WHERE state = 'merged'{where} ORDER BY merge_s LIMIT ? OFFSET ?",
+            (*parts, 2 - merged % 2, max(merged - 1, 0) // 2))]
+        if found:
+            db.execute("INSERT OR REPLACE INTO medians VALUES (?, ?, ?)", (dim, key, statistics.fmean(found)))
+        else:
+            db.execute("DELETE FROM medians WHERE dim = ? AND key = ?", (dim, key))
+
+
+def _fold(rows: Iterable[tuple[Any, ...]]) -> dict[str, dict[str, Any]]:
+    """Rows of (key, state, n, followups, review comments, tokens, cost, priced) folded by key."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, state, n, followups, reviews, tokens, cost, priced in rows:
+        group = found.setdefault(str(key), {"counts": {}, "followups": 0, "review_comments": 0, "tokens": 0,
+                                            "cost": 0, "priced": 0})
+        group["counts"][state] = group["counts"].get(state, 0) + n
+        group["followups"] += followups
+        group["review_comments"] += reviews
+        group["tokens"] += tokens
+        group["cost"] += cost
+        group["priced"] += priced
+    return found

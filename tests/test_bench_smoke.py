@@ -102,3 +102,13 @@ def test_quick_recall_benchmark_prints_its_ratios(tmp_path: Path) -> None:
     assert re.search(r"^recall p95 1,000/100 +\d+\.\d\d +<= 2 +info$", run.stdout, re.MULTILINE), run.stdout
     assert re.search(r"^recall p95 at 1,000 \(ms\) +\d+\.\d +<= 50 +info$", run.stdout, re.MULTILINE), run.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_outcomes_benchmark_prints_its_ratios(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "outcomes", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    for name in ("total", "--by repo", "--by week", "--by model"):
+        assert re.search(rf"^outcomes: {name} at 500 threads .* at 100: \d+\.\d\d$", run.stdout, re.M), run.stdout
