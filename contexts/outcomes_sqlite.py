@@ -347,7 +347,7 @@ class SQLiteOutcomeStore:
         found = _fold(rows)
         medians = dict(db.execute("SELECT key, merge_s FROM medians WHERE dim = ?", (dim,)).fetchall()) \
             if found else {}
-        return [OutcomeGroup(key.split(SEP)[-1] if prefix is not None else key, g["counts"], g["followups"],
+        return [OutcomeGroup("all" if by is None else key.split(SEP)[-1], g["counts"], g["followups"],
                              g["review_comments"], g["tokens"], g["cost"] / 1e9 if g["priced"] else None,
                              medians.get(key))
                 for key, g in found.items()]

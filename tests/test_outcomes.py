@@ -196,3 +196,31 @@ def test_row_of_an_empty_group_has_no_rates() -> None:
 
     row = row_of(OutcomeGroup("x"))
     assert (row.opened, row.merge_rate, row.cost_per_merged_usd, row.median_time_to_merge_s) == (0, None, None, None)
+
+
+def test_tallies_agree_with_a_scan_of_every_request_after_any_history(store: SQLiteOutcomeStore) -> None:
+    import random
+
+    rng = random.Random(3)
+    repos, models = ["github/acme/api", "github/acme/web", "gitlab/acme/ops"], ["gpt-4o", "llama3"]
+    for n in range(120):
+        opened = T0 + timedelta(hours=rng.randrange(24 * 7 * 6))
+        made = outcome(n, repo=rng.choice(repos), model=rng.choice(models), opened=opened)
+        store.opened(made)
+        pull = made.pull
+        store.add_task(pull, f"u{n}", followup=False, tokens=rng.randrange(1000), cost_usd=rng.choice([None, 0.1]))
+        for _ in range(rng.randrange(3)):
+            store.add_task(pull, f"f{n}-{_}", followup=True, tokens=10, cost_usd=0.01)
+            store.note_review(pull, [{"author": "a", "body": "b"}])
+        for _ in range(rng.randrange(3)):  # endings, reopenings, endings again
+            if rng.random() < 0.3:
+                store.reopened(pull)
+            else:
+                store.ended(pull, merged=rng.random() < 0.6, at=opened + timedelta(minutes=rng.randrange(1, 9999)))
+    everything = Selection(since=date(2000, 1, 1))
+    for by in (None, "repo", "model", "week"):
+        assert sorted(store.groups(by, Selection()), key=str) == sorted(store.groups(by, everything), key=str), by
+        for repo in repos:
+            tallied = store.groups(by, Selection(repository=repo))
+            scanned = store.groups(by, Selection(repository=repo, since=date(2000, 1, 1)))
+            assert sorted(tallied, key=str) == sorted(scanned, key=str), (by, repo)
