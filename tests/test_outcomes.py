@@ -224,3 +224,19 @@ def test_tallies_agree_with_a_scan_of_every_request_after_any_history(store: SQL
             tallied = store.groups(by, Selection(repository=repo))
             scanned = store.groups(by, Selection(repository=repo, since=date(2000, 1, 1)))
             assert sorted(tallied, key=str) == sorted(scanned, key=str), (by, repo)
+
+
+def test_gitea_pull_request_closed_example_is_an_ending_of_a_gitea_request() -> None:
+    from webhooks.gitea_events import gitea_action
+    from worker.settings_models import GiteaSettings
+
+    payload = load_payload("gitea/pull_request.closed.json")
+    ended = gitea_action("pull_request", payload, GiteaSettings())
+    assert isinstance(ended, PullEnded)
+    assert ended.pull_key == {"task_source": "gitea", "owner": "gogits", "repo": "hello-world",
+                              "task_type": "pull_request", "task_id": "2"}
+    assert (ended.outcome, ended.head, ended.body) == ("closed", "feature", "this is big")
+    payload["pull_request"].update(merged=True, merged_at="2017-12-10T08:00:00Z")
+    merged = gitea_action("pull_request", payload, GiteaSettings())
+    assert isinstance(merged, PullEnded)
+    assert (merged.outcome, merged.at) == ("merged", datetime(2017, 12, 10, 8, tzinfo=UTC))

@@ -18,6 +18,7 @@ from webhooks.events import _comment_action as comment_action  # the comment rul
 from webhooks.events import _key as task_key
 from webhooks.events import _review_action as review_action
 from webhooks.payload import get, number, text
+from webhooks.pull_events import github_pull_ended
 from webhooks.signatures import verify_gitea
 from worker.settings_models import GiteaSettings
 
@@ -42,7 +43,12 @@ def delivery_id(headers: Mapping[str, str]) -> str:
 
 
 def gitea_action(event: str, payload: dict[str, Any], cfg: GiteaSettings) -> Action:
-    """The action of a Gitea event (``X-Gitea-Event``) and its payload."""
+    """The action of a Gitea event (``X-Gitea-Event``) and its payload; a pull request's ending is an outcome,
+    whoever brought it about (classified before the "sent by the bot" rule, as on the other forges)."""
+    return github_pull_ended(event, payload, source="gitea") or _sent_action(event, payload, cfg)
+
+
+def _sent_action(event: str, payload: dict[str, Any], cfg: GiteaSettings) -> Action:
     sender = text(get(payload, "sender", "login"))
     if sender.lower() == cfg.bot_login.lower():
         return Ignore("sent by the bot")

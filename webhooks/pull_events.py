@@ -42,13 +42,15 @@ def _key(source: str, owner: str, repo: str, kind: str, pull: int) -> dict[str, 
     return {"task_source": source, "owner": owner, "repo": repo, "task_type": kind, "task_id": str(pull)}
 
 
-def github_pull_ended(event: str, payload: dict[str, Any]) -> PullEnded | None:
-    """``pull_request`` closed or reopened; None for anything else."""
+def github_pull_ended(event: str, payload: dict[str, Any], source: str = "github") -> PullEnded | None:
+    """``pull_request`` closed or reopened; None for anything else. Gitea and Forgejo send the same event in the same
+    shape (``source="gitea"``; older ones name the head branch ``head_branch`` and the owner ``username``)."""
     action = get(payload, "action")
     if event != "pull_request" or action not in ("closed", "reopened"):
         return None
     item = get(payload, "pull_request")
-    owner, repo = text(get(payload, "repository", "owner", "login")), text(get(payload, "repository", "name"))
+    owner = text(get(payload, "repository", "owner", "login")) or text(get(payload, "repository", "owner", "username"))
+    repo = text(get(payload, "repository", "name"))
     pull = number(get(item, "number"))
     if pull is None or not owner or not repo:
         return None
@@ -56,8 +58,9 @@ def github_pull_ended(event: str, payload: dict[str, Any]) -> PullEnded | None:
     outcome = "reopened" if action == "reopened" else ("merged" if merged else "closed")
     at = _when(get(item, "merged_at") if merged else get(item, "closed_at"))
     comments = get(item, "review_comments")
-    return PullEnded(_key("github", owner, repo, "pull_request", pull), outcome, at,
-                     text(get(payload, "sender", "login")), text(get(item, "body")), text(get(item, "head", "ref")),
+    head = text(get(item, "head", "ref")) or text(get(item, "head_branch"))
+    return PullEnded(_key(source, owner, repo, "pull_request", pull), outcome, at,
+                     text(get(payload, "sender", "login")), text(get(item, "body")), head,
                      comments if isinstance(comments, int) and not isinstance(comments, bool) else None)
 
 

@@ -32,7 +32,7 @@ from worker.threads import change_number, key_id
 
 log = structlog.get_logger(__name__)
 
-PULL_KINDS = {"github": "pull_request", "gitlab": "merge_request"}
+PULL_KINDS = {"github": "pull_request", "gitlab": "merge_request", "gitea": "pull_request"}
 OPENED_FIELD = "pull_requests:opened"  # STATS_KEY fields /metrics reads: pull_requests:{opened,merged,closed}
 
 
