@@ -240,3 +240,36 @@ def test_gitea_pull_request_closed_example_is_an_ending_of_a_gitea_request() -> 
     merged = gitea_action("pull_request", payload, GiteaSettings())
     assert isinstance(merged, PullEnded)
     assert (merged.outcome, merged.at) == ("merged", datetime(2017, 12, 10, 8, tzinfo=UTC))
+
+
+# -- the worker's records ------------------------------------------------------------------------------
+
+
+def test_a_finished_task_records_its_request_once_and_a_follow_up_adds_its_spend(tmp_path: Path) -> None:
+    from contexts import ContextStore
+    from contexts.usage import Usage
+    from worker.outcome_tasks import record_task
+
+    contexts = ContextStore(tmp_path / "contexts", fsync="never")
+    key = {"task_source": "github", "owner": "acme", "repo": "api", "task_type": "issue", "task_id": "4"}
+    first = contexts.create(key, {"provider": "openai", "model": "gpt-4o"}, heartbeat=False,
+                            extra_metadata={"request": {"task_key": key}})
+    first.update_state(usage=[(Usage("agent", "gpt-4o", 1000, 100), 0.01)])
+    done = first.finish("completed", result={"pull_request_url": "https://github.com/acme/api/pull/12",
+                                             "branch": "tasuki/4-abc"})
+    followup = {"kind": "review", "pull_kind": "pull_request", "pull": 12, "branch": "tasuki/4-abc"}
+    second = contexts.create(key, {"provider": "openai", "model": "gpt-4o"}, heartbeat=False,
+                             extra_metadata={"request": {"task_key": key, "followup": followup}})
+    second.update_state(usage=[(Usage("agent", "gpt-4o", 300, 30), None)])
+    later = second.finish("cancelled")
+    store = SQLiteOutcomeStore(tmp_path / "contexts")
+
+    assert record_task(store, done) is True
+    assert record_task(store, done) is False  # its ending announced again: not a second request
+    assert record_task(store, later) is False
+    found = store.get("github/acme/api/pull_request/12")
+    assert found is not None
+    assert (found.thread, found.model, found.branch, found.first_uuid) == ("github/acme/api/issue/4", "gpt-4o",
+                                                                            "tasuki/4-abc", first.uuid)
+    assert (found.tasks, found.followups, found.tokens) == ((first.uuid, second.uuid), 1, 1430)
+    assert found.cost_usd == pytest.approx(0.01)

@@ -77,7 +77,7 @@ class PullOutcomes:
             if before is None:
                 return 200, {"status": "ignored", "reason": "not a request a task opened"}, "ignored"
             log.info("pull request reopened", pull=pull, was=before)
-            return 200, {"status": "reopened"}, "outcome"
+            return 200, {"status": "reopened"}, "recorded"
         before = self.store.ended(pull, merged=action.outcome == "merged", at=action.at,
                                   review_comments=action.review_comments)
         cancelled = self._cancel_followup(action, cancel)
@@ -88,7 +88,7 @@ class PullOutcomes:
             if action.outcome == "closed":  # its last review reaches the repository memory (a worker writes it)
                 self.celery_app.send_task(REMEMBER_REJECTION, args=[pull], queue=MAINTENANCE_QUEUE)
         log.info("pull request ended", pull=pull, outcome=action.outcome, cancelled=cancelled)
-        return 200, {"status": action.outcome, **({"cancelled": cancelled} if cancelled else {})}, "outcome"
+        return 200, {"status": action.outcome, **({"cancelled": cancelled} if cancelled else {})}, "recorded"
 
     def _cancel_followup(self, action: PullEnded, cancel: Callable[[str], str]) -> str | None:
         """Cancel the thread's queued or running task when it works on this request; its UUID, if one was."""
