@@ -7,7 +7,7 @@ unexpected shape is simply not a trigger (webhook senders add fields and events 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhooks.ci_events import CIFailure, github_ci, gitlab_ci
@@ -176,8 +176,25 @@ def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> A
     if fact is not None:
         return fact
     sender = _text(_get(payload, "sender", "login"))
-    if sender.lower() == cfg.bot_login.lower():
+    if sender.lower() == cfg.bot_login.lower() or _by_the_app(payload, cfg):
         return Ignore("sent by the bot")
+    action = _github_event_action(event, payload, cfg, sender)
+    installation = _number(_get(payload, "installation", "id"))
+    if installation is not None and isinstance(action, Trigger | Note | Command):
+        # A GitHub App's webhook names its installation: the task's tokens are that installation's.
+        return replace(action, trigger={**action.trigger, "installation": installation})
+    return action
+
+
+def _by_the_app(payload: dict[str, Any], cfg: GitHubSettings) -> bool:
+    """Whether the App itself wrote the comment or review the event reports (GitHub names the App on it)."""
+    if cfg.app_id is None:
+        return False
+    return any(_number(_get(payload, part, "performed_via_github_app", "id")) == cfg.app_id
+               for part in ("comment", "review"))
+
+
+def _github_event_action(event: str, payload: dict[str, Any], cfg: GitHubSettings, sender: str) -> Action:
     owner = _text(_get(payload, "repository", "owner", "login"))
     repo = _text(_get(payload, "repository", "name"))
     if not owner or not repo or not sender:

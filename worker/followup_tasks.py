@@ -44,7 +44,7 @@ def forge_reply(task_key: dict[str, str], body: str) -> None:
     ref = ItemRef.from_task_key(task_key)
     if ref is None or not is_forge(task_key.get("task_source")):
         return
-    forge = make_forge(task_key["task_source"], settings())
+    forge = make_forge(task_key["task_source"], settings(), task_key)
     try:
         forge.comment(ref, mask(body))
     finally:
@@ -136,7 +136,7 @@ def start_followup(request: TaskRequest, comments: list[dict[str, Any]]) -> str 
 def set_autofix(pull_key: dict[str, str], on: bool, trigger: dict[str, Any]) -> bool:
     """``/tasuki autofix on|off`` from a comment whose author's access the intake could not check (GitLab, Gitea):
     applied once it is checked."""
-    forge = make_forge(pull_key["task_source"], settings())
+    forge = make_forge(pull_key["task_source"], settings(), pull_key, trigger)
     try:
         return apply_autofix(forge, redis_client(), pull_key, on, trigger)
     finally:

@@ -30,6 +30,7 @@ from contexts.masking import mask
 from contexts.state import read_state
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.forges.base import CredentialError
 from worker.inbox import Inbox
 from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, task_message
@@ -353,7 +354,7 @@ class TaskRun:
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
             return self._finish(ctx, "cancelled", str(exc), None, checkout)
-        if isinstance(exc, StepLimit):
+        if isinstance(exc, (StepLimit, CredentialError)):  # said in one line where it arose: no traceback
             return self._finish(ctx, "failed", str(exc), None, checkout)
         if isinstance(exc, BudgetExceeded):
             return self._stop_at_budget(ctx, checkout, exc)
@@ -403,6 +404,8 @@ class TaskRun:
             state = ctx.update_state(cancel_requested=True)
         try:
             self.report.on_step(state)
+        except CredentialError:
+            raise  # no token can be had any more: the task cannot push or deliver, so it ends now
         except Exception as exc:
             log.warning("progress not reported", error=mask(str(exc))[:300])
 

@@ -44,6 +44,7 @@ ENV_PREFIX = "TASUKI__"
 SECRET_VARIABLES = (
     "OPENAI_API_KEY",
     "GITHUB_TOKEN",
+    "GITHUB_APP_PRIVATE_KEY",
     "GITLAB_TOKEN",
     "GITHUB_WEBHOOK_SECRET",
     "GITLAB_WEBHOOK_SECRET",
@@ -51,6 +52,7 @@ SECRET_VARIABLES = (
     "GITEA_WEBHOOK_SECRET",
     "TASUKI_API_TOKEN",
 )
+PRIVATE_KEY_PATH_ENV = "GITHUB_APP_PRIVATE_KEY_PATH"  # a file holding GITHUB_APP_PRIVATE_KEY (a mounted secret)
 _NULLS = ("", "null", "none")
 
 KeyPath = tuple[str, ...]
@@ -80,10 +82,21 @@ def load_settings(
         raise ConfigError("\n".join(_describe(error, origins) for error in _one_per_problem(exc.errors()))) from None
     source = ConfigSource(path, path.parent if path is not None else here)
     settings = resolve_paths(settings, source.root, env_root=here, from_env=set(origins))
-    secrets = Secrets.model_validate({name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)})
+    found = {name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)}
+    if environ.get(PRIVATE_KEY_PATH_ENV) and "github_app_private_key" not in found:
+        found["github_app_private_key"] = _read_secret_file(environ[PRIVATE_KEY_PATH_ENV], PRIVATE_KEY_PATH_ENV)
+    secrets = Secrets.model_validate(found)
     # Secrets that match no token pattern are still masked in every log line and file.
-    register_secrets(environ.get(name) for name in SECRET_VARIABLES)
+    register_secrets(found.values())
     return settings.with_secrets(secrets).with_source(source)
+
+
+def _read_secret_file(path: str, variable: str) -> str:
+    """The text of the secret file an environment variable names."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config: {variable}: cannot read {path}: {type(exc).__name__}") from None
 
 
 _current: Settings | None = None

@@ -276,14 +276,24 @@ class LabelSettings(Section):
 class GitHubSettings(Section):
     api_url: HttpUrl = "https://api.github.com"
     """REST API root (GitHub Enterprise: https://HOST/api/v3)."""
+    auth: Literal["token", "app"] = "token"
+    """How Tasuki signs in: token (GITHUB_TOKEN) or app (a GitHub App: app_id and GITHUB_APP_PRIVATE_KEY)."""
+    app_id: PositiveInt | None = None
+    """The GitHub App's ID (with auth: app); its private key comes from the environment only."""
     bot_login: Name = "tasuki-bot"
-    """The bot's account; events it sends are ignored."""
+    """The bot's account; events it sends are ignored (with auth: app, the App's SLUG[bot])."""
     mention: Name = "@tasuki"
     """A comment containing this starts a task."""
     allowed_associations: tuple[AuthorAssociation, ...] = ("OWNER", "MEMBER", "COLLABORATOR")
     """Author associations whose comments may start a task."""
     labels: LabelSettings = LabelSettings()
     """Label names of the trigger → processing → done / failed state machine."""
+
+    @model_validator(mode="after")
+    def _app_needs_its_id(self) -> Self:
+        if self.auth == "app" and self.app_id is None:
+            raise cross_field_error("app_id", None, "the GitHub App's ID (github.auth is app)")
+        return self
 
 
 class GitLabSettings(Section):
@@ -428,6 +438,7 @@ class Secrets(Section):
 
     openai_api_key: SecretStr | None = None
     github_token: SecretStr | None = None
+    github_app_private_key: SecretStr | None = None
     gitlab_token: SecretStr | None = None
     github_webhook_secret: SecretStr | None = None
     gitlab_webhook_secret: SecretStr | None = None

@@ -23,12 +23,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.helpers.git_http import git_authorized, git_backend
+from tests.helpers.fake_github_app import FakeApp
+from tests.helpers.git_http import git_authorized, git_backend, git_password
 
 
 @dataclass
@@ -124,8 +126,9 @@ class RawAnswer(Exception):
 class FakeForge:
     """The forge's state; :meth:`serve` puts it behind HTTP."""
 
-    def __init__(self, root: Path, token: str, bot_login: str = "tasuki-bot") -> None:
+    def __init__(self, root: Path, token: str, bot_login: str = "tasuki-bot", app: FakeApp | None = None) -> None:
         self.root = root
+        self.app = app  # a GitHub App: the GitHub side takes its installation tokens (and JWT) instead of ``token``
         self.git_root = root / "git"
         self.git_root.mkdir(parents=True, exist_ok=True)
         self.token = token
@@ -541,6 +544,11 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the request log is ``forge.requests``."""
 
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            """The ``Date`` header, by the App's clock when there is one (a test may move it an hour on)."""
+            now = forge.app.clock() if forge.app is not None and timestamp is None else timestamp
+            return formatdate(now, usegmt=True)
+
         def _body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 chunks = []
@@ -561,6 +569,25 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def _refused_or_answered(self, parts: list[str]) -> bool:
+            """Whether the credentials were refused (or the App answered alone); the answer is sent then."""
+            scheme = "token" if parts[:2] == ["api", "v1"] else "Bearer"  # Gitea's, else GitHub's and GitLab's
+            if forge.app is not None and parts[:2] == ["api", "v3"]:
+                decided = forge.app.answer(self.command, parts[2:], self.headers.get("Authorization"))
+            elif self.headers.get("Authorization") != f"{scheme} {forge.token}":
+                decided = (401, {"message": "Bad credentials"})
+            else:
+                decided = None
+            if decided is not None:
+                self._send(decided[0], json.dumps(decided[1]).encode(), {"Content-Type": "application/json"})
+            return decided is not None
+
+        def _git_allowed(self, authorization: str) -> bool:
+            if forge.app is None:
+                return git_authorized(authorization, forge.token)
+            password = git_password(authorization)
+            return password is not None and forge.app.git_allows(password)
+
         def _send_log(self, job_id: str) -> None:
             try:
                 log = forge._job(int(job_id)).log.encode()
@@ -577,7 +604,7 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             with forge.lock:
                 forge.requests.append(record)
             if split.path.startswith("/git/"):
-                if not git_authorized(self.headers.get("Authorization", ""), forge.token):
+                if not self._git_allowed(self.headers.get("Authorization", "")):
                     self._send(401, b"auth required", {"WWW-Authenticate": 'Basic realm="fake forge"'})
                     return
                 status, headers, payload = git_backend(forge.git_root, self.command, split.path[len("/git"):],
@@ -587,16 +614,14 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
             if split.path.startswith("/_logs/"):  # the pre-signed log download: no token (it is another host's)
                 self._send_log(split.path.rsplit("/", 1)[-1])
                 return
-            scheme = "token" if split.path.startswith("/api/v1/") else "Bearer"  # Gitea's, else GitHub's and GitLab's
-            if self.headers.get("Authorization") != f"{scheme} {forge.token}":
-                self._send(401, b'{"message": "Bad credentials"}', {"Content-Type": "application/json"})
+            parts = [unquote(p) for p in split.path.split("/") if p]
+            if self._refused_or_answered(parts):
                 return
             with forge.lock:
                 fault = forge.faults.pop(0) if forge.faults else None
             if fault is not None:
                 self._send(fault, b'{"message": "scripted fault"}', {"Content-Type": "application/json"})
                 return
-            parts = [unquote(p) for p in split.path.split("/") if p]
             query = {k: v[0] for k, v in parse_qs(split.query).items()}
             try:
                 data = json.loads(body) if body else None

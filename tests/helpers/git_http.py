@@ -14,14 +14,19 @@ GIT_USERS = {"github": "x-access-token", "gitlab": "oauth2", "gitea": "tasuki"}
 
 def git_authorized(authorization: str, token: str) -> bool:
     """Whether ``Authorization`` is Basic with a forge's git user name and ``token``."""
+    return git_password(authorization) == token
+
+
+def git_password(authorization: str) -> str | None:
+    """The token of ``Authorization: Basic`` with a forge's git user name; None for anything else."""
     scheme, _, encoded = authorization.partition(" ")
     if scheme != "Basic":
-        return False
+        return None
     try:
         user, _, password = base64.b64decode(encoded).decode().partition(":")
     except ValueError:
-        return False
-    return user in GIT_USERS.values() and password == token
+        return None
+    return password if user in GIT_USERS.values() else None
 
 
 def git_backend(git_root: Path, method: str, path: str, query: str, headers: Any,

@@ -4,21 +4,23 @@ contract, and the registry that names them: a ``task_source`` is a forge exactly
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import SecretStr
 
-from worker.forges.base import Comment, Forge, ForgeError, Item, ItemRef, Repository
+from worker.forges.base import Comment, CredentialError, Forge, ForgeError, Item, ItemRef, Repository
 from worker.forges.gitea import GiteaForge
 from worker.forges.github import GitHubForge
+from worker.forges.github_app import InstallationCredential, github_app
 from worker.forges.gitlab import GitLabForge
 from worker.settings_models import LabelSettings, Settings
 
 __all__ = [
     "FORGES",
     "Comment",
+    "CredentialError",
     "Forge",
     "ForgeError",
     "ForgeKind",
@@ -29,6 +31,7 @@ __all__ = [
     "ItemRef",
     "Repository",
     "forge_section",
+    "installation_of",
     "is_forge",
     "make_forge",
 ]
@@ -52,8 +55,9 @@ class ForgeSection(Protocol):
 class ForgeKind:
     """One forge as the rest of Tasuki knows it."""
 
-    make: Callable[[Settings], Forge]
-    """The client, on its configured API root with its token."""
+    make: Callable[[Settings, Mapping[str, str], Mapping[str, object]], Forge]
+    """The client, on its configured API root with its credential, for a task key and the trigger that came in
+    (a GitHub App's webhook names its installation)."""
     section: Callable[[Settings], ForgeSection]
     """Its settings section (bot login, labels)."""
     change_kind: str
@@ -64,15 +68,35 @@ def _secret(value: SecretStr | None) -> str | None:
     return value.get_secret_value() if value else None
 
 
-def _github(settings: Settings) -> Forge:
+def _github(settings: Settings, task_key: Mapping[str, str], trigger: Mapping[str, object]) -> Forge:
+    if settings.github.auth == "app":
+        return _github_app(settings, task_key, installation_of(trigger))
     return GitHubForge(settings.github.api_url, _secret(settings.secrets.github_token))
 
 
-def _gitlab(settings: Settings) -> Forge:
+def _github_app(settings: Settings, task_key: Mapping[str, str], installation: int | None) -> GitHubForge:
+    """Tokens of the App's ``installation`` (else of the one holding the task key's repository), valid at each
+    call, and the App's bot as git's author."""
+    key, app_id = settings.secrets.github_app_private_key, settings.github.app_id
+    if key is None or app_id is None:
+        raise CredentialError("github.auth is app but the App's private key is not in GITHUB_APP_PRIVATE_KEY "
+                              "(or a file named by GITHUB_APP_PRIVATE_KEY_PATH)")
+    app = github_app(settings.github.api_url, app_id, key.get_secret_value())
+    credential = InstallationCredential(app, task_key.get("owner", ""), task_key.get("repo", ""), installation)
+    return GitHubForge(settings.github.api_url, credential, identity=credential.identity)
+
+
+def installation_of(trigger: Mapping[str, object]) -> int | None:
+    """The GitHub App installation a task's trigger came through (its webhook's ``installation.id``)."""
+    value = trigger.get("installation")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _gitlab(settings: Settings, task_key: Mapping[str, str], trigger: Mapping[str, object]) -> Forge:
     return GitLabForge(settings.gitlab.api_url, _secret(settings.secrets.gitlab_token))
 
 
-def _gitea(settings: Settings) -> Forge:
+def _gitea(settings: Settings, task_key: Mapping[str, str], trigger: Mapping[str, object]) -> Forge:
     return GiteaForge(settings.gitea.api_url, _secret(settings.secrets.gitea_token),
                       allowed_permissions=settings.gitea.allowed_permissions)
 
@@ -96,9 +120,11 @@ def _kind(source: str) -> ForgeKind:
     return kind
 
 
-def make_forge(source: str, settings: Settings) -> Forge:
-    """The client for ``source`` (a key of :data:`FORGES`), on its configured API root with its token."""
-    return _kind(source).make(settings)
+def make_forge(source: str, settings: Settings, task_key: Mapping[str, str] | None = None,
+               trigger: Mapping[str, object] | None = None) -> Forge:
+    """The client for ``source`` (a key of :data:`FORGES`), on its configured API root with its credential, for
+    the task key's repository and the trigger it came in by."""
+    return _kind(source).make(settings, task_key or {}, trigger or {})
 
 
 def forge_section(source: str, settings: Settings) -> ForgeSection:

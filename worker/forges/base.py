@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -27,6 +27,61 @@ MAX_PAGES = 20
 
 class ForgeError(TasukiError):
     """A forge API call failed; the message names the call and the answer, never a credential."""
+
+
+class CredentialError(ForgeError):
+    """No valid credential can be had for the forge (a GitHub App's installation suspended or removed, its key
+    wrong, this host's clock too far off): the task cannot go on; the message names which."""
+
+
+class Credential(Protocol):
+    """Where a forge client gets its token, at the moment of each call (a GitHub App's expire within the hour)."""
+
+    def token(self) -> str | None:
+        """A token valid now; None: no authentication."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticToken:
+    """A token that does not expire (a personal or project access token from the environment)."""
+
+    value: str | None
+
+    def token(self) -> str | None:
+        """The token itself."""
+        return self.value
+
+
+class BearerAuth(httpx.Auth):
+    """``Authorization: Bearer`` with the credential's token as of each request (and each retry)."""
+
+    def __init__(self, credential: Credential) -> None:
+        self.credential = credential
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        """Set the header; httpx drops it on a redirect to another host."""
+        token = self.credential.token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
+class LiveGitEnv(Mapping[str, str]):
+    """Git's environment computed anew each time git is run, so a push hours into a task carries a token
+    valid at that moment (the mapping is read once per git command)."""
+
+    def __init__(self, current: Callable[[], dict[str, str]]) -> None:
+        self._current = current
+
+    def __getitem__(self, key: str) -> str:
+        return self._current()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
 
 
 @dataclass(frozen=True)
@@ -145,7 +200,7 @@ class Forge(Protocol):
         """The failed jobs of a CI run (``ci`` as the intake recorded it) with their logs' last lines."""
         ...
 
-    def git_env(self, clone_url: str) -> dict[str, str]:
+    def git_env(self, clone_url: str) -> Mapping[str, str]:
         """Environment that gives git the token for ``clone_url``'s host only."""
         ...
 
@@ -191,8 +246,10 @@ class ForgeHTTP:
         timeout_s: float = 30.0,
         retries: int = 3,
         backoff_s: float = 0.5,
+        auth: httpx.Auth | None = None,
     ) -> None:
-        self.client = httpx.Client(base_url=api_url.rstrip("/") + "/", headers=dict(headers), timeout=timeout_s)
+        self.client = httpx.Client(base_url=api_url.rstrip("/") + "/", headers=dict(headers), timeout=timeout_s,
+                                   auth=auth)
         self.retries = retries
         self.backoff_s = backoff_s
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from worker.forges.base import (
+    BearerAuth,
     Comment,
+    Credential,
     FailedJob,
     ForgeHTTP,
     Item,
     ItemRef,
+    LiveGitEnv,
     Repository,
     ReviewComment,
+    StaticToken,
     basic_auth_env,
     log_tail,
 )
 
 API_VERSION = "2022-11-28"
+HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION, "User-Agent": "tasuki"}
 
 
 class GitHubForge:
@@ -26,13 +31,14 @@ class GitHubForge:
 
     source = "github"
 
-    def __init__(self, api_url: str, token: str | None, *, timeout_s: float = 30.0, backoff_s: float = 0.5) -> None:
-        headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION,
-                   "User-Agent": "tasuki"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s, backoff_s=backoff_s)
-        self._token = token
+    def __init__(self, api_url: str, credential: str | Credential | None, *, timeout_s: float = 30.0,
+                 backoff_s: float = 0.5, identity: Callable[[], dict[str, str]] | None = None) -> None:
+        """``credential``: a token, or where to get one valid at each call (a GitHub App's installation);
+        ``identity``: git's author and committer variables (the App's bot), asked for as git first runs."""
+        self.credential = StaticToken(credential) if credential is None or isinstance(credential, str) else credential
+        self.http = ForgeHTTP(api_url, HEADERS, timeout_s=timeout_s, backoff_s=backoff_s,
+                              auth=BearerAuth(self.credential))
+        self.identity = identity
 
     @staticmethod
     def _repo(owner: str, repo: str) -> str:
@@ -117,9 +123,14 @@ class GitHubForge:
                                      follow_redirects=True)
         return "(log not available)" if response.status_code == 404 else log_tail(response.text, max_lines)
 
-    def git_env(self, clone_url: str) -> dict[str, str]:
-        """``Authorization: Basic x-access-token:TOKEN`` for the clone URL's origin."""
-        return basic_auth_env(clone_url, "x-access-token", self._token)
+    def git_env(self, clone_url: str) -> Mapping[str, str]:
+        """``Authorization: Basic x-access-token:TOKEN`` for the clone URL's origin, with the token valid each
+        time git runs (and the App's bot as author and committer)."""
+        if isinstance(self.credential, StaticToken):
+            return basic_auth_env(clone_url, "x-access-token", self.credential.value)
+        identity = self.identity
+        return LiveGitEnv(lambda: {**(identity() if identity is not None else {}),
+                                   **basic_auth_env(clone_url, "x-access-token", self.credential.token())})
 
     def close(self) -> None:
         """Close the HTTP client."""

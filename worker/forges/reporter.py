@@ -269,7 +269,7 @@ def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeRe
     source = request.task_key.get("task_source")
     if source is None or not is_forge(source):
         return None
-    forge = make_forge(source, settings)
+    forge = make_forge(source, settings, request.task_key, request.trigger)
     section = forge_section(source, settings)
     return ForgeReporter(forge, request, uuid, section.labels, section.bot_login,
                          ci_log_lines=settings.followups.ci_log_lines, priced=bool(settings.pricing))
