@@ -23,7 +23,7 @@ from contexts.state import read_state
 from contexts.usage import format_cost, format_tokens
 from worker.endings import Ending, on_ending
 from worker.forges import forge_section, is_forge, make_forge
-from worker.forges.base import Forge, Item, ItemRef, ReviewComment, find_comment
+from worker.forges.base import CredentialError, Forge, Item, ItemRef, ReviewComment, find_comment
 from worker.run import TaskRequest, Workplace
 from worker.settings_models import LabelSettings, Settings
 from worker.threads import marker
@@ -249,6 +249,8 @@ class ForgeReporter:
         for what, step in steps:
             try:
                 step()
+            except CredentialError:
+                raise  # no token: every other step would be refused the same way
             except Exception as exc:
                 failures.append(f"{what}: {mask(str(exc))[:200]}")
         if failures:
