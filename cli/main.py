@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, memory, outcomes, reading, usage
+from cli import commands, github, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -61,6 +61,7 @@ class Command:
 GROUPS: dict[tuple[str, ...], str] = {
     ("context",): "look into the context directories of tasks",
     ("memory",): "memory that outlives a task: episodes, thread and repository memories, recall",
+    ("github",): "GitHub: the App manifest",
 }
 
 COMMANDS: list[Command] = [
@@ -76,6 +77,8 @@ COMMANDS: list[Command] = [
         reading.cmd_context_show,
         reading.show_arguments,
     ),
+    Command(("github", "app-manifest"), "print the GitHub App manifest (permissions, events, webhook URL)",
+            github.cmd_app_manifest, github.manifest_arguments),
     Command(("memory", "status"), "the memory store: counts, embedding model, last error", memory.cmd_status,
             memory.status_arguments),
     Command(("memory", "list"), "repositories with memory; with --repo, its episodes", memory.cmd_list,

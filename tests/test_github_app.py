@@ -13,9 +13,12 @@ import jwt
 import pytest
 from structlog.testing import capture_logs
 
+from tests.helpers.deliveries import load_payload
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.fake_github_app import FakeApp, rsa_private_key
 from tests.helpers.stack import git, make_buggy_repo
+from webhooks.events import Ignore, Trigger, github_action
+from webhooks.followups import new_task_request
 from worker.checkout import Checkout
 from worker.forges import CredentialError, ItemRef, installation_of, make_forge
 from worker.forges.app_tokens import (
@@ -33,6 +36,7 @@ from worker.forges.app_tokens import (
 from worker.forges.github import GitHubForge
 from worker.forges.github_app import GitHubApp, InstallationCredential, bot_email
 from worker.settings import ConfigError, load_settings
+from worker.settings_models import GitHubSettings, LabelSettings
 
 OWNER, REPO = "octo", "hello"
 APP_ID, SLUG, INSTALLATION = 7, "tasuki-app", 42
@@ -147,6 +151,34 @@ def test_the_installation_comes_from_the_trigger_when_it_is_a_number() -> None:
     assert installation_of({"kind": "api"}) is None
     assert installation_of({"installation": "42"}) is None
     assert installation_of({"installation": True}) is None
+
+
+# -- the App's webhooks ----------------------------------------------------------------------------
+
+
+def test_the_apps_webhook_carries_its_installation_into_the_task_request() -> None:
+    payload = load_payload("github/issues.labeled.json")
+    payload["installation"] = {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uNDI="}
+    action = github_action("issues", payload, GitHubSettings(labels=LabelSettings(trigger="bug")))
+    assert isinstance(action, Trigger)
+    assert new_task_request(action)["trigger"] == {"kind": "label", "user": "Codertocat", "installation": INSTALLATION}
+    del payload["installation"]  # a token's webhook (or a hand-made one) names none: looked up by repository
+    action = github_action("issues", payload, GitHubSettings(labels=LabelSettings(trigger="bug")))
+    assert isinstance(action, Trigger)
+    assert "installation" not in action.trigger
+
+
+def test_what_the_app_itself_did_starts_nothing() -> None:
+    cfg = GitHubSettings(auth="app", app_id=APP_ID, bot_login=f"{SLUG}[bot]")
+    payload = load_payload("github/issue_comment.created.json")
+    payload["comment"]["body"] = "@tasuki please"
+    assert isinstance(github_action("issue_comment", payload, cfg), Trigger)
+    by_the_bot = {**payload, "sender": {"login": f"{SLUG}[bot]", "type": "Bot"}}
+    assert github_action("issue_comment", by_the_bot, cfg) == Ignore("sent by the bot")
+    made_by_the_app = {**payload, "comment": {**payload["comment"], "performed_via_github_app": {"id": APP_ID}}}
+    assert github_action("issue_comment", made_by_the_app, cfg) == Ignore("sent by the bot")
+    another_app = {**payload, "comment": {**payload["comment"], "performed_via_github_app": {"id": APP_ID + 1}}}
+    assert isinstance(github_action("issue_comment", another_app, cfg), Trigger)
 
 
 # -- against the fake GitHub, on a shared clock -----------------------------------------------------
