@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import (
+    bench_app_tokens,
     bench_appends,
     bench_compose_failover,
     bench_compression,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "spend": bench_spend.run,  # issue 17: a 40-step task with pricing and limits vs without
     "console": bench_console.run,  # issue 16: fleet and tasks pages at 11,000 vs 10 contexts; step -> open page
     "outcomes": bench_outcomes.run,  # issue 28: tasuki outcomes at 10,000 threads vs 100
+    "app-tokens": bench_app_tokens.run,  # issue 28: GitHub App token renewals over simulated hours of task
 }
 
 

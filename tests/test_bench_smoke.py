@@ -112,3 +112,14 @@ def test_quick_outcomes_benchmark_prints_its_ratios(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     for name in ("total", "--by repo", "--by week", "--by model"):
         assert re.search(rf"^outcomes: {name} at 500 threads .* at 100: \d+\.\d\d$", run.stdout, re.M), run.stdout
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_of_the_app_token_benchmark_prints_its_figures(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--only", "app-tokens", "--dir", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^installation 101: 1 h of task, 360 API calls and 12 pushes, \d+ tokens", run.stdout,
+                     re.MULTILINE)
+    assert re.search(r"^app tokens: minutes between renewals, installation 101 +\d+\.\d +~55 +(PASS|MISS)$",
+                     run.stdout, re.MULTILINE), run.stdout
