@@ -5,18 +5,24 @@ and lets tokens expire) on a clock both share — an hour passes without waiting
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import uuid as uuid_module
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
 from structlog.testing import capture_logs
 
+from contexts import ContextStore
+from replay import ReplayModel, serve
+from replay.trajectory import turns_from_entries
 from tests.helpers.deliveries import load_payload
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.fake_github_app import FakeApp, rsa_private_key
 from tests.helpers.stack import git, make_buggy_repo
+from tests.helpers.worker_scenarios import provider_env
 from webhooks.events import Ignore, Trigger, github_action
 from webhooks.followups import new_task_request
 from worker.checkout import Checkout
@@ -35,8 +41,11 @@ from worker.forges.app_tokens import (
 )
 from worker.forges.github import GitHubForge
 from worker.forges.github_app import GitHubApp, InstallationCredential, bot_email
+from worker.run import LocalReporter, TaskRequest, TaskRun
+from worker.runtime import provider_for
 from worker.settings import ConfigError, load_settings
-from worker.settings_models import GitHubSettings, LabelSettings
+from worker.settings_models import GitHubSettings, LabelSettings, Settings
+from worker.user_config import llm_config
 
 OWNER, REPO = "octo", "hello"
 APP_ID, SLUG, INSTALLATION = 7, "tasuki-app", 42
@@ -259,10 +268,11 @@ def test_a_repository_submitted_by_hand_finds_its_installation(world: World) -> 
 
 
 def failure(world: World, client: GitHubForge) -> tuple[str, list[dict[str, object]]]:
-    with capture_logs() as logs, pytest.raises(CredentialError) as raised:
-        client.repository(OWNER, REPO)
-    with pytest.raises(CredentialError):  # once refused, the client says so again without a second log line
-        client.read_item(ItemRef(OWNER, REPO, "issue", 1))
+    with capture_logs() as logs:
+        with pytest.raises(CredentialError) as raised:
+            client.repository(OWNER, REPO)
+        with pytest.raises(CredentialError):  # once refused, the client says so again without a second log line
+            client.read_item(ItemRef(OWNER, REPO, "issue", 1))
     return str(raised.value), [entry for entry in logs if entry["log_level"] == "error"]
 
 
@@ -307,3 +317,43 @@ def test_a_key_rotated_mid_task_fails_the_task_and_the_last_token_still_tells_th
     world.clock.now += 300
     with pytest.raises(CredentialError, match=WRONG_KEY):
         client.comment(ref, "too late")
+
+
+# -- a refusal mid-task ends the task at that step -------------------------------------------------
+
+
+def test_a_credential_refused_at_a_step_fails_the_task_there_without_a_traceback(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    refused = "github app 7: wrong private key or app_id (token of installation 42: HTTP 401)"
+    finished: list[tuple[str, str | None]] = []
+
+    class RefusedAfterTheFirstStep(LocalReporter):
+        def on_step(self, state: dict[str, Any]) -> None:
+            raise CredentialError(refused)
+
+        def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None,
+                   error: str | None) -> None:
+            finished.append((status, error))
+
+    repo = make_buggy_repo(tmp_path / "repo")
+    turns = [{"content": "one", "tool_calls": [{"name": "bash", "arguments": {"command": "echo 1 >> n.txt"}}]},
+             {"content": "two", "tool_calls": [{"name": "bash", "arguments": {"command": "echo 2 >> n.txt"}}]},
+             {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "done"}}]}]
+    server = serve(ReplayModel(turns_from_entries(turns)))
+    try:
+        settings = make_settings({**provider_env("openai", server.url, 32768), "TASUKI__SANDBOX__BACKEND": "none"})
+        request = TaskRequest({"task_source": "local", "owner": "me", "repo": "repo", "task_type": "prompt",
+                               "task_id": "1"}, prompt="Write n.txt.", repo_path=str(repo))
+        store = ContextStore(settings.contexts.base_dir, fsync="never")
+        with capture_logs() as logs:
+            outcome = TaskRun(str(uuid_module.uuid4()), request, settings, store,
+                              provider_for=lambda config: provider_for(config, settings),
+                              reporter=RefusedAfterTheFirstStep(request)).execute(llm_config(settings))
+    finally:
+        server.stop()
+    assert outcome["status"] == "failed"
+    assert outcome["error"] == refused
+    assert finished == [("failed", refused)]
+    assert len([r for r in server.requests if r["kind"] == "agent"]) == 1  # it stopped at the first step
+    assert not [entry for entry in logs if "exc_info" in entry]  # no traceback: the line names the cause
