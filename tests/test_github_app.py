@@ -267,6 +267,17 @@ def test_a_repository_submitted_by_hand_finds_its_installation(world: World) -> 
     assert [t.installation for t in world.app.issued] == [INSTALLATION]
 
 
+def test_a_token_revoked_before_its_time_is_replaced_once_and_the_call_goes_through(world: World) -> None:
+    client, _ = world.client()
+    ref = ItemRef(OWNER, REPO, "issue", 1)
+    client.comment(ref, "first")
+    world.app.revoked.add(world.app.issued[0].token)
+    client.comment(ref, "second")
+    assert [why for _, why in world.app.refused] == ["Bad credentials"]  # the revoked token, once
+    assert len(world.app.issued) == 2
+    assert [c.body for c in world.forge.item(OWNER, REPO, 1).comments] == ["first", "second"]
+
+
 def failure(world: World, client: GitHubForge) -> tuple[str, list[dict[str, object]]]:
     with capture_logs() as logs:
         with pytest.raises(CredentialError) as raised:

@@ -76,6 +76,7 @@ class FakeApp:
     installations: dict[int, FakeInstallation] = field(default_factory=dict)
     issued: list[IssuedFake] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of every 401/403 it answered
+    revoked: set[str] = field(default_factory=set)  # tokens revoked before their time
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -122,7 +123,7 @@ class FakeApp:
         """The issued token ``token`` if it is valid now (not expired, installation not suspended)."""
         with self.lock:
             found = next((t for t in self.issued if t.token == token), None)
-        if found is None or found.expires_at <= self.clock():
+        if found is None or found.expires_at <= self.clock() or token in self.revoked:
             return None
         installation = self.installations.get(found.installation)
         return found if installation is not None and not installation.suspended else None

@@ -41,6 +41,10 @@ class Credential(Protocol):
         """A token valid now; None: no authentication."""
         ...
 
+    def refused(self, token: str) -> bool:
+        """The forge refused ``token`` (401) before its time: whether another one may be had."""
+        ...
+
 
 @dataclass(frozen=True)
 class StaticToken:
@@ -52,6 +56,10 @@ class StaticToken:
         """The token itself."""
         return self.value
 
+    def refused(self, token: str) -> bool:
+        """There is no other."""
+        return False
+
 
 class BearerAuth(httpx.Auth):
     """``Authorization: Bearer`` with the credential's token as of each request (and each retry)."""
@@ -60,11 +68,17 @@ class BearerAuth(httpx.Auth):
         self.credential = credential
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        """Set the header; httpx drops it on a redirect to another host."""
+        """Set the header (httpx drops it on a redirect to another host); a token refused before its time
+        (revoked) is replaced once."""
         token = self.credential.token()
         if token:
             request.headers["Authorization"] = f"Bearer {token}"
-        yield request
+        response = yield request
+        if response.status_code == 401 and token and self.credential.refused(token):
+            fresh = self.credential.token()
+            if fresh and fresh != token:
+                request.headers["Authorization"] = f"Bearer {fresh}"
+                yield request
 
 
 class LiveGitEnv(Mapping[str, str]):

@@ -144,6 +144,15 @@ class InstallationCredential:
             raise
         return self._last.token
 
+    def refused(self, token: str) -> bool:
+        """GitHub refused ``token`` before it expired (revoked): the next call gets a new one."""
+        if self.installation is None:
+            return False
+        log.warning("github app installation token refused before its time; getting a new one",
+                    installation=self.installation)
+        self.app.tokens.drop(self.installation, token)
+        return True
+
     def identity(self) -> dict[str, str]:
         """The bot's git identity."""
         return self.app.identity(self.token())
