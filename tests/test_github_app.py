@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jwt
 import pytest
 from structlog.testing import capture_logs
@@ -228,6 +229,19 @@ def world(tmp_path: Path) -> Iterator[World]:
         forge.add_repo(OWNER, "elsewhere", make_buggy_repo(tmp_path / "source2"))
         forge.add_item(OWNER, REPO, 1, "Fix add()", "It subtracts.")
         yield World(forge, app, clock, tmp_path)
+
+
+def test_the_fake_takes_a_token_until_it_expires_and_a_jwt_only_signed_with_the_apps_key(world: World) -> None:
+    api = world.forge.github_api_url
+    token = world.github_app().token(INSTALLATION).token
+    assert httpx.get(f"{api}/repos/{OWNER}/{REPO}", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    world.clock.now += HOUR
+    expired = httpx.get(f"{api}/repos/{OWNER}/{REPO}", headers={"Authorization": f"Bearer {token}"})
+    assert (expired.status_code, expired.json()["message"]) == (401, "Bad credentials")
+    forged = app_jwt(APP_ID, rsa_private_key(), world.clock.now)
+    answer = httpx.post(f"{api}/app/installations/{INSTALLATION}/access_tokens",
+                        headers={"Authorization": f"Bearer {forged}"})
+    assert (answer.status_code, answer.json()["message"]) == (401, "A JSON web token could not be decoded")
 
 
 def test_every_call_over_two_hours_goes_out_with_a_token_valid_then(world: World) -> None:

@@ -3,6 +3,8 @@
 - ``/api/v3/...`` speaks the GitHub REST subset Tasuki uses, ``/api/v4/...`` the GitLab REST v4 subset,
   ``/api/v1/...`` the Gitea (and Forgejo) REST v1 subset; the first two refuse a request without
   ``Authorization: Bearer {token}``, Gitea's without ``Authorization: token {token}``.
+- With ``app=FakeApp(...)`` (tests/helpers/fake_github_app.py) the GitHub side is a GitHub App's: it takes
+  only installation tokens valid at the moment (API and git), and the App's JWT on ``/app/...``.
 - ``/git/{owner}/{repo}.git`` is git's smart HTTP protocol, served by ``git http-backend`` from bare
   repositories under ``root``; it refuses a request without the Basic credentials of the dialect
   (``x-access-token:{token}`` for GitHub, ``oauth2:{token}`` for GitLab, ``tasuki:{token}`` for Gitea), so a
