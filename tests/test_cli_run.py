@@ -225,6 +225,8 @@ def test_tasuki_worker_passes_celery_options_through_and_serves_the_queues(stack
         )
     try:
         wait_for_ping(stack.redis_url, "cliworker@", process, log)  # the -n option reached celery
+        # and its compression worker beside it (on a busy machine it may answer a while after the first)
+        wait_for_ping(stack.redis_url, "compression-cliworker@", process, log)
     finally:
         process.terminate()
         process.wait(timeout=60)
