@@ -145,8 +145,12 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
     if not args.query.strip():
         raise UsageError("QUERY is empty")
+    repository = _repository(args, args.repo)
     with opened(settings) as store:
-        found = recall(store, _repository(args, args.repo), args.query, embedder=embedder_for(settings),
+        if repository not in {known.repository for known in store.repositories()}:
+            # Said, not an empty answer: a mistyped name or the wrong --source looks exactly like "nothing found".
+            raise MemoryUnavailable(f"no memory of {repository} (`tasuki memory list` names the repositories)")
+        found = recall(store, repository, args.query, embedder=embedder_for(settings),
                        now=utc_now(), limit=settings.memory.recall_k)
     if args.json:
         out(to_json({"mode": found.mode, "note": found.note, "hits": [hit_json(h) for h in found.hits]}))

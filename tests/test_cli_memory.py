@@ -123,6 +123,13 @@ def test_search_prints_every_score_and_stays_in_the_repository(tmp: Path) -> Non
     assert set(top) >= {"rrf", "lexical", "recency", "score"}
 
 
+def test_search_of_a_repository_without_memory_says_so_in_one_line_and_fails(tmp: Path) -> None:
+    line = one_line_error(tasuki(tmp, "memory", "search", "ImportError", "--repo", "acme/nothing-here"), 1)
+    assert "no memory of github:acme/nothing-here" in line
+    line = one_line_error(tasuki(tmp, "memory", "search", "ImportError", "--repo", "acme/web", "--source", "gitlab"), 1)
+    assert "no memory of gitlab:acme/web" in line
+
+
 def test_search_with_the_replay_models_embeddings_is_hybrid(tmp: Path) -> None:
     with model_server([]) as server:
         env = {"TASUKI__LLM__OPENAI__BASE_URL": server.openai_base_url,
