@@ -239,6 +239,27 @@ def test_review_then_ci_failures_continue_the_same_branch(fleet: Fleet, redis_cl
     assert fleet.forge.branch_file(OWNER, REPO, change.head, "notes.txt").count("change") == 5
 
 
+def test_a_ci_fix_whose_token_may_not_read_checks_starts_and_tells_the_model_why_it_has_no_log(
+    fleet: Fleet,
+) -> None:
+    _, change = label_to_pull_request(fleet, 13)
+    run = fleet.forge.add_run([("test", "failure", "FAILED test_unseen.py::test_denied")])
+    fleet.forge.ci_refused = 403  # a token without the checks (Actions) permission
+    try:
+        status, answer = fleet.github("check_suite", check_suite_failed(OWNER, REPO, change.head, run))
+        assert status == 202, answer
+        state = fleet.stack.wait_finished(answer["task_id"])
+    finally:
+        fleet.forge.ci_refused = None
+    assert state["status"] == "completed", state
+    task = fleet.task_text(answer["task_id"])
+    assert "CI failed on this branch, but the failed CI jobs and their logs could not be read" in task
+    assert "HTTP 403" in task
+    assert "permission" in task
+    assert "test_denied" not in task
+    assert FORGE_TOKEN not in task
+
+
 def test_a_comment_mid_run_reaches_the_next_model_request(fleet: Fleet) -> None:
     fleet.forge.add_item(OWNER, REPO, 5, f"Issue five {hold('Issue five')}", "Write it down.", labels=["bug"])
     payload = load_payload("github/issues.labeled.json")

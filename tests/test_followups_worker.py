@@ -18,6 +18,7 @@ from worker.followup_tasks import apply_autofix
 from worker.forges import GiteaForge, GitHubForge, GitLabForge
 from worker.forges.reporter import ForgeReporter
 from worker.names import AUTOFIX_OFF_PREFIX
+from worker.prompts import task_message
 from worker.run import TaskRequest
 from worker.settings_models import LabelSettings
 from worker.threads import key_id
@@ -72,12 +73,12 @@ def test_a_follow_up_never_forces_over_commits_pushed_meanwhile(forge: FakeForge
     assert forge.branch_file(OWNER, REPO, BRANCH, "theirs.txt") == "a person's commit\n"
 
 
-def reporter_for_pull(forge: FakeForge, source: str, pull: int) -> ForgeReporter:
+def reporter_for_pull(forge: FakeForge, source: str, pull: int, **followup_fields: object) -> ForgeReporter:
     client = (GitHubForge(forge.github_api_url, TOKEN) if source == "github"
               else GitLabForge(forge.gitlab_api_url, TOKEN))
     key = {"task_source": source, "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": "1"}
     followup = {"kind": "review", "pull_kind": "pull_request" if source == "github" else "merge_request",
-                "pull": pull, "branch": BRANCH, "previous": UUID}
+                "pull": pull, "branch": BRANCH, "previous": UUID, **followup_fields}
     request = TaskRequest(task_key=key, user="alice", followup=followup)
     return ForgeReporter(client, request, UUID, LabelSettings(), "tasuki-bot")
 
@@ -131,3 +132,32 @@ def test_a_gitea_autofix_command_applies_only_for_a_writer(forge: FakeForge, red
     assert apply_autofix(client, redis_client, pull, False, {"user": "maintainer", "user_id": 3})
     assert redis_client.exists(off)
     client.close()
+
+
+@pytest.mark.parametrize("source", ["github", "gitlab"])
+@pytest.mark.parametrize(("refused", "status"), [("jobs", 404), ("jobs", 403), ("logs", 403), ("logs", 404)])
+def test_a_ci_fix_the_forge_refuses_its_log_starts_and_the_prompt_says_why(
+    forge: FakeForge, source: str, refused: str, status: int
+) -> None:
+    forge.add_item(OWNER, REPO, 1, "Fix add()")
+    forge.add_item(OWNER, REPO, 102, "Fix add()", kind="pull_request" if source == "github" else "merge_request")
+    run = forge.add_run([("test", "failure", "FAILED test_calc.py::test_add")])
+    ci = {"run_id": run} if source == "github" else {"pipeline_id": run}
+    reporter = reporter_for_pull(forge, source, 102, kind="ci", ci=ci)
+    if refused == "jobs":
+        forge.ci_refused = status
+    else:
+        forge.logs_refused = status
+
+    workplace = reporter.begin({"status": "processing"})
+    reporter.close()
+
+    text = task_message("", workplace.issue)
+    assert f"HTTP {status}" in text
+    assert "could not be read" in text
+    assert "permission" in text
+    assert "FAILED test_calc.py::test_add" not in text
+    if refused == "logs":  # the job is known, only its log is not
+        assert "CI job test failed" in text
+    else:
+        assert "CI failed on this branch, but the failed CI jobs and their logs could not be read" in text

@@ -81,7 +81,10 @@ def _followup_parts(issue: dict[str, Any]) -> list[str]:
                      f"Comment:\n{comment.get('body', '')}")
     for job in issue.get("ci_failures") or []:
         parts.append(f"CI job {job.get('name', '?')} failed. The end of its log:\n{job.get('log', '')}")
-    if issue.get("review_comments") or issue.get("ci_failures"):
+    if issue.get("ci_unreadable"):
+        parts.append(f"CI failed on this branch, but {issue['ci_unreadable']}. Run the project's tests "
+                     "and checks yourself to find what fails.")
+    if issue.get("review_comments") or issue.get("ci_failures") or issue.get("ci_unreadable"):
         parts.append("This continues the work on the branch of the pull request above: fix what is asked, "
                      "keep the rest.")
     return parts

@@ -146,6 +146,10 @@ class FakeForge:
         self.runs: dict[int, list[FakeJob]] = {}  # workflow run / check suite / pipeline id -> its jobs
         self.requests: list[dict[str, Any]] = []
         self.faults: list[int] = []  # statuses the next API requests get instead of an answer
+        # A token without permission to read CI: the status its job listings (checks, runs, pipelines) and its
+        # job logs answer instead (GitHub answers 403, or 404 for what the token may not see).
+        self.ci_refused: int | None = None
+        self.logs_refused: int | None = None
         self.lock = threading.Lock()
         self._ids = 1000
         self.url = ""
@@ -188,6 +192,11 @@ class FakeForge:
                 if job.id == job_id:
                     return job
         raise ForgeError(404, "Not Found")
+
+    def _refuse_ci(self, log: bool) -> None:
+        status = self.logs_refused if log else self.ci_refused
+        if status is not None:
+            raise ForgeError(status, "Resource not accessible by integration" if status == 403 else "Not Found")
 
     def change(self, owner: str, repo: str, head: str) -> FakeChange:
         """The pull/merge request of a branch."""
@@ -329,6 +338,7 @@ class FakeForge:
     def _github_actions(self, method: str, owner: str, repo: str, rest: list[str]) -> tuple[int, Any]:
         if method != "GET":
             raise ForgeError(404, "Not Found")
+        self._refuse_ci(rest[-1] == "logs")
         if len(rest) == 4 and rest[:2] == ["actions", "runs"] and rest[3] == "jobs":
             jobs = self.runs.get(int(rest[2]), [])
             return 200, {"total_count": len(jobs), "jobs": [
@@ -396,6 +406,8 @@ class FakeForge:
             return 201, {"iid": change.number, "web_url": change.url}
         if rest[:1] in (["issues"], ["merge_requests"]) and len(rest) >= 2:
             return self._gitlab_item(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
+        if len(rest) == 3 and rest[0] in ("pipelines", "jobs") and rest[2] in ("jobs", "trace") and method == "GET":
+            self._refuse_ci(rest[2] == "trace")
         if len(rest) == 3 and rest[0] == "pipelines" and rest[2] == "jobs" and method == "GET":
             scope = query.get("scope[]")
             return 200, [{"id": j.id, "name": j.name, "status": "failed" if j.conclusion == "failure" else "success"}

@@ -98,6 +98,14 @@ class LiveGitEnv(Mapping[str, str]):
         return len(self._current())
 
 
+class ForgeRefused(ForgeError):
+    """The forge refused the call or found nothing there (HTTP 401, 403, 404): asking again will not help;
+    a token without a permission gets these (GitHub answers 404 for what a token may not see)."""
+
+
+REFUSED_STATUSES = frozenset({401, 403, 404})
+
+
 @dataclass(frozen=True)
 class ItemRef:
     """An issue, pull request or merge request: ``kind`` is the task key's ``task_type``."""
@@ -235,6 +243,13 @@ def log_tail(text: str, max_lines: int) -> str:
     return mask("\n".join(lines[-max_lines:]).strip())
 
 
+def unreadable(what: str, exc: ForgeError) -> str:
+    """What the model is told in place of a CI log the forge would not give, and why (a 403/404 is usually a
+    token without permission to read checks or CI jobs)."""
+    hint = " (the token may lack permission to read CI checks and job logs)" if isinstance(exc, ForgeRefused) else ""
+    return mask(f"{what} could not be read: {exc}{hint}")
+
+
 def basic_auth_env(clone_url: str, username: str, token: str | None) -> dict[str, str]:
     """``GIT_CONFIG_*`` variables adding ``Authorization: Basic`` for the clone URL's origin, nothing else."""
     parts = urlsplit(clone_url)
@@ -294,7 +309,8 @@ class ForgeHTTP:
         if response.status_code == 404 and missing_ok:
             return response
         if response.status_code >= 400:
-            raise ForgeError(f"{method} {path}: HTTP {response.status_code}: {mask(response.text)[:300]}")
+            failed = ForgeRefused if response.status_code in REFUSED_STATUSES else ForgeError
+            raise failed(f"{method} {path}: HTTP {response.status_code}: {mask(response.text)[:300]}")
         return response
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:

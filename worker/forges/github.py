@@ -12,6 +12,7 @@ from worker.forges.base import (
     Credential,
     FailedJob,
     ForgeHTTP,
+    ForgeRefused,
     Item,
     ItemRef,
     LiveGitEnv,
@@ -20,6 +21,7 @@ from worker.forges.base import (
     StaticToken,
     basic_auth_env,
     log_tail,
+    unreadable,
 )
 
 API_VERSION = "2022-11-28"
@@ -119,9 +121,11 @@ class GitHubForge:
 
     def _job_log(self, base: str, job_id: int, max_lines: int) -> str:
         # The API answers 302 to a short-lived download URL (another host: httpx drops the token there).
-        response = self.http.request("GET", f"{base}/actions/jobs/{job_id}/logs", missing_ok=True,
-                                     follow_redirects=True)
-        return "(log not available)" if response.status_code == 404 else log_tail(response.text, max_lines)
+        try:
+            response = self.http.request("GET", f"{base}/actions/jobs/{job_id}/logs", follow_redirects=True)
+        except ForgeRefused as exc:
+            return f"({unreadable('the log', exc)})"
+        return log_tail(response.text, max_lines)
 
     def git_env(self, clone_url: str) -> Mapping[str, str]:
         """``Authorization: Basic x-access-token:TOKEN`` for the clone URL's origin, with the token valid each

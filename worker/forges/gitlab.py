@@ -10,12 +10,14 @@ from worker.forges.base import (
     Comment,
     FailedJob,
     ForgeHTTP,
+    ForgeRefused,
     Item,
     ItemRef,
     Repository,
     ReviewComment,
     basic_auth_env,
     log_tail,
+    unreadable,
 )
 
 DEVELOPER_ACCESS = 30  # GitLab's access level that may push branches; lower roles may not start a task by a note
@@ -115,10 +117,15 @@ class GitLabForge:
         found = []
         for job in jobs:
             if isinstance(job, dict) and job.get("status") == "failed":
-                trace = self.http.request("GET", f"{project}/jobs/{int(job['id'])}/trace", missing_ok=True)
-                text = "(log not available)" if trace.status_code == 404 else log_tail(trace.text, max_lines)
-                found.append(FailedJob(str(job.get("name") or job["id"]), text))
+                found.append(FailedJob(str(job.get("name") or job["id"]), self._trace(project, int(job["id"]),
+                                                                                      max_lines)))
         return found
+
+    def _trace(self, project: str, job_id: int, max_lines: int) -> str:
+        try:
+            return log_tail(self.http.request("GET", f"{project}/jobs/{job_id}/trace").text, max_lines)
+        except ForgeRefused as exc:
+            return f"({unreadable('the log', exc)})"
 
     def git_env(self, clone_url: str) -> dict[str, str]:
         """``Authorization: Basic oauth2:TOKEN`` for the clone URL's origin."""

@@ -23,7 +23,16 @@ from contexts.state import read_state
 from contexts.usage import format_cost, format_tokens
 from worker.endings import Ending, on_ending
 from worker.forges import forge_section, is_forge, make_forge
-from worker.forges.base import CredentialError, Forge, Item, ItemRef, ReviewComment, find_comment
+from worker.forges.base import (
+    CredentialError,
+    Forge,
+    ForgeError,
+    Item,
+    ItemRef,
+    ReviewComment,
+    find_comment,
+    unreadable,
+)
 from worker.run import TaskRequest, Workplace
 from worker.settings_models import LabelSettings, Settings
 from worker.threads import marker
@@ -167,9 +176,21 @@ class ForgeReporter:
         self.review = [c for c in comments if c.id]
         text: dict[str, Any] = {"review_comments": [asdict(c) for c in comments]}
         if followup.get("ci"):
-            jobs = self.forge.failed_jobs(ref.owner, ref.repo, followup["ci"], self.ci_log_lines)
-            text["ci_failures"] = [{"name": j.name, "log": j.log} for j in jobs]
+            text.update(self._ci_failures(ref, followup["ci"]))
         return text
+
+    def _ci_failures(self, ref: ItemRef, ci: dict[str, Any]) -> dict[str, Any]:
+        """The failed jobs and their log tails; when the forge will not list them (a token without permission
+        to read checks), the fix starts anyway and the model is told why it has no log."""
+        try:
+            jobs = self.forge.failed_jobs(ref.owner, ref.repo, ci, self.ci_log_lines)
+        except CredentialError:
+            raise  # no credential at all: the task cannot go on, with or without a log
+        except ForgeError as exc:
+            log.warning("the failed CI jobs could not be read; the fix starts without their logs",
+                        error=mask(str(exc))[:300])
+            return {"ci_unreadable": unreadable("the failed CI jobs and their logs", exc)}
+        return {"ci_failures": [{"name": j.name, "log": j.log} for j in jobs]}
 
     def heard(self, entry: dict[str, Any]) -> dict[str, Any] | None:
         """A comment for the running task: its author's access is checked here when the intake could not
