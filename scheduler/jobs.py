@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import partial
 
+import redis
 import structlog
 
 from contexts.clock import iso, utc_now
 from contexts.retention import RetentionAction, apply_retention
 from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy
+from scheduler.reconcile import Reconciled, reconcile
 from worker.remembering import prune_memory
 from worker.runtime import context_store, redis_client, settings
 from worker.settings_models import Settings
@@ -56,7 +58,24 @@ def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:
 
     ``deep`` (the command's default) also reads every completed context; the beat's frequent run does not.
     """
-    return monitor_for(settings()).run(utc_now(), dry_run=dry_run, deep=deep)
+    s = settings()
+    monitor = monitor_for(s)
+    outcomes = monitor.run(utc_now(), dry_run=dry_run, deep=deep)
+    if not dry_run:
+        reconcile_redis(monitor, s)
+    return outcomes
+
+
+def reconcile_redis(monitor: Monitor, s: Settings) -> list[Reconciled]:
+    """Repair the Redis bookkeeping finished tasks' workers could not do (scheduler.reconcile); never fatal to the
+    pass (Redis may still not answer: the next pass tries again)."""
+    from worker.celery import app
+
+    try:
+        return reconcile(monitor.store, monitor.client, app.backend, utc_now(), s.contexts.stale_after_s)
+    except redis.RedisError as exc:
+        log.warning("monitor: Redis bookkeeping not reconciled", error=str(exc))
+        return []
 
 
 def summarize_outcomes(outcomes: list[Outcome]) -> dict[str, int]:

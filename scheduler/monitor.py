@@ -27,6 +27,7 @@ from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
 from contexts.state import read_state
 from scheduler.plan import Action, Copy, Policy, Seen, plan
+from worker import bookkeeping
 from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX
 
 RESENT_TTL_S = 8 * 24 * 3600  # longer than any task may live (visibility timeout x attempts at the defaults)
@@ -139,7 +140,7 @@ class Monitor:
 
     def _repair(self, action: Action, now: datetime) -> Outcome:
         if action.repair == "unindex":
-            self.client.zrem(HEARTBEATS_KEY, action.uuid)
+            bookkeeping.unindex(self.client, action.uuid)  # the running-status sets too: /metrics counts them
             return Outcome(action, True, "removed from the heartbeat index")
         assert action.repair is not None  # noqa: S101 - carry_out checked it
         detail = REPAIRS[action.repair](self.store, action.uuid, now)

@@ -52,28 +52,41 @@ def forge_reply(task_key: dict[str, str], body: str) -> None:
 
 
 def remember_thread(request: TaskRequest, uuid: str, result: dict[str, Any]) -> None:
-    """A task that opened a pull/merge request, or continued one, becomes its thread's newest task."""
+    """A task that opened a pull/merge request, or continued one, becomes its thread's newest task; a finished task
+    becomes its task key's last task (``/tasuki retry``). What Redis does not take now, the monitor records later
+    from the context (scheduler.reconcile)."""
     if result["status"] not in FINAL_STATUSES:  # a delivery that left the task to another one
         return
     try:
-        redis_client().set(LAST_TASK_PREFIX + task_key_id(request.task_key), uuid, ex=THREAD_TTL_S)
+        record_last_task(redis_client(), request, uuid)
     except redis.RedisError as exc:
         log.warning("last task not recorded", error=str(exc))
+    thread = thread_of(request, uuid, result)
+    if thread is None:
+        return
+    try:
+        record_thread(redis_client(), thread)
+    except redis.RedisError as exc:
+        log.warning("thread not recorded", error=str(exc))
+
+
+def record_last_task(client: redis.Redis, request: TaskRequest, uuid: str, *, only_if_absent: bool = False) -> None:
+    """The task key's newest finished task; ``only_if_absent`` never replaces one (a later task may have set it)."""
+    client.set(LAST_TASK_PREFIX + task_key_id(request.task_key), uuid, ex=THREAD_TTL_S, nx=only_if_absent)
+
+
+def thread_of(request: TaskRequest, uuid: str, result: dict[str, Any]) -> Thread | None:
+    """The thread a finished task leaves (``result``: its status and the fields its reporter returned), if any."""
     followup = request.followup
     if followup and not followup.get("pull"):
-        return
+        return None
     number = int(followup["pull"]) if followup else change_number(str(result.get("pull_request_url") or ""))
     source = request.task_key.get("task_source")
     if number is None or source is None or not is_forge(source):
-        return
+        return None
     kind = str(followup["pull_kind"]) if followup else FORGES[source].change_kind
     branch = str(followup["branch"]) if followup else str(result.get("branch") or "")
-    if not branch:
-        return
-    try:
-        record_thread(redis_client(), Thread(request.task_key, kind, number, branch, uuid))
-    except redis.RedisError as exc:
-        log.warning("thread not recorded", error=str(exc))
+    return Thread(request.task_key, kind, number, branch, uuid) if branch else None
 
 
 def comments_left(uuid: str, status: str, messages: Path, passes: Heard | None) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import structlog
 
 from contexts import ContextStore
 from contexts.names import ACTIVE_STATUSES
+from worker import bookkeeping
 from worker.llm import Provider, make_provider
 from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
 from worker.settings import current_settings
@@ -59,13 +60,9 @@ def index_heartbeat(uuid: str, now: datetime, status: str) -> None:
 
 
 def unindex(uuid: str) -> None:
-    """Drop a finished context from the heartbeat index and the status sets (never fatal)."""
-    pipe = redis_client().pipeline(transaction=True)
-    pipe.zrem(HEARTBEATS_KEY, uuid)
-    for status in ACTIVE_STATUSES:
-        pipe.zrem(RUNNING_STATUS_PREFIX + status, uuid)
+    """Drop a finished context from the heartbeat index and the status sets (never fatal: the monitor repeats it)."""
     try:
-        pipe.execute()
+        bookkeeping.unindex(redis_client(), uuid)
     except redis.RedisError as exc:
         log.warning("heartbeat index not cleaned", uuid=uuid, error=str(exc))
 

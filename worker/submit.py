@@ -12,6 +12,7 @@ import redis
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
 from contexts.state import update_state
 from worker.admission import Admission, admit
+from worker.bookkeeping import release
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 from worker.settings_models import Settings
 from worker.task_message import run_task_arguments, run_task_message
@@ -65,11 +66,8 @@ def enqueue(
 
 
 def release_active(client: redis.Redis, task_key: dict[str, str], uuid: str) -> None:
-    """Forget the active task of a task key once it finished (only if it is still this task)."""
-    key = ACTIVE_PREFIX + task_key_id(task_key)
-    current = client.get(key)
-    if current is not None and (current.decode() if isinstance(current, bytes) else str(current)) == uuid:
-        client.delete(key)
+    """Forget the active task of a task key (only if it is still this task), in one step."""
+    release(client, task_key, uuid)
 
 
 def request_cancel(app: Any, client: redis.Redis, store: ContextStore, uuid: str) -> str:

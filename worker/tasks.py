@@ -22,7 +22,7 @@ from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
 from contexts.usage import Usage, repo_of
-from worker import compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
+from worker import bookkeeping, compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
 from worker.followup_tasks import comments_left, remember_thread, start_followup
@@ -40,7 +40,7 @@ from worker.prompts import summarizer_messages
 from worker.remembering import first_prompt_memory, task_recall
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import context_store, provider_for, redis_client, settings, unindex
-from worker.submit import release_active, send_run_task
+from worker.submit import send_run_task
 from worker.user_config import resolve_llm_config
 
 log = structlog.get_logger(__name__)
@@ -168,19 +168,13 @@ def _forget(ending: Ending) -> None:
 
 
 def forget(uuid: str, task_key: dict[str, str], status: str | None = None) -> None:
-    """A finished task leaves the heartbeat index and frees its task key for the next trigger."""
+    """A finished task leaves the heartbeat index, frees its task key for the next trigger and is counted for
+    ``/metrics`` (once); what Redis does not take now, the monitor repairs from the context (scheduler.reconcile)."""
     unindex(uuid)
     try:
-        release_active(redis_client(), task_key, uuid)
-        if status is not None:
-            count_finished(redis_client(), status)
+        bookkeeping.release(redis_client(), task_key, uuid, status)
     except redis.RedisError as exc:
-        log.warning("active-task key not released", error=str(exc))
-
-
-def count_finished(client: redis.Redis, status: str) -> None:
-    """Add the task to the finished-task counter ``/metrics`` exports (its compressions were counted as made)."""
-    client.hincrby(STATS_KEY, f"finished:{status}", 1)
+        log.warning("active-task key not released; the monitor releases it once Redis answers", error=str(exc))
 
 
 def jsonl_metadata_config(directory: Any) -> dict[str, Any]:

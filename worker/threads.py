@@ -90,13 +90,14 @@ def change_number(url: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def record_thread(client: redis.Redis, thread: Thread) -> None:
-    """Remember the thread by its pull/merge request and by its branch (the newest task wins)."""
+def record_thread(client: redis.Redis, thread: Thread, *, only_if_absent: bool = False) -> None:
+    """Remember the thread by its pull/merge request and by its branch (the newest task wins); ``only_if_absent``
+    replaces nothing (a repair that cannot tell whether a later task of the thread wrote meanwhile)."""
     pipe = client.pipeline(transaction=False)
-    pipe.set(THREAD_PREFIX + key_id(thread.pull_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S)
-    pipe.set(THREAD_PREFIX + key_id(thread.task_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S)
+    pipe.set(THREAD_PREFIX + key_id(thread.pull_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S, nx=only_if_absent)
+    pipe.set(THREAD_PREFIX + key_id(thread.task_key), json.dumps(asdict(thread)), ex=THREAD_TTL_S, nx=only_if_absent)
     pipe.set(branch_id(thread.task_key["task_source"], thread.task_key["owner"], thread.task_key["repo"],
-                       thread.branch), key_id(thread.pull_key), ex=THREAD_TTL_S)
+                       thread.branch), key_id(thread.pull_key), ex=THREAD_TTL_S, nx=only_if_absent)
     pipe.execute()
 
 

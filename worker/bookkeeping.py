@@ -1,0 +1,46 @@
+"""The Redis bookkeeping of a task's end (SPEC §5, §7, §14), every write idempotent: the worker does it as the task
+ends, and the monitor (:mod:`scheduler.reconcile`) does it again, from the context files, for whatever Redis could
+not take then (a cut over the finish). Doing it twice changes nothing; a task's finish is counted once.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from contexts.names import ACTIVE_STATUSES
+from worker.names import ACTIVE_PREFIX, COUNTED_PREFIX, HEARTBEATS_KEY, RUNNING_STATUS_PREFIX, STATS_KEY
+from worker.threads import key_id
+
+COUNTED_TTL_S = 8 * 24 * 3600  # longer than any Redis outage the monitor repairs after
+
+# KEYS: active key, stats hash, counted key. ARGV: uuid, final status ('' counts nothing), ttl of the counted key.
+# The active key goes only if it still names this task (a later trigger's task keeps its own); the finish is
+# counted once per task, whoever (worker or monitor) gets here first.
+RELEASE_LUA = """
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  released = 1
+end
+if ARGV[2] ~= '' and redis.call('SET', KEYS[3], ARGV[2], 'NX', 'EX', ARGV[3]) then
+  redis.call('HINCRBY', KEYS[2], 'finished:' .. ARGV[2], 1)
+end
+return released
+"""
+
+
+def unindex(client: redis.Redis, uuid: str) -> None:
+    """Out of the heartbeat index and every running-status set (``/metrics`` counts those)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.zrem(HEARTBEATS_KEY, uuid)
+    for status in ACTIVE_STATUSES:
+        pipe.zrem(RUNNING_STATUS_PREFIX + status, uuid)
+    pipe.execute()
+
+
+def release(client: redis.Redis, task_key: dict[str, str], uuid: str, status: str | None = None) -> bool:
+    """Free the task key if it is still this task's, and count the finish (``status``) once; True when the key was
+    this task's (no later task of the key can have been admitted while it was held)."""
+    keys = [ACTIVE_PREFIX + key_id(task_key), STATS_KEY, COUNTED_PREFIX + uuid]
+    released = client.register_script(RELEASE_LUA)(keys=keys, args=[uuid, status or "", COUNTED_TTL_S])
+    return bool(released)
