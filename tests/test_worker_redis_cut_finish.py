@@ -23,10 +23,17 @@ from contexts.names import ACTIVE_STATUSES
 from tests.helpers.beat_process import BeatProcess
 from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.fake_forge import FakeForge
-from tests.helpers.stack import Stack, make_buggy_repo
+from tests.helpers.stack import make_buggy_repo
 from tests.helpers.tcp_proxy import TcpProxy
 from tests.helpers.worker_scenarios import bash_turn, finish_turn, running_stack
-from worker.names import ACTIVE_PREFIX, HEARTBEATS_KEY, LAST_TASK_PREFIX, RUNNING_STATUS_PREFIX, THREAD_PREFIX
+from worker.names import (
+    ACTIVE_PREFIX,
+    HEARTBEATS_KEY,
+    LAST_TASK_PREFIX,
+    RUNNING_STATUS_PREFIX,
+    STATS_KEY,
+    THREAD_PREFIX,
+)
 from worker.settings import load_settings
 from worker.submit import enqueue, task_key_id
 from worker.threads import Thread, key_id
@@ -128,6 +135,9 @@ def test_a_redis_cut_over_the_finish_is_repaired_by_the_monitor_from_the_context
             assert again.uuid != uuid
             assert stack.wait_finished(again.uuid, TIMEOUT_S)["status"] == "completed"
             stack.wait_until(lambda: not held_as_running(redis_client, again.uuid), TIMEOUT_S, "the index clean")
+            # Each finish counted once for /metrics, the cut one by the monitor.
+            stack.wait_until(lambda: redis_client.hget(STATS_KEY, "finished:completed") == "2", TIMEOUT_S,
+                             "two finished tasks counted")
             app.close()
         finally:
             beat.stop()
