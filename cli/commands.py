@@ -107,12 +107,25 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         out(queued.uuid)
     if not args.wait:
         return 0
-    state = watch(context_store(settings, index=False), queued.uuid, out)
+    state = watch(context_store(settings, index=False), queued.uuid, out, stopped=lambda: stop_of(queued.uuid))
     if state is None:
         return 1
     for line in outcome_lines(state, args.repo_path):
         out(line)
     return 0 if state.get("status") == "completed" else 1
+
+
+def stop_of(uuid: str) -> dict[str, object] | None:
+    """How a worker ended the task when its context could not be finished (a full disk), if it did."""
+    import redis
+
+    from worker.bookkeeping import stopped
+    from worker.runtime import redis_client
+
+    try:
+        return stopped(redis_client(), uuid)
+    except redis.RedisError:
+        return None  # Redis is not answering: the context files still say how the task ends
 
 
 def outcome_lines(state: dict[str, object], repo_path: str | None) -> list[str]:

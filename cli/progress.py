@@ -40,8 +40,10 @@ def watch(
     *,
     timeout_s: float | None = None,
     alive: Callable[[], bool] = lambda: True,
+    stopped: Callable[[], dict[str, Any] | None] = lambda: None,
 ) -> dict[str, Any] | None:
-    """Print a line whenever the task's progress changes; return the final state (``None`` on timeout)."""
+    """Print a line whenever the task's progress changes; return the final state (``None`` on timeout), or how
+    its worker ended it when the context could not be finished (``stopped``: a full disk)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = ""
     said_queued = False
@@ -58,6 +60,9 @@ def watch(
                 last = line
             if state.get("status") in FINAL_STATUSES and store.completed_path(uuid).is_dir():
                 return state
+        stop = stopped()
+        if stop is not None:
+            return stop
         if not alive():
             return None
         time.sleep(POLL_S)  # the files are the interface: there is nothing to block on

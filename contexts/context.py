@@ -386,13 +386,23 @@ class Context:
         return target
 
     def release(self) -> None:
-        """Hand the context back without finishing it (warm shutdown): stop, sync (what a step staged is written
-        too), remove the lock."""
+        """Hand the context back without finishing it (warm shutdown, or a disk too full to finish it): stop, sync
+        (what a step staged is written too, if the disk takes it), remove the lock — always: an unlink needs no
+        free space, and a lock left behind by a live process would keep the task from anyone, forever."""
         self._stop_heartbeat()
         if self._staged_fields or self._staged_add or self._staged_usage:
-            with contextlib.suppress(FencedError):
+            try:
                 self.update_state()
-        self._close_files()
+            except FencedError:
+                pass
+            except (ContextError, OSError) as exc:  # a full disk: the state on disk stays the previous, whole one
+                log.warning("staged state not written as the context was handed back", uuid=self.uuid,
+                            error=mask(str(exc))[:300])
+        try:
+            self._close_files()
+        except (ContextError, OSError) as exc:
+            log.warning("context files not closed cleanly as it was handed back", uuid=self.uuid, error=str(exc))
+            self._lock.close()
         with contextlib.suppress(FencedError):
             self._lock.release()
 

@@ -177,10 +177,17 @@ class Monitor:
             return Outcome(action, False, f"taken over meanwhile: {exc}")
         except (ContextCompletedError, ContextNotFoundError) as exc:
             return Outcome(action, False, f"finished meanwhile: {exc}")
-        ctx.update_state(last_activity="monitor:failed")
-        target = ctx.finish("failed", error=error)
+        # A worker that ended the task without room to finish its context said how it ended: that, not "lost".
+        stop = bookkeeping.stopped(self.client, action.uuid) or {"status": "failed", "error": error}
+        status, told = str(stop["status"]), stop.get("error")
+        try:
+            ctx.update_state(last_activity=f"monitor:{status}")
+            target = ctx.finish(status, error=told, **({"result": stop["result"]} if stop.get("result") else {}))
+        except (TasukiError, OSError):
+            ctx.release()  # a full disk: never leave this live process's lock behind (the next pass tries again)
+            raise
         self._ended(action.uuid, target)
-        return Outcome(action, True, f"failed: {error}")
+        return Outcome(action, True, f"{status}: {told}")
 
     def _ended(self, uuid: str, directory: Path) -> None:
         """A task the monitor ended, announced only once its end is on disk; whatever a subscriber does wrong

@@ -5,18 +5,29 @@ not take then (a cut over the finish). Doing it twice changes nothing; a task's 
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import redis
 
 from contexts.names import ACTIVE_STATUSES
-from worker.names import ACTIVE_PREFIX, COUNTED_PREFIX, HEARTBEATS_KEY, RUNNING_STATUS_PREFIX, STATS_KEY
+from worker.names import (
+    ACTIVE_PREFIX,
+    COUNTED_PREFIX,
+    HEARTBEATS_KEY,
+    RUNNING_STATUS_PREFIX,
+    STATS_KEY,
+    STOPPED_PREFIX,
+)
 from worker.threads import key_id
 
 COUNTED_TTL_S = 8 * 24 * 3600  # longer than any Redis outage the monitor repairs after
 
-# KEYS: active key, stats hash, counted key. ARGV: uuid, final status ('' counts nothing), ttl of the counted key.
-# The active key goes only if it still names this task (a later trigger's task keeps its own); the finish is
-# counted once per task, whoever (worker or monitor) gets here first.
+# KEYS: active key, stats hash, counted key, stopped key. ARGV: uuid, final status ('' counts nothing), ttl of the
+# counted key. The active key goes only if it still names this task (a later trigger's task keeps its own); the
+# finish is counted once per task, whoever (worker or monitor) gets here first; a stop recorded for it is done with.
 RELEASE_LUA = """
+redis.call('DEL', KEYS[4])
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -41,6 +52,22 @@ def unindex(client: redis.Redis, uuid: str) -> None:
 def release(client: redis.Redis, task_key: dict[str, str], uuid: str, status: str | None = None) -> bool:
     """Free the task key if it is still this task's, and count the finish (``status``) once; True when the key was
     this task's (no later task of the key can have been admitted while it was held)."""
-    keys = [ACTIVE_PREFIX + key_id(task_key), STATS_KEY, COUNTED_PREFIX + uuid]
+    keys = [ACTIVE_PREFIX + key_id(task_key), STATS_KEY, COUNTED_PREFIX + uuid, STOPPED_PREFIX + uuid]
     released = client.register_script(RELEASE_LUA)(keys=keys, args=[uuid, status or "", COUNTED_TTL_S])
     return bool(released)
+
+
+def record_stop(client: redis.Redis, uuid: str, outcome: dict[str, Any]) -> None:
+    """A worker ended the task but could not finish its context (a full disk): how it ended (``status``,
+    ``error``, ``result``), for whoever waits on it and for the next holder, which finishes it so."""
+    client.set(STOPPED_PREFIX + uuid, json.dumps(outcome), ex=COUNTED_TTL_S)
+
+
+def stopped(client: redis.Redis, uuid: str) -> dict[str, Any] | None:
+    """How a worker ended the task whose context it could not finish, if one did (and it is not finished yet)."""
+    raw = client.get(STOPPED_PREFIX + uuid)
+    try:
+        outcome = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return outcome if isinstance(outcome, dict) and isinstance(outcome.get("status"), str) else None

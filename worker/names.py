@@ -33,6 +33,7 @@ TASK_PREFIX: Final = "tasuki:task:"  # + UUID, the task key of a task the HTTP i
 STATS_KEY: Final = "tasuki:stats"  # hash: finished tasks per final status, compressions of finished tasks
 ALERTS_KEY: Final = "tasuki:alerts"  # hash: each alert gauge's latest value (tasuki.alerts writes, /metrics reads)
 REAPED_PREFIX: Final = "tasuki:reaped:"  # + UUID:attempt, SET NX EX by the monitor: one re-enqueue per lost attempt
+STOPPED_PREFIX: Final = "tasuki:stopped:"  # + UUID, JSON {status, error, result}: ended, context not finished yet
 COUNTED_PREFIX: Final = "tasuki:counted:"  # + UUID, SET NX EX as a task's finish is counted: counted once, by anyone
 RESENT_PREFIX: Final = "tasuki:resent:"  # + UUID, INCR by the monitor: re-enqueues so far, bounded by max_attempts
 THREAD_PREFIX: Final = "tasuki:thread:"  # + pull/merge request key (source/owner/repo/type/N), JSON of its thread

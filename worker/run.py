@@ -252,6 +252,10 @@ class TaskRun:
     inbox: Callable[[], tuple[list[dict[str, Any]], int]] = lambda: ([], 0)
     inbox_trim: Callable[[int], None] = lambda count: None
     meter: Meter | None = None  # prices and counts model calls, holds the task budget; None: no prices, no caps
+    # A holder that ended the task but could not finish its context (a full disk) records how it ended (record_stop);
+    # the next holder finishes the context so (stopped) instead of running on.
+    stopped: Callable[[], dict[str, Any] | None] = lambda: None
+    record_stop: Callable[[dict[str, Any]], None] = lambda outcome: None
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -267,8 +271,11 @@ class TaskRun:
         """Run the task to a final status (or drop the delivery)."""
         try:
             ctx = acquire(self.store, self.uuid, self.request, config)
-        except (OSError, DiskFullError) as exc:  # an unwritable or full contexts root: no context can exist
-            return self._cannot_start(exc)
+        except (OSError, DiskFullError) as exc:  # an unwritable or full contexts root
+            if self.store.running_path(self.uuid).is_dir():  # its context is there, whole: the monitor sends it again
+                log.error("context could not be taken up; it is resumed once there is room", error=mask(str(exc))[:300])
+                return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
+            return self._cannot_start(exc)  # no context can exist: fail visibly now
         if ctx is None:
             return self._not_taken()
         return self._start(ctx)
@@ -280,6 +287,10 @@ class TaskRun:
         # Attempts handed back on a warm shutdown (a rolling restart) are not lost ones: only those count.
         if int(state.get("attempt", 1)) - int(state.get("handbacks", 0) or 0) > self.settings.monitor.max_attempts:
             return self._finish(ctx, "failed", f"gave up after {self.settings.monitor.max_attempts} attempts", None)
+        stop = self.stopped()
+        if stop is not None:  # its last holder ended it but could not finish the context: finish it as it meant to
+            log.info("finishing a task its last holder ended without room to record it", status=stop["status"])
+            return self._finish(ctx, stop["status"], stop.get("error"), stop.get("result") or None)
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
         checkout: Checkout | None = None
@@ -305,7 +316,12 @@ class TaskRun:
             return self._on_error(ctx, checkout, exc)
 
     def _cannot_start(self, exc: Exception) -> dict[str, Any]:
-        return cannot_start(self.uuid, self.report, self.on_finish, self.store.base_dir, exc)
+        ended = cannot_start(self.uuid, self.report, self.on_finish, self.store.base_dir, exc)
+        try:  # no context will ever say how it ended: whoever waits on it (`tasuki submit --wait`) learns it here
+            self.record_stop({"status": "failed", "error": ended["error"], "result": {}})
+        except Exception as record_error:
+            log.warning("stop not recorded", error=mask(str(record_error))[:300])
+        return ended
 
     def _not_taken(self) -> dict[str, Any]:
         """A delivery that did not get the context: dropped, or deferred when its holder was killed here."""
@@ -427,12 +443,7 @@ class TaskRun:
             ctx.detach()
             return {"uuid": self.uuid, "status": "fenced"}
         except Exception as exc:  # e.g. a full disk: leave the context whole and give the lock up
-            # Detaching would leave a lock whose holder (this live process) keeps it from ever going stale;
-            # an unlink needs no free space, so the monitor takes the context once it has been quiet.
-            ctx.release()
-            log.error("context could not be finished; the monitor takes it once it is quiet for stale_after_s",
-                      status=status, error=mask(str(exc))[:300])
-            return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
+            return self._unfinished(ctx, status, error, result, exc)
         if checkout is not None:
             checkout.release()
         try:
@@ -443,3 +454,25 @@ class TaskRun:
             self.on_finish(self.uuid, status)
         log.info("task finished", status=status, error=error)
         return {"uuid": self.uuid, "status": status, "error": error, **(result or {})}
+
+    def _unfinished(self, ctx: Context, status: str, error: str | None, result: dict[str, Any] | None,
+                    exc: Exception) -> dict[str, Any]:
+        """The task ended but its context could not be finished (a full disk). Said at once — recorded for the next
+        holder and for ``tasuki submit --wait``, and on the forge — and the lock given up (detaching would leave a
+        lock whose live holder keeps it from ever going stale; an unlink needs no free space): once there is room
+        the monitor sends the task again and the next holder finishes the context as this one meant to."""
+        why = mask(f"the context could not be finished ({type(exc).__name__}: {exc})".splitlines()[0])[:500]
+        told = f"{error}; {why}" if error else why
+        outcome = {"status": status, "error": told, "result": result or {}}
+        try:
+            self.record_stop(outcome)
+        except Exception as record_error:  # Redis too: the next holder resumes the task instead
+            log.warning("stop not recorded", error=mask(str(record_error))[:300])
+        ctx.release()
+        log.error("task ended but its context could not be finished; finished once there is room", status=status,
+                  error=told)
+        try:
+            self.report.finish(status, {**ctx.read_state(), "status": status, "error": told}, result, told)
+        except Exception as report_error:
+            log.warning("stop not reported", error=mask(str(report_error))[:300])
+        return {"uuid": self.uuid, "status": "unfinished", "error": told}

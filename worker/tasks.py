@@ -102,6 +102,8 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 inbox=lambda: read_inbox(redis_client(), uuid),
                 inbox_trim=lambda count: trim_inbox(redis_client(), uuid, count),
                 meter=meter,
+                stopped=lambda: stop_recorded(uuid),
+                record_stop=lambda outcome: bookkeeping.record_stop(redis_client(), uuid, outcome),
             ).execute(config)
             left = comments_left(uuid, result["status"], store.completed_path(uuid) / MESSAGES_FILE,
                                  reporter.heard if reporter is not None else None)
@@ -124,6 +126,16 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         return cast(dict[str, Any], mask_value(result))
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def stop_recorded(uuid: str) -> dict[str, Any] | None:
+    """How the task's last holder ended it without room to finish its context, if it did (a Redis that does not
+    answer: as if none did, the task resumes)."""
+    try:
+        return bookkeeping.stopped(redis_client(), uuid)
+    except redis.RedisError as exc:
+        log.warning("recorded stop not read", error=str(exc))
+        return None
 
 
 def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:
