@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -34,8 +35,6 @@ def fill(directory: Path, leave_bytes: int = 0) -> Path:
     free = stat.f_bavail * stat.f_frsize
     filler = directory / "filler"
     with open(filler, "wb") as out:
-        try:
+        with contextlib.suppress(OSError):  # full already: what fitted stays
             out.write(b"\0" * max(free - leave_bytes, 0))
-        except OSError:
-            pass  # full already: what fitted stays
     return filler
