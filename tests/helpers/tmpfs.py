@@ -34,7 +34,6 @@ def fill(directory: Path, leave_bytes: int = 0) -> Path:
     stat = os.statvfs(directory)
     free = stat.f_bavail * stat.f_frsize
     filler = directory / "filler"
-    with open(filler, "wb") as out:
-        with contextlib.suppress(OSError):  # full already: what fitted stays
-            out.write(b"\0" * max(free - leave_bytes, 0))
+    with open(filler, "wb") as out, contextlib.suppress(OSError):  # full already: what fitted stays
+        out.write(b"\0" * max(free - leave_bytes, 0))
     return filler
