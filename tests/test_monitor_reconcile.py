@@ -42,7 +42,9 @@ def later() -> datetime:
     return datetime.now(UTC) + timedelta(seconds=60)
 
 
-def test_a_finished_tasks_leftovers_are_repaired_once_and_counted_once(tmp_path: Path, redis_client: redis.Redis) -> None:
+def test_a_finished_tasks_leftovers_are_repaired_once_and_counted_once(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
     store = ContextStore(tmp_path / "contexts", fsync="never")
     uuid = finished_task(store)
     left_behind(redis_client, uuid)
