@@ -19,7 +19,6 @@ import pytest
 from tests.helpers.beat_process import BeatProcess
 from tests.helpers.celery_worker import REPO_ROOT
 from tests.helpers.fake_forge import FakeForge
-from tests.helpers.model_server import wait_for_request
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.tmpfs import fill, mounted_tmpfs
@@ -30,7 +29,6 @@ pytestmark = pytest.mark.integration
 FORGE_TOKEN = "disk-full-forge-token-9c2e"
 OWNER, REPO = "octo", "calc"
 SIZE = 2 * 1024 * 1024
-HELD_TURN = 2
 MONITOR_ENV = {"TASUKI__MONITOR__INTERVAL_S": "1", "TASUKI__MONITOR__BEAT_LOCK_TTL_S": "2"}
 TIMEOUT_S = 120.0
 
@@ -38,7 +36,8 @@ TIMEOUT_S = 120.0
 def test_a_contexts_disk_that_fills_mid_task_ends_the_task_visibly_and_it_fails_once_there_is_room(
     tmp_path: Path, redis_url: str
 ) -> None:
-    turns = [bash_turn(0), bash_turn(1), bash_turn(2, lines=200), bash_turn(3), finish_turn()]
+    # The model holds its third answer at a gate until the test has filled the disk.
+    turns = [bash_turn(0), bash_turn(1), {"gate": "full"}, bash_turn(2, lines=200), bash_turn(3), finish_turn()]
     with mounted_tmpfs(tmp_path / "tiny", SIZE) as tiny, FakeForge(tmp_path / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo(OWNER, REPO, make_buggy_repo(tmp_path / "source"))
         item = forge.add_item(OWNER, REPO, 1, "Fix add()", "It subtracts.", labels=["bug"])
@@ -51,15 +50,13 @@ def test_a_contexts_disk_that_fills_mid_task_ends_the_task_visibly_and_it_fails_
             stack.start_worker("w1", queues="tasks,compression")
             stack.start_worker("maint", queues="maintenance", pool="solo")
             beat = BeatProcess("beat", stack.env(), tmp_path).start()
-            held = server.model.hold(HELD_TURN)
             submit = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "submit", "--repo", f"{OWNER}/{REPO}", "--issue", "1", "--wait"],
                 cwd=REPO_ROOT, env=stack.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
-                wait_for_request(lambda: server.requests, lambda r: r["turn"] == HELD_TURN and r["status"] is None,
-                                 TIMEOUT_S)
+                stack.wait_until(lambda: server.model.gate_reached("full"), TIMEOUT_S, "the third model request")
                 filler = fill(tiny)  # the disk fills while the model thinks ...
-                held.set()
+                server.model.open_gate("full")
 
                 out, err = submit.communicate(timeout=TIMEOUT_S)
                 uuid = out.splitlines()[0].strip()
