@@ -44,7 +44,10 @@ class IntakeServer:
 @contextmanager
 def serve_app(app: FastAPI) -> Iterator[str]:
     """Serve ``app`` with uvicorn on 127.0.0.1 and a free port; yield its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    # A long keep-alive: with uvicorn's 5 s, a busy machine let a client send on a connection the server had
+    # just closed ("Server disconnected without sending a response"), a race of the test's client, not the app.
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", timeout_keep_alive=300)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
