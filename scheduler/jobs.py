@@ -7,8 +7,10 @@ the actions the beat would (SPEC §10).
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from functools import partial
 
+import redis
 import structlog
 
 from contexts.clock import iso, utc_now
@@ -16,7 +18,7 @@ from contexts.retention import RetentionAction, apply_retention
 from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy
 from worker.remembering import prune_memory
-from worker.runtime import context_store, redis_client, settings
+from worker.runtime import CLOCK, context_store, redis_client, settings
 from worker.settings_models import Settings
 from worker.submit import send_run_task
 
@@ -39,6 +41,7 @@ def monitor_for(s: Settings) -> Monitor:
         max_attempts=s.monitor.max_attempts,
         resume=s.monitor.resume,
         hostname=store.hostname,
+        hung_after_s=s.contexts.hung_after,
     )
     # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
     dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
@@ -56,7 +59,18 @@ def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:
 
     ``deep`` (the command's default) also reads every completed context; the beat's frequent run does not.
     """
-    return monitor_for(settings()).run(utc_now(), dry_run=dry_run, deep=deep)
+    monitor = monitor_for(settings())
+    return monitor.run(redis_now(monitor.client), dry_run=dry_run, deep=deep)
+
+
+def redis_now(client: redis.Redis) -> datetime:
+    """Now by Redis's clock (SPEC §4: one clock decides staleness); this host's own if Redis does not answer, so
+    that repairs which need no Redis still run."""
+    try:
+        CLOCK.measure(client)
+    except redis.RedisError as exc:
+        log.warning("clock offset to Redis not measured; the last one is used", error=str(exc)[:200])
+    return CLOCK()
 
 
 def summarize_outcomes(outcomes: list[Outcome]) -> dict[str, int]:
