@@ -81,14 +81,38 @@ def _copied(names: Iterable[str]) -> list[str]:
 
 def _copy_file(src: Path, dst: Path, *, fsync: bool) -> None:
     try:
-        source = open(src, "rb")  # noqa: SIM115 - closed below; may vanish between listing and opening
+        source = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
+        return  # vanished between listing and opening (a temporary file renamed into place)
+    try:
+        target = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            _copy_range(source, target)
+            if fsync:
+                os.fsync(target)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def _copy_range(source: int, target: int) -> None:
+    """Copy in the kernel (``copy_file_range``: a reflink where the file system shares extents, as XFS and btrfs
+    do), up to the end the file has now; plain reads and writes where it is not supported."""
+    try:
+        while os.copy_file_range(source, target, _CHUNK * 64):
+            pass
         return
-    with source, os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), "wb") as out:
-        shutil.copyfileobj(source, out, _CHUNK)
-        out.flush()
-        if fsync:
-            os.fsync(out.fileno())
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    os.lseek(source, 0, os.SEEK_SET)
+    os.lseek(target, 0, os.SEEK_SET)
+    os.ftruncate(target, 0)
+    while chunk := os.read(source, _CHUNK):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(target, view) :]
 
 
 def exchange(current: Path, replacement: Path) -> None:

@@ -267,23 +267,30 @@ class ContextLock:
                 previous, old = self._take_over(clock(), stale_after_s, hung_after_s, admit)
         except filelock.Timeout as exc:
             raise LockHeldError(f"{self.path}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
-        discard(old)  # the old generation: only a fenced holder still writes there
+        if old is not None:
+            discard(old)  # the old generation: only a fenced holder still writes there
         return previous
 
     def _take_over(
         self, now: datetime, stale_after_s: float, hung_after_s: float | None, admit: Callable[[Path], None] | None
-    ) -> tuple[LockInfo | None, Path]:
+    ) -> tuple[LockInfo | None, Path | None]:
         current = read_lock(self.path)
         if current is not None:
             self._refuse_live(current, now, stale_after_s, hung_after_s)
         directory = self.path.parent
         if admit is not None:
             admit(directory)
+        info = LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation)
+        if current is None:
+            # Free: its last holder released it, and a holder removes its .lock only after closing its files, so
+            # nobody can write into this generation any more; it is taken as it is (no copy, however long).
+            self._adopt(directory, info)
+            return None, None
         staging = self.staging_dir / f"{directory.name}.gen.{secrets.token_hex(4)}"
         staging.mkdir(mode=DIR_MODE)
         try:
             copy_generation(directory, staging)
-            self._adopt(staging, LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation))
+            self._adopt(staging, info)
             exchange(directory, staging)  # the fence: from here on the previous holder writes into `staging`
         except BaseException:
             self.close()
