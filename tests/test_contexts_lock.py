@@ -16,7 +16,15 @@ import pytest
 
 from contexts import Context, ContextStore, FencedError, LockHeldError, LockInfo, is_stale
 from contexts.compression import CompressionPolicy
-from contexts.lock import Incarnation, heartbeat_age_s, holder_alive, incarnation_of, is_hung, process_alive
+from contexts.lock import (
+    Incarnation,
+    heartbeat_age_s,
+    holder_alive,
+    incarnation_of,
+    is_hung,
+    process_alive,
+    stop_hung_holder,
+)
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import (
     CONFIG,
@@ -391,3 +399,22 @@ def test_a_stopped_holder_on_this_host_is_taken_over_after_hung_after_s_without_
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_hung_holder_is_killed_only_when_it_is_provably_the_same_incarnation() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        here = socket.gethostname()
+        genuine = incarnation_of(sleeper.pid)
+        assert genuine is not None
+        beat = NOW - timedelta(hours=1)
+        other = Incarnation(genuine.boot_id, genuine.pid_namespace, genuine.started + 1)  # the pid, reused
+        assert not stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", other), here)
+        assert not stop_hung_holder(LockInfo(sleeper.pid, "elsewhere", beat, beat, "o", genuine), "host-x")
+        assert not stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", None), here)  # nothing to prove it
+        assert sleeper.poll() is None
+        assert stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", genuine), here)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
