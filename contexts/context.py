@@ -410,9 +410,12 @@ class Context:
         if self._staged_fields or self._staged_add or self._staged_usage:
             with contextlib.suppress(FencedError):
                 self.update_state()
-        self._close_files()
+        self._close_files(keep_home=True)
+        # After the files are closed (nothing of this holder's can land in this generation any more, which is what
+        # lets the next holder take it as it is), and through the home: never the lock at the public name.
         with contextlib.suppress(FencedError):
             self._lock.release()
+        self._lock.close()
 
     def detach(self) -> None:
         """Stop using the context and leave the lock behind, as a crashed holder would."""
@@ -423,11 +426,12 @@ class Context:
         if self._heartbeat is not None:
             self._heartbeat.stop()
 
-    def _close_files(self) -> None:
+    def _close_files(self, *, keep_home: bool = False) -> None:
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.close()
-            self._lock.close()
+            if not keep_home:
+                self._lock.close()
             self.closed = True
 
     def __enter__(self) -> Context:

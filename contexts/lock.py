@@ -230,6 +230,8 @@ class ContextLock:
     def __init__(
         self, path: Path, mutex_path: Path, hostname: str, pid: int | None = None, staging_dir: Path | None = None
     ) -> None:
+        self._guard = threading.Lock()
+        self._parent_fd = -1  # running/ (or the staging directory's parent), held open for the fencing check
         self.path = path
         self.mutex_path = mutex_path
         self.staging_dir = staging_dir if staging_dir is not None else path.parent.parent.parent / STAGING_DIR
@@ -242,7 +244,6 @@ class ContextLock:
         self._dir_fd = -1
         self._dir_id: tuple[int, int] | None = None
         self.home = path.parent
-        self._guard = threading.Lock()
 
     def mutex(self) -> contextlib.AbstractContextManager[None]:
         """The per-UUID mutex that acquiring, finishing and repairs take (never a holder's ordinary write)."""
@@ -329,7 +330,10 @@ class ContextLock:
         if self.fenced or self.info is None or self._dir_id is None:
             raise FencedError(f"{self.path}: lock lost; this holder must not write")
         try:
-            st = os.stat(self._dir_str)
+            with self._guard:  # one lookup of one name, relative to running/ held open: this runs on every write
+                if self._parent_fd < 0:
+                    self._parent_fd = os.open(self._parent_str, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                st = os.stat(self._dir_name, dir_fd=self._parent_fd)
         except FileNotFoundError:
             self._fence("context moved on")
         if (st.st_dev, st.st_ino) != self._dir_id:
@@ -343,7 +347,15 @@ class ContextLock:
     @path.setter
     def path(self, value: Path) -> None:
         self._path = value
-        self._dir_str = os.fspath(value.parent)  # a ready-made string: the check stats it on every write
+        self._dir_name = value.parent.name
+        self._parent_str = os.fspath(value.parent.parent)
+        self._close_parent()
+
+    def _close_parent(self) -> None:
+        with self._guard:
+            if self._parent_fd >= 0:
+                os.close(self._parent_fd)
+            self._parent_fd = -1
 
     def close(self) -> None:
         """Let go of the home (the lock itself stays as it is)."""
@@ -352,16 +364,20 @@ class ContextLock:
                 os.close(self._dir_fd)
                 self._dir_fd = -1
                 self.home = self.path.parent
+        self._close_parent()
 
     def release(self) -> None:
         """Remove the lock if it is still ours (handing the task back on shutdown); no mutex: the ``.lock``
-        removed is the one in this holder's own generation."""
+        removed is the one in this holder's own generation (call it before :meth:`close`)."""
         if self.info is None:
             return
-        with contextlib.suppress(FencedError):
-            self.check()
-            os.unlink(self.home / LOCK_FILE)
-        self.info = None
+        try:
+            with contextlib.suppress(FencedError, FileNotFoundError):  # FileNotFound: the old generation is gone
+                self.check()
+                os.unlink(self.home / LOCK_FILE)
+        finally:
+            self.info = None
+            self._close_parent()
 
     def release_under_mutex(self) -> bool:
         """Remove the lock at the public name if it is ours, for a caller holding :meth:`mutex` (finishing):

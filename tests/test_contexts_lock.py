@@ -367,6 +367,7 @@ def test_a_write_that_passed_the_fencing_check_before_a_takeover_lands_where_nob
         old.update_state(status="processing", last_activity="a late state write")
     with pytest.raises((FileNotFoundError, FencedError)):
         old._lock.refresh(NOW)
+    old.release()  # a hand-back paused after its check: removes no lock but its own generation's
     assert new.append_message("assistant", "the new holder's") == 2
     assert [m["content"] for m in new.messages()] == ["the task", "the new holder's"]
     assert new.read_state()["last_activity"] != "a late state write"
