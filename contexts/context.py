@@ -53,25 +53,26 @@ class Context:
         self.path = path
         self._lock = lock
         self._fsync = store.fsync
-        self.metadata: dict[str, Any] = read_json(path / METADATA_FILE)
-        self._messages = jsonl.JsonlWriter(path / MESSAGES_FILE, fsync=store.fsync)
-        self._summaries = jsonl.JsonlWriter(path / SUMMARIES_FILE, id_field="summary_id", fsync=store.fsync)
-        self._tools = jsonl.JsonlWriter(path / TOOLS_FILE, fsync=store.fsync)
+        self.closed = False
+        home = self.home  # this holder's own generation of the directory (contexts/generation.py)
+        self.metadata: dict[str, Any] = read_json(home / METADATA_FILE)
+        self._messages = jsonl.JsonlWriter(home / MESSAGES_FILE, fsync=store.fsync)
+        self._summaries = jsonl.JsonlWriter(home / SUMMARIES_FILE, id_field="summary_id", fsync=store.fsync)
+        self._tools = jsonl.JsonlWriter(home / TOOLS_FILE, fsync=store.fsync)
         self._write_guard = threading.Lock()
         self.pinned: list[dict[str, Any]] = []
         self._pinned_complete = False
-        for record in jsonl.read_head(path / MESSAGES_FILE, MAX_PINNED):
+        for record in jsonl.read_head(home / MESSAGES_FILE, MAX_PINNED):
             if self._pinned_complete:
                 break
             self._pin(record)
-        self.latest_summary = jsonl.last_record(path / SUMMARIES_FILE)
-        state = read_state(path)
+        self.latest_summary = jsonl.last_record(home / SUMMARIES_FILE)
+        state = read_state(home)
         self.status = str(state.get("status"))
         self._late: list[dict[str, Any]] | None = None  # the records after the last state write
         self.unsummarized_tokens, self.unsummarized_count = self._count_unsummarized(state.get(UNSUMMARIZED_FIELD))
         self._calibration = float(state.get("token_calibration", 1.0))
         self._heartbeat: Heartbeat | None = None
-        self.closed = False
         self.previous_holder: LockInfo | None = None  # set by ``open`` after a takeover
         self._staged_fields: dict[str, Any] = {}  # state changes waiting for the step's one write
         self._staged_add: dict[str, int] = {}
@@ -91,9 +92,19 @@ class Context:
         """One heartbeat: the lock, ``state.json.updated_at`` and the store's hook (the Redis index)."""
         now = self.store.clock()
         self._lock.refresh(now)
-        self.status = str(update_state(self.path, now, fsync=False).get("status"))
+        try:
+            self.status = str(update_state(self.home, now, fsync=False).get("status"))
+        except FileNotFoundError:
+            self._lock.check()  # taken over between the refresh and this write: the old generation is gone
+            raise
         if self.store.on_heartbeat is not None:
             self.store.on_heartbeat(self.uuid, now, self.status)
+
+    @property
+    def home(self) -> Path:
+        """Where this holder reads and writes: its own generation of the directory while it holds it (after a
+        takeover that is a directory nobody else reads), ``path`` once closed."""
+        return self.path if self.closed else self._lock.home
 
     @property
     def fenced(self) -> bool:
@@ -128,13 +139,13 @@ class Context:
                 through = -1
             if self.boundary_seq <= through <= self.last_seq:
                 self._late = []
-                for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1):
+                for record in jsonl.iter_from_id(self.home / MESSAGES_FILE, through + 1):
                     tokens += int(record.get("token_count", 0))
                     count += 1
                     self._late.append(record)
                 return tokens, count
         tokens = count = 0
-        for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
+        for record in jsonl.iter_records_reversed(self.home / MESSAGES_FILE):
             if record["seq"] <= self.boundary_seq:
                 break
             tokens += int(record.get("token_count", 0))
@@ -151,7 +162,7 @@ class Context:
             through = kept.get("through_seq") if isinstance(kept, dict) else None
             if not isinstance(through, int) or not 0 <= through < self.last_seq:
                 return {}, []
-            late = list(jsonl.iter_from_id(self.path / MESSAGES_FILE, through + 1))
+            late = list(jsonl.iter_from_id(self.home / MESSAGES_FILE, through + 1))
         roles = Counter(str(record.get("role")) for record in late)
         counts = {"llm_call_count": roles["assistant"], "tool_call_count": roles["tool"]}
         spent = [usage_from_record(r["usage"]) for r in late if r.get("role") == "assistant" and r.get("usage")]
@@ -228,12 +239,12 @@ class Context:
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
-        return list(jsonl.iter_records(self.path / MESSAGES_FILE))
+        return list(jsonl.iter_records(self.home / MESSAGES_FILE))
 
     def unsummarized(self) -> list[dict[str, Any]]:
         """Messages after the boundary, oldest first."""
         newest: list[dict[str, Any]] = []
-        for record in jsonl.iter_records_reversed(self.path / MESSAGES_FILE):
+        for record in jsonl.iter_records_reversed(self.home / MESSAGES_FILE):
             if record["seq"] <= self.boundary_seq:
                 break
             newest.append(record)
@@ -245,7 +256,7 @@ class Context:
         limit = max(self.unsummarized_count - keep_recent, 0)
         read: list[dict[str, Any]] = []
         tokens = 0
-        for record in jsonl.iter_from_id(self.path / MESSAGES_FILE, self.boundary_seq + 1):
+        for record in jsonl.iter_from_id(self.home / MESSAGES_FILE, self.boundary_seq + 1):
             if compression.span_prefix_done(read, tokens, limit, max_tokens):
                 return read, False
             read.append(record)
@@ -282,7 +293,13 @@ class Context:
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
             usage = [*self._staged_usage, *usage]
-            state = update_state(self.path, now, fsync=self._fsync != "never", set_fields=fields, add=add, usage=usage)
+            try:
+                state = update_state(
+                    self.home, now, fsync=self._fsync != "never", set_fields=fields, add=add, usage=usage
+                )
+            except FileNotFoundError:
+                self._lock.check()  # the old generation was deleted under a holder paused after its check
+                raise
             self._staged_fields.clear()
             self._staged_add.clear()
             self._staged_usage.clear()
@@ -300,7 +317,7 @@ class Context:
 
     def read_state(self) -> dict[str, Any]:
         """The current ``state.json``."""
-        return read_state(self.path)
+        return read_state(self.home)
 
     def calibrate_tokens(self, estimated_prompt_tokens: int, reported_prompt_tokens: int) -> float:
         """Correct future estimates with the provider's reported prompt tokens; returns the new factor."""
@@ -320,7 +337,7 @@ class Context:
         return build_prompt(
             self.pinned,
             self.latest_summary,
-            jsonl.iter_records_reversed(self.path / MESSAGES_FILE),
+            jsonl.iter_records_reversed(self.home / MESSAGES_FILE),
             boundary_seq=self.boundary_seq,
             last_seq=self.last_seq,
             budget_tokens=context_length - reserve_tokens,
@@ -335,6 +352,7 @@ class Context:
     ) -> dict[str, Any] | None:
         """Summarize the oldest unsummarized span (at most ``max_span_tokens``) into ``summaries.jsonl``;
         ``None`` if there is nothing to summarize."""
+        self._check()  # a fenced holder reads a generation nobody writes: it must not spend a model call on it
         oldest, whole = self._oldest_unsummarized(policy.keep_recent, max_span_tokens)
         count = len(oldest) if whole else self.unsummarized_count  # read to the end: the count it saw is exact
         span = compression.select_span(oldest, policy.keep_recent, max_span_tokens, count=count)
@@ -399,12 +417,14 @@ class Context:
                 log.warning("staged state not written as the context was handed back", uuid=self.uuid,
                             error=mask(str(exc))[:300])
         try:
-            self._close_files()
+            self._close_files(keep_home=True)
         except (ContextError, OSError) as exc:
             log.warning("context files not closed cleanly as it was handed back", uuid=self.uuid, error=str(exc))
-            self._lock.close()
+        # After the files are closed (nothing of this holder's can land in this generation any more, which is what
+        # lets the next holder take it as it is), and through the home: never the lock at the public name.
         with contextlib.suppress(FencedError):
             self._lock.release()
+        self._lock.close()
 
     def detach(self) -> None:
         """Stop using the context and leave the lock behind, as a crashed holder would."""
@@ -415,11 +435,12 @@ class Context:
         if self._heartbeat is not None:
             self._heartbeat.stop()
 
-    def _close_files(self) -> None:
+    def _close_files(self, *, keep_home: bool = False) -> None:
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.close()
-            self._lock.close()
+            if not keep_home:
+                self._lock.close()
             self.closed = True
 
     def __enter__(self) -> Context:

@@ -10,6 +10,10 @@ hold (the first clone of a large repository) does not cost a thousand retries a 
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,3 +47,29 @@ def acquire(lock: filelock.BaseFileLock, timeout: float) -> None:
         if 0 <= timeout <= BRISK_FOR_S:
             raise
         lock.acquire(timeout=-1 if timeout < 0 else timeout - BRISK_FOR_S)
+
+
+@contextmanager
+def flock_in_place(path: Path | str, timeout: float, *, mode: int = FILE_MODE) -> Iterator[None]:
+    """Like :func:`file_lock`, but never creates a missing parent directory: ``path`` may lie in a context
+    generation that a takeover deleted (``/proc/self/fd/N/...``), where only ``FileNotFoundError`` is right."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    try:
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            waited = time.monotonic() - started
+            if 0 <= timeout <= waited:
+                raise filelock.Timeout(os.fspath(path))
+            time.sleep(BRISK_POLL_S if waited < BRISK_FOR_S else 0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -13,6 +13,8 @@ import functools
 import json
 import os
 import secrets
+import shutil
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,10 +24,12 @@ from typing import Any, NoReturn
 
 import filelock
 
-from contexts.atomic import write_bytes_atomic
+from contexts.atomic import fsync_dir, write_bytes_atomic
 from contexts.clock import iso, parse_iso
 from contexts.errors import BAD_DATA_ERRORS, FencedError, LockHeldError
 from contexts.filelocks import file_lock
+from contexts.generation import copy_generation, discard, exchange, home_of, identity, open_directory
+from contexts.names import DIR_MODE, LOCK_FILE, STAGING_DIR
 
 MUTEX_TIMEOUT_S = 5.0
 
@@ -115,15 +119,32 @@ class LockInfo:
         return f"{self.hostname}:{self.process_id}"
 
 
-def is_stale(lock: LockInfo, now: datetime, stale_after_s: float, this_host: str, process_alive: bool) -> bool:
-    """A lock is stale when its heartbeat is older than ``stale_after_s`` and its holder cannot be alive.
+def is_stale(
+    lock: LockInfo,
+    now: datetime,
+    stale_after_s: float,
+    this_host: str,
+    process_alive: bool,
+    hung_after_s: float | None = None,
+) -> bool:
+    """A lock is stale when its heartbeat is older than ``stale_after_s`` and its holder cannot be alive, or
+    older than ``hung_after_s`` whatever its holder is: a live process that has not beaten for that long is
+    stopped or wedged, and keeps its task no longer (``None``: never).
 
     ``process_alive`` (``kill -0``) only means something on the holder's own host; from another host
     only the heartbeat counts (SPEC §4, §12).
     """
-    if (now - lock.heartbeat_at).total_seconds() <= stale_after_s:
+    age = (now - lock.heartbeat_at).total_seconds()
+    if age <= stale_after_s:
         return False
-    return lock.hostname != this_host or not process_alive
+    if lock.hostname != this_host or not process_alive:
+        return True
+    return hung_after_s is not None and age > hung_after_s
+
+
+def is_hung(lock: LockInfo, now: datetime, hung_after_s: float | None) -> bool:
+    """The holder has not beaten for ``hung_after_s``: alive or not, it is not doing its task."""
+    return hung_after_s is not None and (now - lock.heartbeat_at).total_seconds() > hung_after_s
 
 
 def holder_alive(lock: LockInfo, this_host: str) -> bool:
@@ -135,6 +156,27 @@ def holder_alive(lock: LockInfo, this_host: str) -> bool:
     if lock.incarnation is not None and incarnation_of(lock.process_id) != lock.incarnation:
         return False  # another boot, another PID namespace, or another process that got the pid since
     return process_alive(lock.process_id)
+
+
+def stop_hung_holder(lock: LockInfo, this_host: str) -> bool:
+    """SIGKILL the lock's process when it is provably the same incarnation on this host (a holder that stopped
+    beating for ``hung_after_s``): the pid is pinned with a pidfd first, then its boot, PID namespace and start
+    time are compared, so a pid reused since can never be hit.  Returns whether a signal was sent."""
+    if lock.hostname != this_host or lock.incarnation is None or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        pidfd = os.pidfd_open(lock.process_id)
+    except OSError:
+        return False  # gone already
+    try:
+        if incarnation_of(lock.process_id) != lock.incarnation:
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+    return True
 
 
 def heartbeat_age_s(lock: LockInfo, now: datetime) -> float:
@@ -177,104 +219,169 @@ def read_lock(path: Path) -> LockInfo | None:
 
 
 class ContextLock:
-    """One holder's handle on a context's ``.lock``: acquire, refresh, check (fencing), release."""
+    """One holder's handle on a context: acquire, refresh, check (fencing), release.
 
-    def __init__(self, path: Path, mutex_path: Path, hostname: str, pid: int | None = None) -> None:
-        self.path = path  # a property: the fencing check stats a ready-made string on every write
+    The holder works in its own generation of the directory (:mod:`contexts.generation`): ``home`` names it
+    wherever it is, ``path`` is the ``.lock`` at the context's public name.  Only acquiring, finishing and
+    repairs take the per-UUID mutex; a holder's heartbeat, appends and state writes never do, so a holder that
+    is paused can never keep a takeover waiting.
+    """
+
+    def __init__(
+        self, path: Path, mutex_path: Path, hostname: str, pid: int | None = None, staging_dir: Path | None = None
+    ) -> None:
+        self._guard = threading.Lock()
+        self._parent_fd = -1  # running/ (or the staging directory's parent), held open for the fencing check
+        self.path = path
         self.mutex_path = mutex_path
+        self.staging_dir = staging_dir if staging_dir is not None else path.parent.parent.parent / STAGING_DIR
         self.hostname = hostname
         self.pid = os.getpid() if pid is None else pid
         self.incarnation = incarnation_of(self.pid)
         self.owner = secrets.token_hex(16)
         self.info: LockInfo | None = None
         self.fenced = False
-        # Our own last .lock, held open: replacing or removing the file (a takeover, a release) drops its
-        # link count to 0, which the fencing check reads with one fstat, without looking up the path.
-        self._fd = -1
-        self._guard = threading.Lock()
+        self._dir_fd = -1
+        self._dir_id: tuple[int, int] | None = None
+        self.home = path.parent
 
     def mutex(self) -> contextlib.AbstractContextManager[None]:
-        """The per-UUID mutex every change to the ``.lock`` happens under."""
+        """The per-UUID mutex that acquiring, finishing and repairs take (never a holder's ordinary write)."""
         return file_lock(self.mutex_path, MUTEX_TIMEOUT_S)
 
     def acquire(
-        self, clock: Callable[[], datetime], stale_after_s: float, *, create_only: bool = False
+        self,
+        clock: Callable[[], datetime],
+        stale_after_s: float,
+        *,
+        hung_after_s: float | None = None,
+        admit: Callable[[Path], None] | None = None,
     ) -> LockInfo | None:
-        """Take the lock; return the previous (stale) holder's info when this was a takeover.
+        """Take the context in a new generation; return the previous (stale) holder's info when this was a
+        takeover.  ``admit(directory)`` may refuse by raising, before anything changes.
 
         Raises :class:`LockHeldError` while a live holder has it.
         """
         try:
             with self.mutex():
                 # The time is read once the mutex is ours: a long wait must not write a lock already stale.
-                return self.acquire_under_mutex(clock(), stale_after_s, create_only=create_only)
+                previous, old = self._take_over(clock(), stale_after_s, hung_after_s, admit)
         except filelock.Timeout as exc:
             raise LockHeldError(f"{self.path}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
+        if old is not None:
+            discard(old)  # the old generation: only a fenced holder still writes there
+        return previous
 
-    def acquire_under_mutex(self, now: datetime, stale_after_s: float, *, create_only: bool = False) -> LockInfo | None:
-        """:meth:`acquire` for a caller that already holds :meth:`mutex` (``create`` renames under it)."""
+    def _take_over(
+        self, now: datetime, stale_after_s: float, hung_after_s: float | None, admit: Callable[[Path], None] | None
+    ) -> tuple[LockInfo | None, Path | None]:
         current = read_lock(self.path)
         if current is not None:
-            alive = holder_alive(current, self.hostname)
-            if create_only or not is_stale(current, now, stale_after_s, self.hostname, alive):
-                raise LockHeldError(f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})")
-        self._write(LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation))
-        return current
+            self._refuse_live(current, now, stale_after_s, hung_after_s)
+        directory = self.path.parent
+        if admit is not None:
+            admit(directory)
+        info = LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation)
+        if current is None:
+            # Free: its last holder released it, and a holder removes its .lock only after closing its files, so
+            # nobody can write into this generation any more; it is taken as it is (no copy, however long).
+            self._adopt(directory, info)
+            return None, None
+        staging = self.staging_dir / f"{directory.name}.gen.{secrets.token_hex(4)}"
+        staging.mkdir(mode=DIR_MODE)
+        try:
+            copy_generation(directory, staging)
+            self._adopt(staging, info)
+            exchange(directory, staging)  # the fence: from here on the previous holder writes into `staging`
+        except BaseException:
+            self.close()
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        fsync_dir(directory.parent)
+        return current, staging
+
+    def acquire_new(self, now: datetime) -> None:
+        """Hold a context being created (its directory is still private to the creator): write the ``.lock``."""
+        self._adopt(self.path.parent, LockInfo(self.pid, self.hostname, now, now, self.owner, self.incarnation))
+
+    def _refuse_live(self, current: LockInfo, now: datetime, stale_after_s: float, hung_after_s: float | None) -> None:
+        alive = holder_alive(current, self.hostname)
+        if not is_stale(current, now, stale_after_s, self.hostname, alive, hung_after_s):
+            raise LockHeldError(f"context is held by {current.worker} (heartbeat {iso(current.heartbeat_at)})")
+
+    def _adopt(self, directory: Path, info: LockInfo) -> None:
+        """Make ``directory`` this holder's home and write its ``.lock`` there."""
+        fd = open_directory(directory)
+        with self._guard:
+            self._dir_fd, self._dir_id = fd, identity(fd)
+            self.home = home_of(fd, directory)
+        self._write(info)
 
     def refresh(self, now: datetime) -> None:
-        """Heartbeat: rewrite ``heartbeat_at``; raises :class:`FencedError` if the lock was taken over."""
-        if self.info is None or self.fenced:
-            raise FencedError(f"{self.path}: not the holder")
-        with self.mutex():
-            self._verify_owner()
-            self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner, self.incarnation))
+        """Heartbeat: rewrite ``heartbeat_at`` in the home; raises :class:`FencedError` if the lock was taken
+        over.  A heartbeat that passes the check and is then paused writes into a generation nobody reads."""
+        self.check()
+        assert self.info is not None  # noqa: S101 - check() raised otherwise
+        self._write(LockInfo(self.pid, self.hostname, self.info.acquired_at, now, self.owner, self.incarnation))
+
+    def check(self) -> None:
+        """Fencing before a write, to stop early: is the context's name still this holder's generation?
+        (Safety does not rest on it: a write that passes it and is then paused lands in the old generation.)"""
+        if self.fenced or self.info is None or self._dir_id is None:
+            raise FencedError(f"{self.path}: lock lost; this holder must not write")
+        try:
+            with self._guard:  # one lookup of one name, relative to running/ held open: this runs on every write
+                if self._parent_fd < 0:
+                    self._parent_fd = os.open(self._parent_str, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                st = os.stat(self._dir_name, dir_fd=self._parent_fd)
+        except FileNotFoundError:
+            self._fence("context moved on")
+        if (st.st_dev, st.st_ino) != self._dir_id:
+            self._fence("lock taken over")
 
     @property
     def path(self) -> Path:
-        """The ``.lock`` file (it moves from the staging directory into ``running/`` on create)."""
+        """The ``.lock`` at the context's public name (it moves from the staging directory into ``running/``)."""
         return self._path
 
     @path.setter
     def path(self, value: Path) -> None:
         self._path = value
-        self._path_str = os.fspath(value)
+        self._dir_name = value.parent.name
+        self._parent_str = os.fspath(value.parent.parent)
+        self._close_parent()
 
-    def check(self) -> None:
-        """Fencing before a write: one ``fstat``; the file is read only when it was replaced under us."""
-        if self.fenced or self.info is None:
-            raise FencedError(f"{self.path}: lock lost; this holder must not write")
-        # Under the guard: the heartbeat thread closes and replaces the descriptor when it rewrites the lock
-        # (unguarded, fstat could hit a closed descriptor, or one already reused for another file).
+    def _close_parent(self) -> None:
         with self._guard:
-            if self._fd >= 0 and os.fstat(self._fd).st_nlink:
-                return
-            current = read_lock(self.path)  # our own heartbeat may have just replaced the file
-            if current is None or current.owner != self.owner:
-                self._fence("lock taken over" if current else "lock file removed")
-            self._hold_open()
+            if self._parent_fd >= 0:
+                os.close(self._parent_fd)
+            self._parent_fd = -1
 
     def close(self) -> None:
-        """Let go of the open ``.lock`` (the lock itself stays as it is)."""
+        """Let go of the home (the lock itself stays as it is)."""
         with self._guard:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-
-    def _hold_open(self) -> None:
-        fd = os.open(self._path_str, os.O_RDONLY)
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = fd
+            if self._dir_fd >= 0:
+                os.close(self._dir_fd)
+                self._dir_fd = -1
+                self.home = self.path.parent
+        self._close_parent()
 
     def release(self) -> None:
-        """Remove the lock if it is still ours (finish, or handing the task back on shutdown)."""
+        """Remove the lock if it is still ours (handing the task back on shutdown); no mutex: the ``.lock``
+        removed is the one in this holder's own generation (call it before :meth:`close`)."""
         if self.info is None:
             return
-        with self.mutex():
-            self.release_under_mutex()
+        try:
+            with contextlib.suppress(FencedError, FileNotFoundError):  # FileNotFound: the old generation is gone
+                self.check()
+                os.unlink(self.home / LOCK_FILE)
+        finally:
+            self.info = None
+            self._close_parent()
 
     def release_under_mutex(self) -> bool:
-        """:meth:`release` for a caller holding :meth:`mutex`; returns whether the lock was still ours."""
+        """Remove the lock at the public name if it is ours, for a caller holding :meth:`mutex` (finishing):
+        under the mutex no takeover can swap generations, so an owner match means the name is ours."""
         current = read_lock(self.path)
         ours = current is not None and current.owner == self.owner
         if ours:
@@ -282,22 +389,13 @@ class ContextLock:
         self.info = None
         return ours
 
-    def _verify_owner(self) -> None:
-        current = read_lock(self.path)
-        if current is None or current.owner != self.owner:
-            self._fence("lock taken over")
-
     def _fence(self, why: str) -> NoReturn:
         self.fenced = True
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
         raise FencedError(f"{self.path.parent.name}: {why}; this holder stops writing")
 
     def _write(self, info: LockInfo) -> None:
         with self._guard:
-            write_bytes_atomic(self.path, json.dumps(info.to_json()).encode() + b"\n")
-            self._hold_open()
+            write_bytes_atomic(self.home / LOCK_FILE, json.dumps(info.to_json()).encode() + b"\n")
             self.info = info
 
 

@@ -12,7 +12,7 @@ import filelock
 from contexts.atomic import read_json, write_json_atomic
 from contexts.clock import iso
 from contexts.errors import ContextError
-from contexts.filelocks import file_lock
+from contexts.filelocks import flock_in_place
 from contexts.masking import mask_value
 from contexts.names import STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
 from contexts.usage import Usage, add_usage
@@ -59,7 +59,7 @@ def update_state(
     """Apply ``set_fields``, counter increments ``add`` and model calls' ``(usage, cost)`` to ``state.json``;
     return the new state."""
     try:
-        with file_lock(directory / STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S):
+        with flock_in_place(directory / STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S):
             state = read_state(directory)
             if set_fields:
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]

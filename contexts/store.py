@@ -75,12 +75,14 @@ class ContextStore:
         hostname: str | None = None,
         on_heartbeat: HeartbeatHook | None = None,
         clock: Callable[[], datetime] = utc_now,
+        hung_after_s: float | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         self.base_dir = Path(base_dir).absolute()
         self.heartbeat_interval_s = heartbeat_interval_s
         self.stale_after_s = stale_after_s
+        self.hung_after_s = hung_after_s  # a live local holder silent this long is taken over too (None: never)
         self.fsync: FsyncPolicy = fsync
         self.hostname = hostname or socket.gethostname()
         self.on_heartbeat = on_heartbeat
@@ -151,7 +153,8 @@ class ContextStore:
         return read_lock(self.running_path(uuid) / LOCK_FILE)
 
     def _new_lock(self, directory: Path, uuid: str) -> ContextLock:
-        return ContextLock(directory / LOCK_FILE, lock_mutex_path(self.base_dir / MUTEX_DIR, uuid), self.hostname)
+        mutex = lock_mutex_path(self.base_dir / MUTEX_DIR, uuid)
+        return ContextLock(directory / LOCK_FILE, mutex, self.hostname, staging_dir=self.base_dir / STAGING_DIR)
 
     # -- create, open ------------------------------------------------------------------------------
 
@@ -203,7 +206,7 @@ class ContextStore:
                         raise ContextExistsError(f"context {uuid} already exists")
                     # Stamped under the mutex, right before the rename: the lock appears fresh however long
                     # the staging writes and the wait for the mutex took.
-                    lock.acquire_under_mutex(self.clock(), self.stale_after_s, create_only=True)
+                    lock.acquire_new(self.clock())
                     fsync_dir(staging)
                     try:
                         os.rename(staging, target)
@@ -230,17 +233,17 @@ class ContextStore:
             self._raise_missing(uuid)
         lock = self._new_lock(directory, uuid)
         try:
-            previous = lock.acquire(self.clock, self.stale_after_s)
+            previous = lock.acquire(
+                self.clock, self.stale_after_s, hung_after_s=self.hung_after_s, admit=_not_completing
+            )
         except FileNotFoundError:
             self._raise_missing(uuid)
-        state = read_state(directory)
-        if state.get("status") == "completing":  # finishing was interrupted; the monitor completes it
-            lock.release()
-            raise ContextCompletedError(f"context {uuid} is completing")
+        # From here on every write goes to this holder's own generation (lock.home), never by the public name.
+        state = read_state(lock.home)
         fields: dict[str, Any] = {"worker": lock.info.worker if lock.info else None}
         if resume:
             fields["attempt"] = int(state.get("attempt", 1)) + 1
-        update_state(directory, self.clock(), fsync=self.fsync != "never", set_fields=fields)
+        update_state(lock.home, self.clock(), fsync=self.fsync != "never", set_fields=fields)
         ctx = self._hold(uuid, directory, lock, heartbeat)
         ctx.previous_holder = previous
         return ctx
@@ -270,4 +273,10 @@ class ContextStore:
         from contexts.lock import holder_alive, is_stale
 
         alive = holder_alive(current, self.hostname)
-        return not is_stale(current, self.clock(), self.stale_after_s, self.hostname, alive)
+        return not is_stale(current, self.clock(), self.stale_after_s, self.hostname, alive, self.hung_after_s)
+
+
+def _not_completing(directory: Path) -> None:
+    """Refuse to take over a context whose finishing was interrupted: the monitor completes it."""
+    if read_state(directory).get("status") == "completing":
+        raise ContextCompletedError(f"context {directory.name} is completing")

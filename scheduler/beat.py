@@ -27,6 +27,9 @@ log = structlog.get_logger(__name__)
 
 RETENTION_EVERY = timedelta(days=1)
 EXPIRY_INTERVALS = 10  # a maintenance message not started within this many of its intervals is dropped
+# ...but never sooner than this: Celery stamps the expiry with the beat's clock and judges it with the worker's,
+# so a short expiry dropped every monitor run on a worker whose clock was a few minutes ahead (issue 26).
+MIN_EXPIRY_S = 900.0
 
 # Extend or delete the lock only while it still holds our token (another beat may have taken it over).
 _EXTEND = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -37,7 +40,7 @@ def beat_schedule(s: Settings) -> dict[str, dict[str, Any]]:
     """The entries: the monitor every ``monitor.interval_s``, alerts every ``alerts.interval_s``, retention daily."""
 
     def entry(task: str, every: timedelta) -> dict[str, Any]:
-        expires = every.total_seconds() * EXPIRY_INTERVALS
+        expires = max(every.total_seconds() * EXPIRY_INTERVALS, MIN_EXPIRY_S)
         return {"task": task, "schedule": every, "options": {"queue": MAINTENANCE_QUEUE, "expires": expires}}
 
     return {

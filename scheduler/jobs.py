@@ -7,6 +7,7 @@ the actions the beat would (SPEC §10).
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime
 from functools import partial
 
 import redis
@@ -18,7 +19,7 @@ from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy
 from scheduler.reconcile import Reconciled, reconcile
 from worker.remembering import prune_memory
-from worker.runtime import context_store, redis_client, settings
+from worker.runtime import CLOCK, context_store, redis_client, settings
 from worker.settings_models import Settings
 from worker.submit import send_run_task
 
@@ -41,6 +42,7 @@ def monitor_for(s: Settings) -> Monitor:
         max_attempts=s.monitor.max_attempts,
         resume=s.monitor.resume,
         hostname=store.hostname,
+        hung_after_s=s.contexts.hung_after,
     )
     # A delivery not taken up within one stale_after_s (dropped, lost, never consumed) is sent again.
     dedupe_s = max(s.contexts.stale_after_s, s.monitor.interval_s)
@@ -60,22 +62,33 @@ def reap(dry_run: bool = False, *, deep: bool = True) -> list[Outcome]:
     """
     s = settings()
     monitor = monitor_for(s)
-    outcomes = monitor.run(utc_now(), dry_run=dry_run, deep=deep)
+    now = redis_now(monitor.client)
+    outcomes = monitor.run(now, dry_run=dry_run, deep=deep)
     if not dry_run:
-        reconcile_redis(monitor, s)
+        reconcile_redis(monitor, s, now)
     return outcomes
 
 
-def reconcile_redis(monitor: Monitor, s: Settings) -> list[Reconciled]:
+def reconcile_redis(monitor: Monitor, s: Settings, now: datetime) -> list[Reconciled]:
     """Repair the Redis bookkeeping finished tasks' workers could not do (scheduler.reconcile); never fatal to the
     pass (Redis may still not answer: the next pass tries again)."""
     from worker.celery import app
 
     try:
-        return reconcile(monitor.store, monitor.client, app.backend, utc_now(), s.contexts.stale_after_s)
+        return reconcile(monitor.store, monitor.client, app.backend, now, s.contexts.stale_after_s)
     except redis.RedisError as exc:
         log.warning("monitor: Redis bookkeeping not reconciled", error=str(exc))
         return []
+
+
+def redis_now(client: redis.Redis) -> datetime:
+    """Now by Redis's clock (SPEC §4: one clock decides staleness); this host's own if Redis does not answer, so
+    that repairs which need no Redis still run."""
+    try:
+        CLOCK.measure(client)
+    except redis.RedisError as exc:
+        log.warning("clock offset to Redis not measured; the last one is used", error=str(exc)[:200])
+    return CLOCK()
 
 
 def summarize_outcomes(outcomes: list[Outcome]) -> dict[str, int]:

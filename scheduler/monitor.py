@@ -19,9 +19,9 @@ import structlog
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, LockHeldError, TasukiError
 from contexts.atomic import read_json
-from contexts.clock import parse_iso
+from contexts.clock import iso, parse_iso
 from contexts.errors import BAD_DATA_ERRORS, ContextError
-from contexts.lock import holder_alive, read_lock
+from contexts.lock import LockInfo, holder_alive, is_hung, read_lock, stop_hung_holder
 from contexts.masking import mask
 from contexts.names import LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
@@ -126,9 +126,9 @@ class Monitor:
         """Do one action; a context that changed since it was observed is left alone."""
         try:
             if action.kind == "resume":
-                return self._resume(action)
+                return self._resume(action, now)
             if action.kind == "fail":
-                return self._fail(action)
+                return self._fail(action, now)
             if action.kind == "repair" and action.repair is not None:
                 return self._repair(action, now)
         except RepairSkipped as exc:
@@ -148,13 +148,14 @@ class Monitor:
             self._ended(action.uuid, self.store.completed_path(action.uuid))  # the finisher never got to it
         return Outcome(action, True, detail)
 
-    def _resume(self, action: Action) -> Outcome:
+    def _resume(self, action: Action, now: datetime) -> Outcome:
         holder = self.store.read_lock(action.uuid)
         if (holder.owner if holder is not None else None) != action.owner:
             return Outcome(action, False, "taken over meanwhile")
+        self._stop_if_hung(action.uuid, holder, now)
         request = _request(self.store.running_path(action.uuid))
         if request is None:
-            return self._fail(action, "no task request recorded in metadata.json")
+            return self._fail(action, now, "no task request recorded in metadata.json")
         # One re-enqueue per lost attempt at a time, however many monitors saw it; the guard expires, so a
         # delivery that was dropped, lost or never consumed is sent again while the context stays stale.
         key = f"{REAPED_PREFIX}{action.uuid}:{action.attempt}"
@@ -163,14 +164,15 @@ class Monitor:
         sent = int(self.client.incr(RESENT_PREFIX + action.uuid))
         self.client.expire(RESENT_PREFIX + action.uuid, RESENT_TTL_S)
         if sent > self.policy.max_attempts:  # bounded: a task no worker ever takes up ends failed, reported
-            return self._fail(action, f"{sent - 1} re-enqueued deliveries were not taken up")
+            return self._fail(action, now, f"{sent - 1} re-enqueued deliveries were not taken up")
         self.send(action.uuid, request)
         return Outcome(action, True, f"re-enqueued for attempt {action.attempt + 1} (delivery {sent})")
 
-    def _fail(self, action: Action, why: str | None = None) -> Outcome:
+    def _fail(self, action: Action, now: datetime, why: str | None = None) -> Outcome:
         error = action.error or f"worker lost: {action.reason}"
         if why:  # a resume that cannot be carried out
             error = f"{error}; {why}"
+        self._stop_if_hung(action.uuid, self.store.read_lock(action.uuid), now)
         try:
             ctx = self.store.open(action.uuid, resume=False, heartbeat=False)
         except LockHeldError as exc:
@@ -188,6 +190,17 @@ class Monitor:
             raise
         self._ended(action.uuid, target)
         return Outcome(action, True, f"{status}: {told}")
+
+    def _stop_if_hung(self, uuid: str, holder: LockInfo | None, now: datetime) -> None:
+        """A holder of this host that is alive but has not beaten for ``hung_after_s`` is stopped or wedged: it is
+        killed (only when provably the same incarnation) before its task moves on; it would be fenced anyway."""
+        if holder is None or not is_hung(holder, now, self.policy.hung_after_s):
+            return
+        if not holder_alive(holder, self.policy.hostname):
+            return
+        if stop_hung_holder(holder, self.policy.hostname):
+            log.warning("monitor killed a hung holder", uuid=uuid, worker=holder.worker,
+                        heartbeat_at=iso(holder.heartbeat_at))
 
     def _ended(self, uuid: str, directory: Path) -> None:
         """A task the monitor ended, announced only once its end is on disk; whatever a subscriber does wrong

@@ -56,6 +56,8 @@ class Policy:
     max_attempts: int
     resume: bool
     hostname: str
+    hung_after_s: float | None = None
+    """A live holder of this host silent this long is taken over (and killed) all the same (None: never)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def _why_not_resumed(copy: Copy, policy: Policy) -> str:
 def _live(copy: Copy, now: datetime, policy: Policy) -> bool:
     if copy.lock is None:
         return False
-    return not is_stale(copy.lock, now, policy.stale_after_s, policy.hostname, copy.holder_alive)
+    return not is_stale(copy.lock, now, policy.stale_after_s, policy.hostname, copy.holder_alive, policy.hung_after_s)
 
 
 def _left_in_the_index(uuid: str, completed: Copy, now: datetime, policy: Policy) -> Action:

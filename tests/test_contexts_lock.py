@@ -16,7 +16,15 @@ import pytest
 
 from contexts import Context, ContextStore, FencedError, LockHeldError, LockInfo, is_stale
 from contexts.compression import CompressionPolicy
-from contexts.lock import Incarnation, heartbeat_age_s, holder_alive, incarnation_of, process_alive
+from contexts.lock import (
+    Incarnation,
+    heartbeat_age_s,
+    holder_alive,
+    incarnation_of,
+    is_hung,
+    process_alive,
+    stop_hung_holder,
+)
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import (
     CONFIG,
@@ -326,3 +334,88 @@ def test_a_holder_in_another_pid_namespace_that_died_is_taken_over_although_its_
     )
     assert ctx.read_state()["attempt"] == 2
     ctx.release()
+
+
+@pytest.mark.parametrize(
+    ("age_s", "alive", "stale"),
+    [
+        pytest.param(200, True, False, id="alive, silent less than hung_after_s: a slow holder keeps it"),
+        pytest.param(300, True, False, id="exactly hung_after_s old is not older than it"),
+        pytest.param(301, True, True, id="alive but silent past hung_after_s: stopped or wedged, taken over"),
+        pytest.param(30, True, False, id="fresh: hung_after_s never shortens stale_after_s"),
+    ],
+)
+def test_a_live_local_holder_silent_past_hung_after_s_is_stale(age_s: float, alive: bool, stale: bool) -> None:
+    lock = lock_info(age_s)
+    assert is_stale(lock, NOW, 60, HERE, alive, hung_after_s=300) is stale
+    assert is_hung(lock, NOW, 300) is (age_s > 300)
+    assert is_stale(lock, NOW, 60, HERE, alive) is False  # without hung_after_s, as before
+
+
+def test_a_write_that_passed_the_fencing_check_before_a_takeover_lands_where_nobody_reads(tmp_path: Path) -> None:
+    """The check-to-write window, without a pause: the check is made to pass after the takeover, as it would
+    for a holder stopped right after checking. The write must still not reach the context."""
+    store = ContextStore(tmp_path, hostname="a", fsync="never")
+    old = store.create(TASK_KEY, CONFIG, heartbeat=False)
+    old.append_message("user", "the task")
+    thief = ContextStore(tmp_path, hostname="b", stale_after_s=60, clock=shifted_clock(120))
+    new = thief.open(old.uuid, heartbeat=False)
+    old._lock.check = lambda: None  # type: ignore[method-assign] - the check already passed before the pause
+    old.append_message("assistant", "a late append")
+    old.append_tool("bash", {"command": "true"}, "success", 1)
+    with pytest.raises((FileNotFoundError, FencedError)):
+        old.update_state(status="processing", last_activity="a late state write")
+    with pytest.raises((FileNotFoundError, FencedError)):
+        old._lock.refresh(NOW)
+    old.release()  # a hand-back paused after its check: removes no lock but its own generation's
+    assert new.append_message("assistant", "the new holder's") == 2
+    assert [m["content"] for m in new.messages()] == ["the task", "the new holder's"]
+    assert new.read_state()["last_activity"] != "a late state write"
+    assert store_lock_owner(thief, old.uuid) == new._lock.owner
+    assert list((tmp_path / ".staging").iterdir()) == []  # the old generation is gone
+    new.finish("completed")
+
+
+def test_a_stopped_holder_on_this_host_is_taken_over_after_hung_after_s_without_waiting_on_it(
+    tmp_path: Path,
+) -> None:
+    uuid = str(uuid_module.uuid4())
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.context_holder", str(tmp_path), uuid, "0.05"], cwd=REPO_ROOT
+    )
+    try:
+        wait_for(lambda: (tmp_path / "running" / uuid / "messages.jsonl").stat().st_size > 0
+                 if (tmp_path / "running" / uuid / "messages.jsonl").exists() else None, what="the holder")
+        os.kill(holder.pid, signal.SIGSTOP)
+        here = socket.gethostname()
+        patient = ContextStore(tmp_path, hostname=here, stale_after_s=60, clock=shifted_clock(120))
+        with pytest.raises(LockHeldError):
+            patient.open(uuid)  # alive (kill -0 answers for a stopped process) and not yet hung
+        later = ContextStore(tmp_path, hostname=here, stale_after_s=60, hung_after_s=300, clock=shifted_clock(400))
+        taken = later.open(uuid, heartbeat=False)
+        assert taken.previous_holder is not None
+        assert taken.previous_holder.process_id == holder.pid
+        taken.append_message("assistant", "taken over from a stopped holder")
+        taken.finish("completed")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_hung_holder_is_killed_only_when_it_is_provably_the_same_incarnation() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        here = socket.gethostname()
+        genuine = incarnation_of(sleeper.pid)
+        assert genuine is not None
+        beat = NOW - timedelta(hours=1)
+        other = Incarnation(genuine.boot_id, genuine.pid_namespace, genuine.started + 1)  # the pid, reused
+        assert not stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", other), here)
+        assert not stop_hung_holder(LockInfo(sleeper.pid, "elsewhere", beat, beat, "o", genuine), "host-x")
+        assert not stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", None), here)  # nothing to prove it
+        assert sleeper.poll() is None
+        assert stop_hung_holder(LockInfo(sleeper.pid, here, beat, beat, "o", genuine), here)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -15,6 +15,7 @@ from contexts import ContextStore
 from tests.helpers.deliveries import github_delivery, gitlab_delivery, load_payload
 from tests.helpers.intake_server import IntakeServer, intake_server
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX
+from worker.redis_clock import record_skew
 from worker.runtime import context_store, unindex
 from worker.settings import install_settings
 from worker.settings_models import Settings
@@ -211,6 +212,19 @@ def test_gitlab_standard_webhooks_signature_that_is_stale_or_forged_is_401(signe
 def test_healthz_is_200_while_redis_answers(intake: IntakeServer) -> None:
     with intake.client() as client:
         assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_healthz_names_a_worker_whose_clock_is_off_redis_by_more_than_the_bound(
+    intake: IntakeServer, redis_client: redis.Redis
+) -> None:
+    seconds, micros = redis_client.time()
+    now = seconds + micros / 1e6
+    record_skew(redis_client, "slow-host", 120.0, now)  # what a worker two minutes behind records at start
+    record_skew(redis_client, "fine-host", 0.2, now)
+    with intake.client() as client:
+        body = client.get("/healthz").json()
+    assert body["status"] == "ok"  # heartbeats are judged by Redis's clock: a skewed worker is told, not fatal
+    assert body["clock_skew"]["workers"] == {"slow-host": 120.0}
 
 
 def test_healthz_is_503_and_triggers_are_503_when_redis_is_down(make_settings: Callable[..., Settings]) -> None:

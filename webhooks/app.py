@@ -21,6 +21,8 @@ from webhooks.api import task_api
 from webhooks.intake import Intake
 from webhooks.metrics import CONTENT_TYPE, Metrics
 from webhooks.routes import UNAVAILABLE, webhook_router
+from worker.names import CLOCK_SKEW_KEY
+from worker.redis_clock import offset_s, skew_note, skewed_nodes
 from worker.runtime import async_redis_client
 from worker.settings_models import Settings
 
@@ -85,10 +87,19 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> Response:
         try:
-            await loop_client.ping()
+            sent = time.time()
+            redis_time = await loop_client.time()
+            offset = offset_s(redis_time, sent, time.time())
+            recorded = await loop_client.hgetall(CLOCK_SKEW_KEY)
         except UNAVAILABLE:
             return JSONResponse({"status": "redis unavailable"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        # Clocks off Redis's do not stop the intake (heartbeats are judged by Redis's clock), but are shown.
+        bound = settings.contexts.max_clock_skew_s
+        skewed = skewed_nodes(recorded, time.time() + offset, bound)
+        body: dict[str, Any] = {"status": "ok"}
+        if skewed or skew_note(offset, bound):
+            body["clock_skew"] = {"max_clock_skew_s": bound, "intake_offset_s": round(offset, 3), "workers": skewed}
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def metrics_text() -> Response:

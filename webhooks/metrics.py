@@ -7,7 +7,6 @@ scheduler's ``tasuki.alerts`` publishes in Redis (``ALERTS_KEY``: one field per 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import redis
@@ -51,7 +50,8 @@ class FleetCollector(Collector):
             pipe.zcard(RUNNING_STATUS_PREFIX + status)
         for queue in QUEUES:
             pipe.llen(queue)
-        stale_before = time.time() - self.settings.contexts.stale_after_s
+        seconds, micros = self.client.time()  # heartbeat scores are Redis's time: judged by Redis's clock too
+        stale_before = seconds + micros / 1e6 - self.settings.contexts.stale_after_s
         pipe.zcount(HEARTBEATS_KEY, "-inf", stale_before)
         pipe.hgetall(STATS_KEY)
         pipe.hgetall(ALERTS_KEY)

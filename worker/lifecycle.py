@@ -4,6 +4,7 @@ worker that consumes the compression queue."""
 from __future__ import annotations
 
 import mmap
+import socket
 
 import redis
 import structlog
@@ -11,7 +12,7 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from worker.compressors import Announcer
 from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE
-from worker.runtime import redis_client, settings
+from worker.runtime import CLOCK, redis_client, settings
 from worker.sandbox import SandboxUnavailable, make_sandbox
 
 log = structlog.get_logger(__name__)
@@ -43,6 +44,14 @@ def cancel_flagged(uuid: str) -> bool:
         return bool(redis_client().exists(CANCEL_PREFIX + uuid))
     except redis.RedisError:
         return False
+
+
+@worker_ready.connect
+def _check_clock(**_: object) -> None:
+    """Say at start when this host's clock is off Redis's by more than contexts.max_clock_skew_s (SPEC §4): the
+    heartbeats are written and judged by Redis's clock all the same, but the host's clock wants fixing."""
+    s = settings()
+    CLOCK.measure_if_due(redis_client(), socket.gethostname(), s.contexts.max_clock_skew_s)
 
 
 @worker_ready.connect

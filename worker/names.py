@@ -22,7 +22,8 @@ MERGE_MEMORY: Final = "tasuki.merge_memory"  # the waiting thread memories of on
 
 # Redis keys; every key Tasuki writes starts with KEY_PREFIX so tests and operators can find them
 KEY_PREFIX: Final = "tasuki:"
-HEARTBEATS_KEY: Final = "tasuki:heartbeats"  # sorted set: UUID scored by its last heartbeat (epoch seconds)
+HEARTBEATS_KEY: Final = "tasuki:heartbeats"  # sorted set: UUID scored by its last heartbeat (Redis's epoch seconds)
+CLOCK_SKEW_KEY: Final = "tasuki:clock-skew"  # hash: node -> {offset_s: Redis's clock minus the node's, at}
 RUNNING_STATUS_PREFIX: Final = "tasuki:running:"  # + status: sorted set of the running UUIDs in that status
 DELIVERY_PREFIX: Final = "tasuki:delivery:"  # + webhook delivery id, SET NX EX to drop duplicate deliveries
 ACTIVE_PREFIX: Final = "tasuki:active:"  # + task key, holds the UUID of its queued or running task

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import socket
+import time
 from datetime import datetime
 from typing import Any
 
@@ -15,11 +17,14 @@ from contexts.names import ACTIVE_STATUSES
 from worker import bookkeeping
 from worker.llm import Provider, make_provider
 from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
+from worker.redis_clock import RedisClock
 from worker.settings import current_settings
 from worker.settings_models import Settings
 from worker.stores import open_store
 
 log = structlog.get_logger(__name__)
+
+CLOCK = RedisClock()  # this process's time as Redis tells it: every heartbeat is written and judged by it
 
 
 def settings() -> Settings:
@@ -47,16 +52,20 @@ def index_heartbeat(uuid: str, now: datetime, status: str) -> None:
     """Record the context's heartbeat in the Redis sorted set the monitor reads, and its status in the one set
     per status that ``/metrics`` counts (never fatal)."""
     pipe = redis_client().pipeline(transaction=True)
+    pipe.time()  # the offset to Redis's clock, measured again on every heartbeat at no extra round trip
     pipe.zadd(HEARTBEATS_KEY, {uuid: now.timestamp()})
     for other in ACTIVE_STATUSES:
         if other != status:
             pipe.zrem(RUNNING_STATUS_PREFIX + other, uuid)
     if status in ACTIVE_STATUSES:
         pipe.zadd(RUNNING_STATUS_PREFIX + status, {uuid: now.timestamp()})
+    sent = time.time()
     try:
-        pipe.execute()
+        answers = pipe.execute()
     except redis.RedisError as exc:
         log.warning("heartbeat index not updated", uuid=uuid, error=str(exc))
+        return
+    CLOCK.observe(answers[0], sent, time.time())
 
 
 def unindex(uuid: str) -> None:
@@ -76,12 +85,15 @@ def context_store(s: Settings | None = None, *, index: bool = True) -> ContextSt
     first use of the index reconciles it after crashes, as before. A root removed since is made again."""
     s = s or settings()
     if not index:
-        return open_store(s, must_exist=False)
+        return open_store(s, must_exist=False, clock=CLOCK)
     config = s.contexts
-    key = (str(config.base_dir), config.heartbeat_interval_s, config.stale_after_s, config.fsync)
+    # Before a task's first heartbeat is written: a lock stamped by a clock minutes off would look stale (or fresh
+    # for minutes too long) to every other host.
+    CLOCK.measure_if_due(redis_client(), socket.gethostname(), s.contexts.max_clock_skew_s)
+    key = (str(config.base_dir), config.heartbeat_interval_s, config.stale_after_s, config.hung_after, config.fsync)
     store = _stores.get(key)
     if store is None or not store.intact():
-        store = _stores[key] = open_store(s, must_exist=False, on_heartbeat=index_heartbeat)
+        store = _stores[key] = open_store(s, must_exist=False, on_heartbeat=index_heartbeat, clock=CLOCK)
     return store
 
 

@@ -98,6 +98,11 @@ class ContextsSettings(Section):
     """Seconds between heartbeats of a running task."""
     stale_after_s: PositiveInt = 60
     """A lock whose heartbeat is older than this many seconds may be taken over."""
+    hung_after_s: PositiveInt | None = None
+    """A holder silent this long loses its task even while its process lives (stopped or wedged); the monitor
+    kills it on its own host. Unset: 5 x stale_after_s."""
+    max_clock_skew_s: PositiveFloat = 2.0
+    """A process whose clock differs from Redis's by more than this says so at start and in /healthz."""
     fsync: Literal["always", "step", "never"] = "step"
     """When appends reach the disk: after every record, after every agent step, or when the OS decides."""
     retention: RetentionSettings = RetentionSettings()
@@ -109,7 +114,15 @@ class ContextsSettings(Section):
         if self.heartbeat_interval_s >= self.stale_after_s:
             expected = f"less than stale_after_s ({self.stale_after_s})"
             raise cross_field_error("heartbeat_interval_s", self.heartbeat_interval_s, expected)
+        if self.hung_after_s is not None and self.hung_after_s <= self.stale_after_s:
+            expected = f"more than stale_after_s ({self.stale_after_s})"
+            raise cross_field_error("hung_after_s", self.hung_after_s, expected)
         return self
+
+    @property
+    def hung_after(self) -> float:
+        """``hung_after_s``, or its default of five times ``stale_after_s``."""
+        return float(self.hung_after_s if self.hung_after_s is not None else 5 * self.stale_after_s)
 
 
 class OpenAISettings(Section):

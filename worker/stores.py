@@ -9,6 +9,7 @@ from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 
+from contexts.clock import utc_now
 from contexts.errors import ContextNotFoundError
 from contexts.names import OUTCOMES_FILE
 from contexts.outcomes import OutcomeStore
@@ -24,6 +25,7 @@ def open_store(
     *,
     must_exist: bool = True,
     on_heartbeat: Callable[[str, datetime, str], None] | None = None,
+    clock: Callable[[], datetime] | None = None,
 ) -> ContextStore:
     """The configured context store. Readers pass ``must_exist`` so that looking never creates a store elsewhere."""
     base = Path(settings.contexts.base_dir)
@@ -34,8 +36,10 @@ def open_store(
         base,
         heartbeat_interval_s=config.heartbeat_interval_s,
         stale_after_s=config.stale_after_s,
+        hung_after_s=config.hung_after,
         fsync=config.fsync,
         on_heartbeat=on_heartbeat,
+        clock=clock or utc_now,
     )
 
 
