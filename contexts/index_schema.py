@@ -108,7 +108,12 @@ UPSERT = (  # column names are constants, values are parameters
     f"INSERT INTO contexts ({_COLUMNS}) VALUES ({_MARKS}) "  # noqa: S608
     "ON CONFLICT (uuid) DO UPDATE SET "
     + ", ".join(f"{name} = excluded.{name}" for name in _COLUMNS.split(", ")[1:])
-    + " WHERE contexts.location = 'running' OR excluded.location = 'completed'"
+    # A completed row whose status is final is never overwritten by a snapshot read before the final status was
+    # written (another process's reconciliation can read completed/X while it is still `completing`, and write
+    # after its holder indexed it `failed`): only another final status replaces it.
+    + " WHERE contexts.location = 'running' OR (excluded.location = 'completed' AND ("
+    + f"excluded.status NOT IN ({', '.join(repr(s) for s in ACTIVE_STATUSES)}) "
+    + f"OR contexts.status IN ({', '.join(repr(s) for s in ACTIVE_STATUSES)})))"
 )
 
 
