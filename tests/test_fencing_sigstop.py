@@ -35,6 +35,16 @@ def test_a_holder_stopped_inside_a_tool_call_reaches_nothing_after_its_takeover(
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_holder_continued_while_the_new_holder_works_writes_nothing_into_its_tree(
+    tmp_path: Path, redis_url: str, redis_client: object, layout: str
+) -> None:
+    """The issue's case: the stopped call finished after SIGCONT, its line landed in the reused checkout while the
+    new holder was mid-task, and reached the pull request's branch."""
+    with trial_stack(tmp_path, redis_url, layout, "bash-mid", step=1, steps=4) as trial:
+        run_trial(trial)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_holder_stopped_at_the_finish_boundary_reaches_nothing_after_its_takeover(
     tmp_path: Path, redis_url: str, redis_client: object, layout: str
 ) -> None:

@@ -32,10 +32,12 @@ from tests.helpers.worker_scenarios import running_stack
 FORGE_TOKEN = "fencing-forge-token-5c1d"
 OWNER, REPO, ISSUE = "team", "calc", 7
 LAYOUTS = ("shared", "per-host")  # the compose layout (one workspaces volume), or a workspace per host
-POINTS = ("bash", "finish")
+# Where the holder is stopped, and when it goes on: inside a bash call, continued once the task is done; inside a
+# bash call, continued while the new holder is inside the next step's (the issue's case: its line landed in the
+# new holder's tree); at the finish boundary, continued once the task is done.
+POINTS = ("bash", "bash-mid", "finish")
 MONITOR_ENV = {"TASUKI__MONITOR__INTERVAL_S": "1", "TASUKI__MONITOR__BEAT_LOCK_TTL_S": "2"}  # heartbeat 1 s, stale 3 s
 FINISHED = '"event": "task finished"'
-STOPS_WRITING = "this delivery stops writing"  # what a fenced delivery logs once it gave up (worker/run.py)
 TIMEOUT_S = 180.0
 
 SIGNER = """#!/bin/sh
@@ -113,8 +115,10 @@ def trial_turns(point: str, step: int, steps: int, marks: Path) -> list[dict[str
     turns = []
     for n in range(steps):
         line = f'echo "step {n} end host=$(hostname)" >> log.txt'
-        if point == "bash" and n == step:
+        if point.startswith("bash") and n == step:
             line = f'touch {marks}/reached; while [ ! -e {marks}/release ]; do sleep 0.05; done; {line}'
+        if point == "bash-mid" and n == step + 1:  # the new holder's first step waits while the old one goes on
+            line = f'touch {marks}/reached-b; while [ ! -e {marks}/release-b ]; do sleep 0.05; done; {line}'
         turns.append({"content": f"Step {n}.", "tool_calls": [bash(line)]})
     turns.append({"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Logged."}}]})
     return turns
@@ -214,46 +218,67 @@ def issue_request() -> dict[str, Any]:
 
 
 def run_trial(trial: Trial) -> dict[str, Any]:
-    """Pause the holder at the trial's point, let the other host finish the task, continue the holder; assert
+    """Stop the holder at the trial's point, let the other host take the task over, continue the holder; assert
     that nothing the holder did after its takeover reached the remote, the forge or the context. Returns the
     task's final state."""
     trial.marks.mkdir(exist_ok=True)
     env = {"HOME": str(signer_home(trial.root, trial.marks))} if trial.point == "finish" else {}
     first = trial.worker("wA", "host-a", **env)
     uuid = trial.stack.send(issue_request())
-    before = trial.step if trial.point == "bash" else trial.steps  # the last checkpoint before the point
+    before = trial.steps if trial.point == "finish" else trial.step  # the last checkpoint before the point
     trial.stack.wait_until(lambda: (trial.marks / "reached").exists()
                            and trial.checkpoint_subject(uuid) == f"tasuki: checkpoint after step {before}",
                            TIMEOUT_S, f"the holder at its {trial.point} point")
     stopped = stop_tree(first.pid)
     try:
         second = trial.worker("wB", "host-b")
-        state = trial.stack.wait_finished(uuid, TIMEOUT_S)  # taken over past the stale time, and finished
-        # ... and reported: the forge is told after the context is complete, then the worker logs the end.
-        trial.stack.wait_until(lambda: FINISHED in second.log_text(), TIMEOUT_S, "the new holder's report")
-        refs, forge, context = trial.refs(), trial.forge_state(), trial.context_digest(uuid)
+        if trial.point == "bash-mid":
+            trial.stack.wait_until((trial.marks / "reached-b").exists, TIMEOUT_S, "the new holder mid-step")
+        else:
+            trial.stack.wait_until(lambda: finished(trial, uuid, second), TIMEOUT_S, "the new holder's end")
+            seen = trial.refs(), trial.forge_state(), trial.context_digest(uuid)
         (trial.marks / "release").touch()
     finally:
         continue_tree(stopped)
-    trial.stack.wait_until(lambda: STOPS_WRITING in first.log_text(), TIMEOUT_S, "the stopped holder to give up")
-    assert state["status"] == "completed", state
-    assert state["attempt"] == 2, state
+    ended = [f"tasuki.run_task[{uuid}] {how}" for how in ("succeeded", "raised", "ignored")]  # its delivery is over
+    trial.stack.wait_until(lambda: any(end in first.log_text() for end in ended), TIMEOUT_S,
+                           "the stopped holder's delivery to end")
+    if trial.point == "bash-mid":
+        (trial.marks / "release-b").touch()
+        trial.stack.wait_until(lambda: finished(trial, uuid, second), TIMEOUT_S, "the new holder's end")
+    else:  # everything as the new holder left it
+        assert trial.refs() == seen[0], "the stopped holder changed the remote after its takeover"
+        assert trial.forge_state() == seen[1], "the stopped holder changed the forge after its takeover"
+        assert trial.context_digest(uuid) == seen[2], "the stopped holder wrote to the context after its takeover"
+    state = trial.stack.completed_state(uuid) or {}
+    assert (state.get("status"), state.get("attempt")) == ("completed", 2), state
+    assert_one_outcome(trial, uuid, state)
+    return state
+
+
+def finished(trial: Trial, uuid: str, worker: WorkerProcess) -> bool:
+    """The task is complete and its worker has reported it (the forge is told after the context, then it logs)."""
+    return trial.stack.completed_state(uuid) is not None and FINISHED in worker.log_text()
+
+
+def assert_one_outcome(trial: Trial, uuid: str, state: dict[str, Any]) -> None:
+    """One pull request, whose head is the commit the state records; the branch without the stopped call's line;
+    the context with each step's call answered once (the stopped one "not run", by the new holder)."""
     branch = state["result"]["branch"]
-    assert trial.refs() == refs, "the stopped holder changed the remote after its takeover"
-    assert trial.forge_state() == forge, "the stopped holder changed the forge after its takeover"
-    assert trial.context_digest(uuid) == context, "the stopped holder wrote to the context after its takeover"
     assert [c.head for c in trial.forge.changes] == [branch]  # exactly one pull request
-    assert refs[f"refs/heads/{branch}"] == state["result"]["commit"]  # its head is the commit the state records
+    assert trial.refs()[f"refs/heads/{branch}"] == state["result"]["commit"]
     log = trial.git("show", f"{branch}:log.txt")
-    if trial.point == "bash":
+    late = f"step {trial.step} end host=host-a"
+    if trial.point.startswith("bash"):
         assert f"step {trial.step} end" not in log, log  # the stopped call's line never reached the branch
         assert f"step {trial.steps - 1} end host=host-b" in log, log  # the steps after it are the new holder's
     else:
         assert f"step {trial.steps - 1} end host=host-a" in log, log  # the work, done before the stop, is there
-    if trial.layout == "shared" and trial.point == "bash":  # the checkout it wrote into was set aside and deleted: nobody's tree has the line
-        late = f"step {trial.step} end host=host-a"
+    tools = [json.loads(line) for line in (trial.stack.contexts_dir / "completed" / uuid / "tools.jsonl").open()]
+    assert [t["seq"] for t in tools] == list(range(1, trial.steps + 2))  # each call once, then the finish
+    assert not any(late in json.dumps(t) for t in tools)
+    if trial.layout == "shared" and trial.point.startswith("bash"):  # its checkout was set aside and deleted
         assert not any(late in p.read_text(errors="replace") for p in (trial.root / "workspaces").rglob("log.txt"))
-    return state
 
 
 @contextmanager
