@@ -19,7 +19,7 @@ from contexts import ContextStore, FencedError
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout, GitError
-from worker.forges import GitHubForge, GitLabForge
+from worker.forges import GiteaForge, GitHubForge, GitLabForge
 
 BRANCH = "tasuki/7-fenced00"
 CHECKPOINTS = "refs/heads/tasuki-checkpoints/7-fenced00"
@@ -144,16 +144,18 @@ TOKEN = "ghp_0123456789abcdefABCDEF0123456789abcd"
 OWNER, REPO = "octo-org", "calc"
 
 
-@pytest.fixture(params=["github", "gitlab"])
+@pytest.fixture(params=["github", "gitlab", "gitea"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[FakeForge, str]]:
     with FakeForge(tmp_path / "server", TOKEN).serve() as fake:
         fake.add_repo(OWNER, REPO, make_buggy_repo(tmp_path / "source"))
         yield fake, str(request.param)
 
 
-def make_client(fake: FakeForge, kind: str) -> GitHubForge | GitLabForge:
+def make_client(fake: FakeForge, kind: str) -> GitHubForge | GitLabForge | GiteaForge:
     if kind == "github":
         return GitHubForge(fake.github_api_url, TOKEN, backoff_s=0.01)
+    if kind == "gitea":
+        return GiteaForge(fake.gitea_api_url, TOKEN, backoff_s=0.01)
     return GitLabForge(fake.gitlab_api_url, TOKEN, backoff_s=0.01)
 
 
@@ -166,15 +168,15 @@ def test_two_openers_that_both_found_no_request_open_one(opener: tuple[FakeForge
     pusher.prepare(fresh=True)
     pusher.settle()
     pusher.push()
-    real_json = late.http.json
+    real_request = late.http.request
 
     def look_then_lose_the_race(method: str, path: str, **kwargs: Any) -> Any:
-        answer = real_json(method, path, **kwargs)
-        if method == "GET" and not answer and not fake.changes:  # found none: the other opener is quicker
+        answer = real_request(method, path, **kwargs)
+        if method == "GET" and ("pulls" in path or "merge_requests" in path) and not fake.changes:  # none found
             current.open_change(OWNER, REPO, "tasuki/1-race0000", "main", "Fix", "body")
         return answer
 
-    late.http.json = look_then_lose_the_race  # type: ignore[method-assign]
+    late.http.request = look_then_lose_the_race  # type: ignore[method-assign]
     try:
         url = late.open_change(OWNER, REPO, "tasuki/1-race0000", "main", "Fix", "body")
     finally:
