@@ -17,6 +17,7 @@ from bench import (
     bench_compression_span,
     bench_console,
     bench_failover,
+    bench_fencing,
     bench_followups,
     bench_index,
     bench_memory,
@@ -57,6 +58,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "recall": bench_recall.run,  # issue 11: recall latency at 1k / 10k / 100k episodes
     "recall-quality": bench_recall_quality.run,  # issue 11: recall@5 hybrid vs BM25 vs vectors on a real history
     "spend": bench_spend.run,  # issue 17: a 40-step task with pricing and limits vs without
+    "fencing": bench_fencing.run,  # issue 26 §1: a 40-step task with the owner check on every effect vs without
     "console": bench_console.run,  # issue 16: fleet and tasks pages at 11,000 vs 10 contexts; step -> open page
     "outcomes": bench_outcomes.run,  # issue 28: tasuki outcomes at 10,000 threads vs 100
     "app-tokens": bench_app_tokens.run,  # issue 28: GitHub App token renewals over simulated hours of task

@@ -42,6 +42,7 @@ class CeleryWorker:
     concurrency: int = 1
     queues: str = "tasks,compression,maintenance"
     tasuki: bool = False  # `tasuki worker`: the task worker and its compression worker (broker from env)
+    module: str = "celery"  # what `python -m` runs for a plain worker (bench.unfenced_worker: fencing off)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> CeleryWorker:
@@ -51,7 +52,7 @@ class CeleryWorker:
             cmd = [sys.executable, "-m", "cli.main", "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
                    "-c", str(self.concurrency), *quiet]
         else:
-            cmd = [sys.executable, "-m", "celery", "-A", self.app, "-b", self.broker_url,
+            cmd = [sys.executable, "-m", self.module, "-A", self.app, "-b", self.broker_url,
                    "--result-backend", self.broker_url, "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
                    "-c", str(self.concurrency), "-P", "prefork", *quiet]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}

@@ -111,6 +111,12 @@ class Context:
         """True once this holder learned that its lock was taken over."""
         return self._lock.fenced or (self._heartbeat is not None and self._heartbeat.fenced)
 
+    def assert_owner(self) -> None:
+        """Raise :class:`FencedError` unless this process still holds the context: the one check the worker makes
+        before every effect outside the context (a tool run, a model call, a push, a forge write). One ``fstat``
+        of the held ``.lock``; a lease epoch in PostgreSQL (SPEC §12) can take its place behind this name."""
+        self._check()
+
     def _check(self) -> None:
         if self.closed:
             raise ContextError(f"{self.uuid}: context is closed")

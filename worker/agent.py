@@ -21,6 +21,7 @@ from contexts.names import MESSAGES_FILE
 from contexts.tokens import estimate_message_tokens, estimate_tokens
 from contexts.usage import call_record
 from worker.checkout import Checkout
+from worker.fencing import owner_check
 from worker.llm import Provider, Reply, ToolCall
 from worker.llm.base import parse_arguments
 from worker.lost_steps import lost_steps
@@ -120,6 +121,7 @@ class Agent:
         self._skip_compression_until = 0
         self._restore_told = False
         self.touched = False  # whether this attempt ran anything that can change the checkout
+        self.owner_check = owner_check(ctx.assert_owner)
 
     def run(self) -> str:
         """Step until the model finishes; return its summary."""
@@ -161,7 +163,8 @@ class Agent:
         if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))
         ):
-            self.ctx.stage_state(last_activity="checkpoint")  # written with the next step's state
+            # Written with the next step's state: the commit this holder put on the checkpoint branch.
+            self.ctx.stage_state(last_activity="checkpoint", checkpoint=self.checkout.lease.latest)
         if summary is not None:
             raise Finished(summary)
 
@@ -283,6 +286,7 @@ class Agent:
         self.ctx.stage_state(
             status="processing", last_activity="llm_call", current_context_tokens=int(estimated * self.ctx.token_factor)
         )
+        self.owner_check()  # a fenced holder never asks: the answer would go to a context it may not write
         reply = self.provider.chat(prompt, TOOL_SCHEMAS)
         message = reply.to_message()
         usage = usage_of(reply, "agent", estimated)
@@ -308,6 +312,7 @@ class Agent:
         a blank or missing summary goes back to the model as the tool's error."""
         summary = None
         for call in calls:
+            self.owner_check()  # a fenced holder runs nothing: the checkout may be another holder's by now
             result = run_tool(
                 self.workspace,
                 call.name,

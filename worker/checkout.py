@@ -3,11 +3,20 @@
 Checkpoints make resume work on another machine: after every step that changed files, the work is
 committed on the task branch and pushed to the remote, so a worker that picks the baton up clones
 the branch and finds the files exactly as the last step on disk left them.
+
+Fenced pushes (SPEC §12 "Fenced at the edges too"): every push is ``--force-with-lease`` on the checkpoint
+branch, against the commit this holder itself put there last. A task's first holder puts one there at once
+(step 0); each later holder *claims* the branch before it works — a new commit, so the value every earlier
+holder expects is gone — and the final push moves the task branch and deletes the checkpoint branch in one
+``--atomic`` push under both leases. A holder that was paused or cut off past its takeover can therefore push
+nothing: its lease names a commit the remote no longer has, and the remote refuses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import time
@@ -19,6 +28,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from contexts.errors import TasukiError
+from worker import fencing
+from worker.fencing import OwnerCheck
 from worker.pushes import BackgroundPush
 
 if TYPE_CHECKING:
@@ -41,6 +52,8 @@ SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
 
 CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
 RESTORED_STEP_FILE = "tasuki-restored-step"
+ASIDE_PREFIX = ".aside-"  # a checkout set aside on a takeover (in {workspaces_dir}; deleted at once)
+CLAIM_TRIES = 3
 
 
 class GitError(TasukiError):
@@ -55,6 +68,23 @@ class TreeState:
     exact: str | None = None
 
 
+@dataclass
+class Lease:
+    """What this holder expects the remote's branches to be: the commit it put on the checkpoint branch last
+    (``""``: none), and the task branch as it found it (``""``: absent). Pushes are leased on these."""
+
+    checkpoint: str = ""
+    branch: str | None = None  # None: not looked at yet
+    latest: str = ""  # the newest checkpoint commit made, pushed or on its way (state.json records it)
+    # In every checkpoint commit's message: git commits are content-addressed, and a claim of the same tree on the
+    # same parent in the same second as an earlier holder's commit would otherwise be that very commit.
+    holder: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def message(self, subject: str) -> str:
+        """A checkpoint commit's message: ``subject`` (what a resume reads) and this holder's mark."""
+        return f"{subject}\n\nholder {self.holder}"
+
+
 @dataclass(frozen=True)
 class Checkout:
     """A working copy in ``{workspaces_dir}/{uuid}`` on branch ``branch`` of ``remote``."""
@@ -67,6 +97,8 @@ class Checkout:
     cache: GitCache | None = None  # warm copies and mirrors of this host; None: a fresh clone per task
     pushes: BackgroundPush = field(default_factory=BackgroundPush, compare=False, repr=False)
     tree: TreeState = field(default_factory=TreeState, compare=False, repr=False)
+    guard: OwnerCheck = field(default=fencing.unchecked, compare=False, repr=False)  # before every push
+    lease: Lease = field(default_factory=Lease, compare=False, repr=False)
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False) -> str:
         """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
@@ -88,10 +120,11 @@ class Checkout:
         own = f"-{self.path.name[:8]}" if self.continues else ""
         return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}{own}"
 
-    def prepare(self, *, fresh: bool = False) -> bool:
+    def prepare(self, *, fresh: bool = False, steps: int = 0) -> bool:
         """Make the checkout exist on the task branch; return True when it was resumed (not fresh).
 
-        ``fresh``: the task has never run before, so no earlier attempt can have pushed anything.
+        ``fresh``: the task has never run before, so no earlier attempt can have pushed anything. ``steps``: the
+        steps the context holds (a resume that finds only the final branch claims the checkpoints with it).
         """
         if (self.path / ".git").is_dir():
             try:
@@ -99,24 +132,33 @@ class Checkout:
             except GitError:  # a crash left it half made, or it is another task's warm copy
                 pass
             else:  # this task's own tree (a resume on this host): its last checkpoint goes out first
-                if self._pending_marker.exists():  # in the background, like any checkpoint's push
-                    commit = self._pending_marker.read_text().strip()
-                    tree = self.git("rev-parse", f"{commit}^{{tree}}").strip()
-                    self.pushes.start(lambda: self._push_checkpoint(commit, tree))
+                pending = self._pending_marker.read_text().strip() if self._pending_marker.exists() else None
+                if not fencing.ENFORCED:
+                    if pending:  # in the background, like any checkpoint's push
+                        tree = self.git("rev-parse", f"{pending}^{{tree}}").strip()
+                        self.pushes.start(lambda: self._push_checkpoint(pending, tree))
+                    return True
+                marker = self._commit_marker
+                self.claim(pending or (marker.read_text().strip() if marker.exists() else None), 0)
                 return True
         heads = self._fetch()
+        self.lease.branch = heads.get(self.branch, "")  # a follow-up's: its pull request's head as found
         if fresh:
             self._switch(self._start_point())
             self.tree.exact = heads.get(self._start_point().removeprefix("origin/"))
+            if fencing.ENFORCED:  # the first checkpoint, at once: a takeover has a commit of ours to move
+                self.pushes.start(lambda: self._push_claim(None, 0, ""))
             return False
         if self.checkpoint_branch not in heads:
             if self.branch not in heads:
                 self._switch(self._start_point())
                 self._restored_from(0)  # a resume that finds nothing pushed: every step's changes are gone
+                self.claim(None, 0)
                 return False
             # An earlier attempt pushed its final branch (and dropped its checkpoints) but died before its
             # context was completed: the branch holds the work, so continue from it.
             self._switch(f"origin/{self.branch}")  # all of the work: the end waited for every push
+            self.claim(None, steps)
             return True
         self._switch(self._start_point())
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
@@ -127,7 +169,63 @@ class Checkout:
         self._pushed_marker.write_text(self.git("rev-parse", f"{checkpoint}^{{tree}}"))
         step = self.git("log", "-1", "--format=%s", checkpoint).strip().removeprefix(CHECKPOINT_SUBJECT)
         self._restored_from(int(step) if step.isdigit() else 0)
+        self.claim(heads[self.checkpoint_branch], 0)
         return True
+
+    @property
+    def _checkpoint_ref(self) -> str:
+        return f"refs/heads/{self.checkpoint_branch}"
+
+    @property
+    def _branch_ref(self) -> str:
+        return f"refs/heads/{self.branch}"
+
+    def claim(self, source: str | None, step: int) -> None:
+        """Take the checkpoint branch over for this holder before it works: a new commit with ``source``'s tree and
+        subject (else HEAD's tree as after ``step``), pushed over whatever the remote holds now. Every earlier
+        holder's lease names a commit that is no longer there, so none of its pushes can land any more."""
+        if not fencing.ENFORCED:
+            return
+        for _ in range(CLAIM_TRIES):
+            seen = self.remote_heads()
+            if not self.continues or self.lease.branch is None:  # the task's own branch: only its holders push it
+                self.lease.branch = seen.get(self._branch_ref, "")
+            try:
+                self._push_claim(source, step, seen.get(self._checkpoint_ref, ""))
+                return
+            except GitError as exc:  # a fenced holder's push landed between our look and our push: look again
+                log.warning("checkpoint branch moved while claiming it; claiming again", error=str(exc)[:300])
+        raise GitError(f"could not claim {self.checkpoint_branch}: it kept moving")
+
+    def _push_claim(self, source: str | None, step: int, expected: str) -> None:
+        """Push a claim commit onto the checkpoint branch, leased on ``expected`` (``""``: absent)."""
+        self.guard()
+        tree = self.git("rev-parse", f"{source or 'HEAD'}^{{tree}}").strip()
+        subject = self.git("log", "-1", "--format=%s", source).strip() if source else f"{CHECKPOINT_SUBJECT}{step}"
+        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", self.lease.message(subject)).strip()
+        ref = self._checkpoint_ref
+        self.git("push", "-q", f"--force-with-lease={ref}:{expected}", "origin", f"{commit}:{ref}")
+        self._pushed(commit, tree)
+
+    def remote_heads(self) -> dict[str, str]:
+        """The remote's task branch and checkpoint branch now (ref -> commit; an absent one is left out)."""
+        listed = self.git("ls-remote", "origin", self._branch_ref, self._checkpoint_ref)
+        return {ref: sha for sha, ref in (line.split("\t", 1) for line in listed.splitlines() if "\t" in line)}
+
+    def set_aside(self) -> None:
+        """A takeover: move the previous holder's checkout out of the way before anything uses its path (one
+        atomic rename in the same directory), then delete it. A holder paused in the middle of a tool run writes
+        on, after its pause, into a directory nobody reads, and then into nothing."""
+        aside = self.path.with_name(f"{ASIDE_PREFIX}{self.path.name}-{os.urandom(4).hex()}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return  # the previous holder worked on another host
+        log.warning("previous holder's checkout set aside", path=str(self.path))
+        shutil.rmtree(aside, ignore_errors=True)
+        if self.cache is not None:  # its index too: the next holder starts one of its own
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.cache.index_path(self.path))
 
     def _restored_from(self, step: int) -> None:
         (self.path / ".git" / RESTORED_STEP_FILE).write_text(f"{step}\n")
@@ -207,6 +305,11 @@ class Checkout:
         return self.path / ".git" / "tasuki-checkpoint-tree"
 
     @property
+    def _commit_marker(self) -> Path:
+        """Holds the commit this holder put on the checkpoint branch last (the lease of its next push)."""
+        return self.path / ".git" / "tasuki-checkpoint-commit"
+
+    @property
     def _pending_marker(self) -> Path:
         """Holds the checkpoint commit being pushed; absent once it is on the remote."""
         return self.path / ".git" / "tasuki-checkpoint-pending"
@@ -225,13 +328,23 @@ class Checkout:
         return True
 
     def push(self) -> None:
-        """Push the task branch to the remote and drop the checkpoints it supersedes."""
+        """Push the task branch to the remote and drop the checkpoints it supersedes: one atomic push, leased
+        on both branches (a follow-up's branch is a pull request's: nobody's commits are forced over either)."""
         self.pushes.wait()  # a checkpoint pushed after the deletion below would come back
-        # A follow-up's branch is a pull request's: never force over commits someone else pushed meanwhile.
-        force = () if self.continues else ("--force",)
-        self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
-        if self._pushed_marker.exists():
-            self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
+        self.guard()
+        if not fencing.ENFORCED:
+            force = () if self.continues else ("--force",)
+            self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
+            if self._pushed_marker.exists():
+                self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
+            return
+        leases = [f"--force-with-lease={self._branch_ref}:{self.lease.branch or ''}"]
+        refs = [f"HEAD:{self._branch_ref}"]
+        if self.lease.checkpoint:
+            leases.append(f"--force-with-lease={self._checkpoint_ref}:{self.lease.checkpoint}")
+            refs.append(f":{self._checkpoint_ref}")
+        self.git("push", "-q", "--atomic", *leases, "origin", *refs)
+        self.lease.checkpoint = ""
 
     def checkpoint(self, step: int) -> bool:
         """Snapshot the working tree (without touching HEAD or the agent's index) and push it beside the task
@@ -245,13 +358,31 @@ class Checkout:
         previous = marker.read_text().strip() if marker.exists() else self.git("rev-parse", "HEAD^{tree}").strip()
         if tree == previous:
             return False
-        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", f"{CHECKPOINT_SUBJECT}{step}").strip()
+        commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", self.lease.message(f"{CHECKPOINT_SUBJECT}{step}"))
+        commit = commit.strip()
         self._pending_marker.write_text(commit + "\n")  # a resume on this host pushes it, if this process cannot
+        self.lease.latest = commit
         self.pushes.start(lambda: self._push_checkpoint(commit, tree))
         return True
 
     def _push_checkpoint(self, commit: str, tree: str) -> None:
-        self.git("push", "-q", "--force", "origin", f"{commit}:refs/heads/{self.checkpoint_branch}")
+        ref = self._checkpoint_ref
+        self.guard()
+        if not fencing.ENFORCED:
+            self.git("push", "-q", "--force", "origin", f"{commit}:{ref}")
+        else:
+            try:
+                self.git("push", "-q", f"--force-with-lease={ref}:{self.lease.checkpoint}", "origin", f"{commit}:{ref}")
+            except GitError:
+                if self.remote_heads().get(ref) != commit:  # not a retry of a push that had landed after all
+                    raise
+        self._pushed(commit, tree)
+
+    def _pushed(self, commit: str, tree: str) -> None:
+        """``commit`` (of ``tree``) is on the checkpoint branch, put there by this holder."""
+        self.lease.checkpoint = commit
+        self.lease.latest = self.lease.latest or commit
+        self._commit_marker.write_text(commit + "\n")
         self._pushed_marker.write_text(tree + "\n")
         self._pending_marker.unlink(missing_ok=True)
 

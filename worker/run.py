@@ -28,8 +28,10 @@ from contexts.atomic import DiskFullError
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
+from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.fencing import owner_check
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
 from worker.metering import Meter
@@ -294,7 +296,9 @@ class TaskRun:
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
         checkout: Checkout | None = None
+        guard = owner_check(ctx.assert_owner)
         try:
+            guard()  # every effect outside the context comes after an owner check: the forge's first
             workplace = self.report.begin(state)
             followup = self.request.followup
             checkout = Checkout(
@@ -306,7 +310,10 @@ class TaskRun:
                 cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
                                Path(self.settings.contexts.workspaces_dir).absolute(),
                                self.settings.contexts.warm_copy_days * 86400),
+                guard=guard,
             )
+            if ctx.previous_holder is not None and fencing.ENFORCED:
+                checkout.set_aside()  # a takeover: what the previous holder may still write lands elsewhere
             return self._run(ctx, checkout, workplace)
         except FencedError:
             log.warning("lock taken over by another worker; this delivery stops writing")
@@ -333,7 +340,9 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
-        resumed = checkout.prepare(fresh=not ctx.pinned)
+        resumed = checkout.prepare(fresh=not ctx.pinned, steps=int(ctx.read_state().get("llm_call_count", 0)))
+        if checkout.lease.latest:  # the commit this holder leases its checkpoint pushes on
+            ctx.stage_state(checkpoint=checkout.lease.latest)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
@@ -347,8 +356,9 @@ class TaskRun:
         summary = mask(agent.run())
         if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
             checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
-        checkout.push()
+        checkout.push()  # after an owner check, and leased: a fenced holder's push is refused by the remote
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
+        owner_check(ctx.assert_owner)()
         result.update(self.report.deliver(checkout.branch, summary))
         return self._finish(ctx, "completed", None, result, checkout)
 
@@ -418,6 +428,7 @@ class TaskRun:
         if not state.get("cancel_requested") and self.cancel_flagged():
             # `tasuki cancel` or the API on a host that cannot see this context: the Redis flag is all it set.
             state = ctx.update_state(cancel_requested=True)
+        owner_check(ctx.assert_owner)()  # outside the try: a fenced holder stops here, it does not just skip a report
         try:
             self.report.on_step(state)
         except CredentialError:
@@ -440,6 +451,7 @@ class TaskRun:
         try:
             path = ctx.finish(status, error=error, **extra)
         except FencedError:
+            log.warning("lock taken over before completion; this delivery stops writing")
             ctx.detach()
             return {"uuid": self.uuid, "status": "fenced"}
         except Exception as exc:  # e.g. a full disk: leave the context whole and give the lock up

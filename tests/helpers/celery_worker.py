@@ -29,6 +29,9 @@ class WorkerProcess:
     queues: str = "tasks,compression,maintenance"
     pool: str = "prefork"
     tasuki: bool = False  # run `tasuki worker` (the task worker and its compression worker) instead of celery's
+    # A host of its own: the worker runs in a UTS namespace with this hostname (``unshare --uts``, root only), so
+    # its locks name another machine and only their heartbeat says whether they are stale (SPEC §4).
+    hostname: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self) -> WorkerProcess:
@@ -40,6 +43,8 @@ class WorkerProcess:
         else:
             cmd = [sys.executable, "-m", "celery", "-A", "worker", "worker", "-n", f"{self.name}@%h",
                    "-Q", self.queues, "-c", str(self.concurrency), "-P", self.pool, *quiet]
+        if self.hostname is not None:  # unshare execs: the worker keeps the pid, the session and the group
+            cmd = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname, *cmd]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
         self.process = subprocess.Popen(
             cmd, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -276,6 +276,8 @@ class FakeForge:
     def _open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, web: str) -> FakeChange:
         if not self._branch_exists(owner, repo, head):
             raise ForgeError(422, f"head branch {head} does not exist")
+        if any((c.owner, c.repo, c.head) == (owner, repo, head) for c in self.changes):  # as the real forges do
+            raise ForgeError(422 if web == "pull" else 409, f"A pull request already exists for {owner}:{head}.")
         number = len(self.changes) + 100
         change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}")
         self.changes.append(change)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -284,9 +284,10 @@ class ForgeHTTP:
 
     def request(
         self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
-        missing_ok: bool = False, follow_redirects: bool = False,
+        missing_ok: bool = False, follow_redirects: bool = False, answered: Collection[int] = (),
     ) -> httpx.Response:
-        """One call; raises :class:`ForgeError` on a final failure (a 404 too, unless ``missing_ok``)."""
+        """One call; raises :class:`ForgeError` on a final failure (a 404 too, unless ``missing_ok``; a status in
+        ``answered`` is the caller's to read)."""
         # A POST that reached the server may have taken effect: retry it only when it surely did not.
         retry_on = RETRY_STATUSES if method != "POST" else frozenset({429})
         retry_errors = httpx.TransportError if method != "POST" else httpx.ConnectError
@@ -306,7 +307,7 @@ class ForgeHTTP:
                 time.sleep(self._delay(attempt, response))
                 continue
             break
-        if response.status_code == 404 and missing_ok:
+        if (response.status_code == 404 and missing_ok) or response.status_code in answered:
             return response
         if response.status_code >= 400:
             failed = ForgeRefused if response.status_code in REFUSED_STATUSES else ForgeError

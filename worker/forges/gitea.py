@@ -11,9 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from contexts.masking import mask
 from worker.forges.base import (
     Comment,
     FailedJob,
+    ForgeError,
     ForgeHTTP,
     Item,
     ItemRef,
@@ -93,13 +95,24 @@ class GiteaForge:
         return int(self.http.json("POST", f"{self._issue(ref)}/comments", json={"body": body})["id"])
 
     def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """The pull request of ``head`` into ``base`` (``GET .../pulls/{base}/{head}``), or one opened now."""
+        """The pull request of ``head`` into ``base`` (``GET .../pulls/{base}/{head}``), or one opened now: one per
+        branch, whoever asks and how often."""
         pulls = f"{self._repo(owner, repo)}/pulls"
+        found = self._pull_of(pulls, base, head)
+        if found is not None:
+            return found
+        body_json = {"title": title, "head": head, "base": base, "body": body}
+        created = self.http.request("POST", pulls, json=body_json, answered=(409,))
+        if created.status_code == 409:  # "pull request already exists for these targets": opened since we looked
+            found = self._pull_of(pulls, base, head)
+            if found is None:
+                raise ForgeError(f"POST {pulls}: HTTP 409: {mask(created.text)[:300]}")
+            return found
+        return str(created.json()["html_url"])
+
+    def _pull_of(self, pulls: str, base: str, head: str) -> str | None:
         found = self.http.request("GET", f"{pulls}/{quote(base, safe='')}/{quote(head, safe='/')}", missing_ok=True)
-        if found.status_code == 200:
-            return str(found.json()["html_url"])
-        created = self.http.json("POST", pulls, json={"title": title, "head": head, "base": base, "body": body})
-        return str(created["html_url"])
+        return str(found.json()["html_url"]) if found.status_code == 200 else None
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """A comment's author needs one of the allowed repository permissions (a payload names none, and anyone

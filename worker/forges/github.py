@@ -6,11 +6,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from contexts.masking import mask
 from worker.forges.base import (
     BearerAuth,
     Comment,
     Credential,
     FailedJob,
+    ForgeError,
     ForgeHTTP,
     ForgeRefused,
     Item,
@@ -83,13 +85,23 @@ class GitHubForge:
         return int(self.http.json("POST", f"{self._issue(ref)}/comments", json={"body": body})["id"])
 
     def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """The pull request of ``head`` (found, or opened now)."""
+        """The pull request of ``head`` (found, or opened now): one per branch, whoever asks and how often."""
         pulls = f"{self._repo(owner, repo)}/pulls"
+        found = self._pull_of(pulls, owner, head)
+        if found is not None:
+            return found
+        body_json = {"title": title, "head": head, "base": base, "body": body}
+        created = self.http.request("POST", pulls, json=body_json, answered=(422,))
+        if created.status_code == 422:  # "A pull request already exists": opened since we looked
+            found = self._pull_of(pulls, owner, head)
+            if found is None:
+                raise ForgeError(f"POST {pulls}: HTTP 422: {mask(created.text)[:300]}")
+            return found
+        return str(created.json()["html_url"])
+
+    def _pull_of(self, pulls: str, owner: str, head: str) -> str | None:
         existing = self.http.json("GET", pulls, params={"head": f"{owner}:{head}", "state": "all"})
-        if isinstance(existing, list) and existing:
-            return str(existing[0]["html_url"])
-        created = self.http.json("POST", pulls, json={"title": title, "head": head, "base": base, "body": body})
-        return str(created["html_url"])
+        return str(existing[0]["html_url"]) if isinstance(existing, list) and existing else None
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """Always: the intake already checked the comment's ``author_association`` (labels need triage rights)."""

@@ -6,9 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from contexts.masking import mask
 from worker.forges.base import (
     Comment,
     FailedJob,
+    ForgeError,
     ForgeHTTP,
     ForgeRefused,
     Item,
@@ -77,15 +79,23 @@ class GitLabForge:
         return int(self.http.json("POST", f"{self._item(ref)}/notes", json={"body": body})["id"])
 
     def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """The merge request of ``head`` (found, or opened now)."""
+        """The merge request of ``head`` (found, or opened now): one per branch, whoever asks and how often."""
         requests = f"{self._project(owner, repo)}/merge_requests"
+        found = self._request_of(requests, head)
+        if found is not None:
+            return found
+        body_json = {"source_branch": head, "target_branch": base, "title": title, "description": body}
+        created = self.http.request("POST", requests, json=body_json, answered=(409,))
+        if created.status_code == 409:  # "Another open merge request already exists for this source branch"
+            found = self._request_of(requests, head)
+            if found is None:
+                raise ForgeError(f"POST {requests}: HTTP 409: {mask(created.text)[:300]}")
+            return found
+        return str(created.json()["web_url"])
+
+    def _request_of(self, requests: str, head: str) -> str | None:
         existing = self.http.json("GET", requests, params={"source_branch": head})
-        if isinstance(existing, list) and existing:
-            return str(existing[0]["web_url"])
-        created = self.http.json(
-            "POST", requests, json={"source_branch": head, "target_branch": base, "title": title, "description": body}
-        )
-        return str(created["web_url"])
+        return str(existing[0]["web_url"]) if isinstance(existing, list) and existing else None
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """A note's author needs Developer access (anyone may comment on a public project); labels need Planner."""
