@@ -112,7 +112,7 @@ def test_search_prints_every_score_and_stays_in_the_repository(tmp: Path) -> Non
     text = ok(tasuki(tmp, "memory", "search", "ImportError login.py", "--repo", "acme/web"))
     lines = text.splitlines()
     assert lines[0] == "note: no embedding model configured: BM25 only"
-    assert lines[1].split() == ["UUID", "BM25", "VECTOR", "RRF", "LEXICAL", "RECENCY", "SCORE", "TASK"]
+    assert lines[1].split() == ["UUID", "BM25", "VECTOR", "FUSED", "LEXICAL", "RECENCY", "SCORE", "TASK"]
     assert lines[2].startswith("11111111-aaaa-4aaa-8aaa-000000000001")
     assert "22222222" not in text
     data = json.loads(ok(tasuki(tmp, "memory", "search", "ImportError login.py", "--repo", "acme/web", "--json")))
@@ -120,7 +120,7 @@ def test_search_prints_every_score_and_stays_in_the_repository(tmp: Path) -> Non
     assert data["mode"] == "bm25"
     assert top["bm25_rank"] == 1
     assert top["vector_rank"] is None
-    assert set(top) >= {"rrf", "lexical", "recency", "score"}
+    assert set(top) >= {"bm25", "vector", "fused", "lexical", "recency", "score"}
 
 
 def test_search_with_the_replay_models_embeddings_is_hybrid(tmp: Path) -> None:
