@@ -91,7 +91,7 @@ def test_a_paraphrase_the_vectors_found_beats_a_chance_word_match_of_bm25() -> N
     chance = episode("chance", task="the signing docs should carry a note on the time it takes", days_ago=0)
     candidates = fuse([[Match("chance", 3.0)]], [[Match("meant", 0.55), Match("chance", 0.2)]])
     hits = rerank(query, candidates, {"meant": meant, "chance": chance}, NOW, 5)
-    assert [h.episode.uuid for h in hits][0] == "meant"
+    assert hits[0].episode.uuid == "meant"
 
 
 def test_character_trigram_dice_and_the_short_text_correction() -> None:
