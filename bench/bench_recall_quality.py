@@ -113,7 +113,7 @@ def default_embedder() -> tuple[Embedder, str]:
 
 def run(scratch: Path, *, quick: bool = False, embedder: Embedder | None = None) -> list[Result]:
     """recall@5 of each method on both sets, for keyword queries and for paraphrased ones."""
-    which = "the given embedder"
+    which = f"{getattr(embedder, 'model', 'the given embedder')} (given)"
     if embedder is None:
         embedder, which = default_embedder()
     print(f"  vectors: {which}", flush=True)
