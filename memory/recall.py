@@ -8,7 +8,7 @@ with a commit, which a paraphrase by definition does not. Bruch et al. (2022, "A
 for Hybrid Retrieval") measured that a convex combination of normalized scores beats RRF and needs few labels
 to tune; so here each list's scores are normalized (divided by the list's best: the theoretical minimum is 0
 for both BM25 and the cosine similarities kept), combined ``alpha * vector + (1 - alpha) * bm25``, and the
-lexical overlap only counts when there are no vectors (BM25 alone, where it refines a lexical ranking). The
+lexical overlap only counts when there are no vectors (BM25 alone, which keeps seed 002's RRF and rerank). The
 weights were chosen on the itsdangerous set and checked on the markupsafe set written before any tuning
 (docs/memory-recall.md has the figures).
 
@@ -28,6 +28,7 @@ RECENT_MESSAGES = 6  # the last three exchanges make up Q2's context
 KNN_K = 20
 BM25_K = 20
 MAX_CANDIDATES = 60
+RRF_K = 60  # seed 002's fusion, kept for BM25 alone
 NGRAM_N = 3
 MAX_CHARS = 1200
 RECENCY_TAU_DAYS = 45.0
@@ -108,17 +109,31 @@ def _weighted(lists: Sequence[Sequence[Match]]) -> tuple[dict[str, float], dict[
 
 def fuse(bm25_lists: Sequence[Sequence[Match]], vector_lists: Sequence[Sequence[Match]],
          vector_weight: float = VECTOR_WEIGHT) -> dict[str, Ranks]:
-    """The convex combination ``vector_weight * vector + (1 - vector_weight) * bm25`` of normalized scores (one
-    method alone when the other found nothing); at most :data:`MAX_CANDIDATES`, best first."""
+    """The convex combination ``vector_weight * vector + (1 - vector_weight) * bm25`` of normalized scores (the
+    vectors alone when BM25 found nothing); without vectors, seed 002's RRF of the BM25 lists. At most
+    :data:`MAX_CANDIDATES`, best first."""
     bm25, bm25_ranks = _weighted(bm25_lists)
     vector, vector_ranks = _weighted(vector_lists)
-    alpha = (vector_weight if any(bm25_lists) else 1.0) if any(vector_lists) else 0.0
-    fused = {key: alpha * vector.get(key, 0.0) + (1 - alpha) * bm25.get(key, 0.0) for key in bm25.keys() | vector}
+    if any(vector_lists):
+        alpha = vector_weight if any(bm25_lists) else 1.0
+        fused = {key: alpha * vector.get(key, 0.0) + (1 - alpha) * bm25.get(key, 0.0) for key in bm25.keys() | vector}
+    else:  # BM25 alone: seed 002's RRF, which leaves the order to the lexical rerank (0.33 vs 0.25 by scores)
+        fused = _rrf(bm25_lists)
     top = sorted(fused.items(), key=lambda item: (-item[1], _first_rank(item[0], bm25_ranks, vector_ranks), item[0]))
     return {
         key: Ranks(score, bm25_ranks.get(key), vector_ranks.get(key), bm25.get(key, 0.0), vector.get(key, 0.0))
         for key, score in top[:MAX_CANDIDATES]
     }
+
+
+def _rrf(lists: Sequence[Sequence[Match]]) -> dict[str, float]:
+    """Seed 002's Reciprocal Rank Fusion (k = 60) of ``lists``, divided by the best."""
+    scores: dict[str, float] = {}
+    for found in lists:
+        for position, match in enumerate(found, start=1):
+            scores[match.uuid] = scores.get(match.uuid, 0.0) + 1.0 / (RRF_K + position)
+    best = max(scores.values(), default=1.0)
+    return {key: value / best for key, value in scores.items()}
 
 
 def _first_rank(key: str, *ranks: Mapping[str, int]) -> int:

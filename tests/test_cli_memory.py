@@ -16,6 +16,7 @@ from memory.sqlite import SQLiteMemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.model_server import model_server
+from worker.llm.local_embeddings import local_available
 
 RUN_TIMEOUT_S = 60
 REPO = "github:acme/web"
@@ -68,6 +69,13 @@ def test_status_names_the_store_counts_and_bm25_only(tmp: Path) -> None:
     assert "none configured: BM25 only" in text
     data = json.loads(ok(tasuki(tmp, "memory", "status", "--json")))
     assert (data["episodes"], data["vector_dimension"], data["last_error"]) == (4, 64, None)
+
+
+def test_status_names_the_local_embedder_and_whether_it_is_installed(tmp: Path) -> None:
+    text = ok(tasuki(tmp, "memory", "status", TASUKI__MEMORY__EMBEDDINGS="local"))
+    installed = local_available()
+    assert "all-MiniLM-L6-v2 (local)" in text
+    assert ("not installed: BM25 only" in text) is not installed
 
 
 def test_status_without_a_store_says_so_and_creates_nothing(tmp_path: Path) -> None:

@@ -67,10 +67,18 @@ def test_fusion_is_a_convex_combination_of_normalized_scores() -> None:
 
 
 def test_q2_counts_half_and_each_method_keeps_its_best_rank() -> None:
-    fused = fuse([[Match("a", 2.0)], [Match("b", 2.0), Match("a", 1.0)]], [])
-    assert fused["a"] == Ranks(1.0, bm25_rank=1, bm25=1.0)
-    assert fused["b"] == Ranks(Q2_WEIGHT, bm25_rank=1, bm25=Q2_WEIGHT)
+    fused = fuse([], [[Match("a", 0.6)], [Match("b", 0.6), Match("a", 0.3)]])
+    assert fused["a"] == Ranks(1.0, vector_rank=1, vector=1.0)
+    assert fused["b"] == Ranks(Q2_WEIGHT, vector_rank=1, vector=Q2_WEIGHT)
     assert Q2_WEIGHT == 0.5
+
+
+def test_bm25_alone_keeps_seed_002s_reciprocal_rank_fusion() -> None:
+    fused = fuse([[Match("a", 9.0), Match("b", 1.0)], [Match("b", 5.0)]], [])
+    best = 1 / 62 + 1 / 61
+    assert fused["b"].fused == 1.0
+    assert fused["a"].fused == pytest.approx((1 / 61) / best)
+    assert (fused["b"].bm25_rank, fused["a"].bm25_rank) == (1, 1)
 
 
 def test_one_method_alone_takes_the_whole_weight() -> None:
