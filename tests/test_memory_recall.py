@@ -228,3 +228,11 @@ def test_look_alike_content_of_another_repository_never_comes_back(store: SQLite
         result = recall(store, "github:acme/web", text, embedder=HashEmbedder(), now=NOW, limit=5)
         assert "twin" not in {h.episode.uuid for h in result.hits}
     assert recall(store, "github:nobody/x", "login", embedder=HashEmbedder(), now=NOW).hits == []
+
+
+def test_an_episode_is_embedded_without_its_file_list_and_searched_with_it() -> None:
+    e = episode("e", task="Fix the login ImportError", files_changed=("src/auth/login.py", "tests/test_login.py"),
+                failed_commands=({"command": "pytest -q", "error": "E ImportError"},), final_summary="fixed")
+    assert "src/auth/login.py" in e.text()
+    assert "src/auth/login.py" not in e.meaning()
+    assert e.meaning() == "Fix the login ImportError\nfixed\n$ pytest -q\nE ImportError"
