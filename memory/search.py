@@ -15,7 +15,7 @@ from memory.store import MemoryStore
 
 
 class Embedder(Protocol):
-    """Turns texts into vectors (the worker's providers: OpenAI ``/v1/embeddings``, Ollama's embed API)."""
+    """Turns texts into vectors (the worker's: OpenAI ``/v1/embeddings``, Ollama's embed API, the local model)."""
 
     model: str
 
