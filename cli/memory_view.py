@@ -108,17 +108,17 @@ def format_hits(hits: Sequence[Hit], note: str | None, width: int) -> str:
     if not hits:
         return "\n".join([*lines, "No episode recalled."])
     rows = [
-        (h.episode.uuid, _rank(h.bm25_rank), _rank(h.vector_rank), f"{h.rrf:.4f}", f"{h.lexical:.3f}",
+        (h.episode.uuid, _rank(h.bm25_rank), _rank(h.vector_rank), f"{h.fused:.3f}", f"{h.lexical:.3f}",
          f"{h.recency:.3f}", f"{h.score:.3f}", safe(first_line(h.episode.task)))
         for h in hits
     ]
-    text = table(("UUID", "BM25", "VECTOR", "RRF", "LEXICAL", "RECENCY", "SCORE", "TASK"), rows,
+    text = table(("UUID", "BM25", "VECTOR", "FUSED", "LEXICAL", "RECENCY", "SCORE", "TASK"), rows,
                  frozenset(range(1, 7)))
     return "\n".join([*lines, *(clip(line, width) for line in text.splitlines())])
 
 
 def hit_json(hit: Hit) -> dict[str, Any]:
     """One hit for ``--json``."""
-    return {"uuid": hit.episode.uuid, "bm25_rank": hit.bm25_rank, "vector_rank": hit.vector_rank, "rrf": hit.rrf,
-            "rrf_norm": hit.rrf_norm, "lexical": hit.lexical, "recency": hit.recency, "score": hit.score,
-            "episode": hit.episode.to_json()}
+    return {"uuid": hit.episode.uuid, "bm25_rank": hit.bm25_rank, "vector_rank": hit.vector_rank,
+            "bm25": hit.bm25, "vector": hit.vector, "fused": hit.fused, "lexical": hit.lexical,
+            "recency": hit.recency, "score": hit.score, "episode": hit.episode.to_json()}

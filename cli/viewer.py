@@ -269,7 +269,8 @@ def memory_lines(used: Any, width: int) -> list[str]:
     lines = [clip(safe(
         f"  Memory: instruction files {files}; repository memory {'yes' if used.get('repository_memory') else 'no'}; "
         f"thread memory {'yes' if used.get('thread_memory') else 'no'}; {len(episodes)} recalled episode(s) "
-        f"{' '.join(str(e)[:8] for e in episodes)}; {int(used.get('tokens') or 0):,} tokens"), width)]
+        f"{' '.join(str(e)[:8] for e in episodes)}; {int(used.get('tokens') or 0):,} tokens; recall "
+        f"{'with ' + str(used['embedder']) if used.get('embedder') else 'BM25 only'}"), width)]
     if used.get("note"):
         lines.append(clip(safe(f"  Memory note: {first_line(str(used['note']))}"), width))
     return lines

@@ -29,6 +29,7 @@ class MemoryUse:
     episodes: list[str] = field(default_factory=list)
     tokens: int = 0
     note: str | None = None
+    embedder: str | None = None  # the embedding model recall searched with; None: BM25 only
 
     def to_json(self) -> dict[str, object]:
         """The record of ``state.json.memory``."""
@@ -39,6 +40,7 @@ class MemoryUse:
             "episodes": self.episodes,
             "tokens": self.tokens,
             "note": self.note,
+            "embedder": self.embedder,
         }
 
     @property

@@ -9,12 +9,13 @@ from datetime import datetime
 from typing import Protocol
 
 from memory.errors import EmbeddingError
-from memory.recall import BM25_K, KNN_K, Hit, fuse, queries, rerank
+from memory.recall import BM25_K, KNN_K, VECTOR_WEIGHT, Hit, fuse, queries, rerank
+from memory.records import Match
 from memory.store import MemoryStore
 
 
 class Embedder(Protocol):
-    """Turns texts into vectors (the worker's providers: OpenAI ``/v1/embeddings``, Ollama's embed API)."""
+    """Turns texts into vectors (the worker's: OpenAI ``/v1/embeddings``, Ollama's embed API, the local model)."""
 
     model: str
 
@@ -25,11 +26,13 @@ class Embedder(Protocol):
 
 @dataclass(frozen=True)
 class Recall:
-    """What recall found, and how: ``mode`` is ``hybrid`` or ``bm25``; ``note`` says why BM25 only."""
+    """What recall found, and how: ``mode`` is ``hybrid`` or ``bm25``; ``note`` says why BM25 only; ``embedder``
+    names the embedding model whose vectors were searched (None: BM25 only)."""
 
     hits: list[Hit]
     mode: str
     note: str | None = None
+    embedder: str | None = None
 
 
 def embed_checked(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
@@ -54,18 +57,21 @@ def recall(
     embedder: Embedder | None = None,
     now: datetime,
     limit: int = 5,
+    vector_weight: float = VECTOR_WEIGHT,
 ) -> Recall:
-    """SPEC §13's pipeline over one repository's episodes; with no (working) embedder, BM25 + rerank."""
+    """SPEC §13's pipeline over one repository's episodes; with no (working) embedder, BM25 + rerank.
+    ``vector_weight``: how far the vectors are trusted against BM25 (``memory.vector_weight``)."""
     asked = queries(text, recent_messages)
-    bm25_lists = [store.bm25(repository, q, BM25_K) for q in asked]
-    vector_lists: list[list[str]] = []
+    bm25_lists = [store.bm25_scored(repository, q, BM25_K) for q in asked]
+    vector_lists: list[list[Match]] = []
     note: str | None = None if embedder is not None else "no embedding model configured: BM25 only"
     if embedder is not None:
         try:
-            vector_lists = [store.knn(repository, v, KNN_K) for v in embed_checked(embedder, asked)]
+            vector_lists = [store.knn_scored(repository, v, KNN_K) for v in embed_checked(embedder, asked)]
         except EmbeddingError as exc:
             note = f"embedding failed, BM25 only: {exc}"
-    candidates = fuse(bm25_lists, vector_lists)
+    candidates = fuse(bm25_lists, vector_lists, vector_weight)
     episodes = store.fetch(repository, list(candidates))
-    hits = rerank(text, candidates, episodes, now, limit)
-    return Recall(hits, "bm25" if note else "hybrid", note)
+    hits = rerank(text, candidates, episodes, now, limit, vectors=any(vector_lists))
+    used = embedder.model if embedder is not None and not note else None
+    return Recall(hits, "bm25" if note else "hybrid", note, used)

@@ -21,7 +21,7 @@ from typing import Any
 import apsw
 
 from memory.errors import EmbeddingError, MemoryUnavailable
-from memory.records import Episode, Memory, RepositoryCount, StoreStatus
+from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
 
 BUSY_TIMEOUT_MS = 10_000  # writers queue this long; a task gives up on memory after it
 MAX_QUERY_TERMS = 64  # a long Q2 keeps its first distinct words; BM25 over hundreds of terms is slow
@@ -269,8 +269,13 @@ class SQLiteMemoryStore:
     # -- search ----------------------------------------------------------------------------------
 
     def bm25(self, repository: str, query: str, k: int) -> list[str]:
-        """The repository's episodes best matching ``query``, best first: BM25 over its rare words (the scope
-        column weighs nothing), else the newest matches of its common words (see RARE_DOCS)."""
+        """The UUIDs of :meth:`bm25_scored`."""
+        return [match.uuid for match in self.bm25_scored(repository, query, k)]
+
+    def bm25_scored(self, repository: str, query: str, k: int) -> list[Match]:
+        """The repository's episodes best matching ``query``, best first, with their BM25 scores (higher is
+        better): BM25 over its rare words (the scope column weighs nothing), else the newest matches of its
+        common words, each scored 0 (see RARE_DOCS)."""
         words = query_words(query)
         if not words:
             return []
@@ -280,18 +285,19 @@ class SQLiteMemoryStore:
         ))
         rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
         if rare:
-            sql = ("SELECT rowid FROM episode_text WHERE episode_text MATCH ? "
-                   "ORDER BY bm25(episode_text, 0.0, 1.0), rowid DESC LIMIT ?")
+            sql = ("SELECT rowid, -bm25(episode_text, 0.0, 1.0) AS score FROM episode_text WHERE episode_text MATCH ? "
+                   "ORDER BY score DESC, rowid DESC LIMIT ?")
             rows = self._rows(sql, (match_expression(repository, rare), k))
         else:
             common = [w for w in words if w in frequency]
             if not common:
                 return []
-            sql = "SELECT rowid FROM episode_text WHERE episode_text MATCH ? AND rowid >= ? ORDER BY rowid DESC LIMIT ?"
+            sql = ("SELECT rowid, 0.0 FROM episode_text WHERE episode_text MATCH ? AND rowid >= ? "
+                   "ORDER BY rowid DESC LIMIT ?")
             rows = self._rows(sql, (match_expression(repository, common), self._window_start(repository), k))
-        best = [int(row[0]) for row in rows]
-        found = self._uuids(repository, best)
-        return [found[rowid] for rowid in best if rowid in found]
+        best = [(int(rowid), float(score)) for rowid, score in rows]
+        found = self._uuids(repository, [rowid for rowid, _ in best])
+        return [Match(found[rowid], score) for rowid, score in best if rowid in found]
 
     def _count_terms(self, text: str, change: int) -> None:
         """Add ``change`` to the document frequency of each distinct word of ``text`` (inside a write)."""
@@ -323,7 +329,12 @@ class SQLiteMemoryStore:
         return {rowid: uuid for rowid, uuid, repo in rows if repo == repository}
 
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
-        """Cosine KNN over the repository's two newest vector shards (see SHARD_SIZE), nearest first."""
+        """The UUIDs of :meth:`knn_scored`."""
+        return [match.uuid for match in self.knn_scored(repository, vector, k)]
+
+    def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
+        """Cosine KNN over the repository's two newest vector shards (see SHARD_SIZE), nearest first, each with
+        its cosine similarity."""
         known = self.vector_dimension() if self.vectors_available else None
         if known is None:
             return []
@@ -339,9 +350,9 @@ class SQLiteMemoryStore:
                 "SELECT id, distance FROM episode_vectors WHERE embedding MATCH ? AND k = ? AND shard = ?",
                 (pack(vector), k, shard_key(repository, shard * SHARD_SIZE)),
             )]
-        best = [rowid for _, rowid in sorted(nearest)[:k]]
-        found = self._uuids(repository, best)
-        return [found[rowid] for rowid in best if rowid in found]
+        best = sorted(nearest)[:k]
+        found = self._uuids(repository, [rowid for _, rowid in best])
+        return [Match(found[rowid], 1.0 - distance) for distance, rowid in best if rowid in found]
 
     # -- thread and repository memories ----------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from memory.records import Episode, Memory, RepositoryCount, StoreStatus
+from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
 
 
 class MemoryStore(Protocol):
@@ -40,6 +40,14 @@ class MemoryStore(Protocol):
 
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
         """UUIDs of the repository's episodes nearest to ``vector`` (cosine), nearest first."""
+        ...
+
+    def bm25_scored(self, repository: str, query: str, k: int) -> list[Match]:
+        """:meth:`bm25` with each episode's BM25 score (higher is better, 0 or more), for score fusion."""
+        ...
+
+    def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
+        """:meth:`knn` with each episode's cosine similarity, for score fusion."""
         ...
 
     def memory(self, scope: str, key: str) -> Memory | None:

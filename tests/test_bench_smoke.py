@@ -123,3 +123,15 @@ def test_quick_run_of_the_app_token_benchmark_prints_its_figures(tmp_path: Path)
                      re.MULTILINE)
     assert re.search(r"^app tokens: minutes between renewals, installation 101 +\d+\.\d +~55 +(PASS|MISS)$",
                      run.stdout, re.MULTILINE), run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_recall_quality_prints_both_labelled_sets_with_hash_vectors() -> None:
+    run = subprocess.run([sys.executable, "-m", "bench.bench_recall_quality", "--hash"], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    for name, kind, count in (("itsdangerous", "keyword", 12), ("itsdangerous", "paraphrase", 12),
+                              ("markupsafe", "keyword", 29), ("markupsafe", "paraphrase", 32)):
+        line = rf"^  {name} {kind} \({count} queries\): recall@5 bm25 \d\.\d\d, vector \d\.\d\d, hybrid \d\.\d\d$"
+        assert re.search(line, run.stdout, re.MULTILINE), run.stdout
+    assert "vectors: tasuki-replay-embed" in run.stdout

@@ -16,6 +16,7 @@ from memory.sqlite import SQLiteMemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.model_server import model_server
+from worker.llm.local_embeddings import local_available
 
 RUN_TIMEOUT_S = 60
 REPO = "github:acme/web"
@@ -70,6 +71,13 @@ def test_status_names_the_store_counts_and_bm25_only(tmp: Path) -> None:
     assert (data["episodes"], data["vector_dimension"], data["last_error"]) == (4, 64, None)
 
 
+def test_status_names_the_local_embedder_and_whether_it_is_installed(tmp: Path) -> None:
+    text = ok(tasuki(tmp, "memory", "status", TASUKI__MEMORY__EMBEDDINGS="local"))
+    installed = local_available()
+    assert "all-MiniLM-L6-v2 (local)" in text
+    assert ("not installed: BM25 only" in text) is not installed
+
+
 def test_status_without_a_store_says_so_and_creates_nothing(tmp_path: Path) -> None:
     text = ok(tasuki(tmp_path, "memory", "status"))
     assert "No memory store yet" in text
@@ -112,7 +120,7 @@ def test_search_prints_every_score_and_stays_in_the_repository(tmp: Path) -> Non
     text = ok(tasuki(tmp, "memory", "search", "ImportError login.py", "--repo", "acme/web"))
     lines = text.splitlines()
     assert lines[0] == "note: no embedding model configured: BM25 only"
-    assert lines[1].split() == ["UUID", "BM25", "VECTOR", "RRF", "LEXICAL", "RECENCY", "SCORE", "TASK"]
+    assert lines[1].split() == ["UUID", "BM25", "VECTOR", "FUSED", "LEXICAL", "RECENCY", "SCORE", "TASK"]
     assert lines[2].startswith("11111111-aaaa-4aaa-8aaa-000000000001")
     assert "22222222" not in text
     data = json.loads(ok(tasuki(tmp, "memory", "search", "ImportError login.py", "--repo", "acme/web", "--json")))
@@ -120,7 +128,7 @@ def test_search_prints_every_score_and_stays_in_the_repository(tmp: Path) -> Non
     assert data["mode"] == "bm25"
     assert top["bm25_rank"] == 1
     assert top["vector_rank"] is None
-    assert set(top) >= {"rrf", "lexical", "recency", "score"}
+    assert set(top) >= {"bm25", "vector", "fused", "lexical", "recency", "score"}
 
 
 def test_search_of_a_repository_without_memory_says_so_in_one_line_and_fails(tmp: Path) -> None:

@@ -27,6 +27,7 @@ from tests.helpers.celery_worker import wait_for_ping
 from tests.helpers.context_support import wait_for
 from tests.helpers.model_server import model_server, write_trajectory
 from tests.helpers.stack import Stack, fix_calc_trajectory, git, make_buggy_repo
+from worker.llm.local_embeddings import local_available
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +76,10 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "replay model" in done.stdout  # it says plainly which model it uses
+    if local_available():  # and which embedder recall uses: the local model when tasuki[embeddings] is installed
+        assert "recall embeds with the local model all-MiniLM-L6-v2" in done.stdout
+    else:
+        assert "recall is BM25 only" in done.stdout
     assert "Status: completed" in done.stdout
     assert "+    return a + b" in done.stdout  # the diff of the task branch
     assert re.search(r"in a browser: \./tasuki console, then http://127\.0\.0\.1:8765/console/tasks/[0-9a-f-]{36} "
@@ -97,6 +102,7 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
     assert states[second]["llm_call_count"] == states[first]["llm_call_count"]  # its own whole conversation
     shown = tasuki(["context", "show", second], env, tmp_path)
     assert "Memory: instruction files none; repository memory yes; thread memory yes" in shown.stdout  # the viewer
+    assert used["embedder"] == ("all-MiniLM-L6-v2" if local_available() else None)
 
 
 def test_demo_model_replay_forces_the_replay_model_even_with_an_api_key(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def test_record_episode_never_raises_on_a_damaged_store(tmp_path: Path) -> None:
 
 
 def test_memory_block_keeps_priority_order_within_the_budget(tmp_path: Path) -> None:
-    hit = Hit(episode("ep1", task="Fix login"), 1, None, 0.01, 1.0, 0.5, 1.0, 0.9)
+    hit = Hit(episode("ep1", task="Fix login"), 1, None, 1.0, 0.0, 1.0, 0.5, 1.0, 0.9)
     repo = Memory("repository", "r", "- run pytest -q", NOW)
     thread = Memory("thread", "t", "- login fixed on branch x", NOW)
     text, use = memory_block([("AGENTS.md", "Use tabs.")], repo, thread, [hit], 2000)

@@ -166,7 +166,7 @@ class MemoryCalls:
 
     def embedded(self, tokens: int) -> None:
         """An embedding request's tokens, kept for :meth:`meter`."""
-        self.usages.append(Usage("embedding", str(self.settings.memory.embedding_model), tokens))
+        self.usages.append(Usage("embedding", str(self.settings.memory.embedder), tokens))
 
     def meter(self) -> None:
         """Write the calls kept so far to the task's ``state.json`` (one write) and the Redis counters."""

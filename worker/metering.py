@@ -78,7 +78,7 @@ class Meter:
 
     def embeddings_into(self, ctx: Context) -> Callable[[int], None]:
         """What an embedder tells the tokens of each answer to, for the running task ``ctx``."""
-        model = str(self.settings.memory.embedding_model)
+        model = str(self.settings.memory.embedder)
         return lambda tokens: self.record(ctx, Usage("embedding", model, tokens))
 
     def record_finished(self, directory: Path, usages: Sequence[Usage]) -> None:

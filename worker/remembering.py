@@ -81,13 +81,14 @@ def _with_store(settings: Settings, store: MemoryStore, instructions: list[tuple
                 task_text: str, budget: int, spent: Spent | None) -> tuple[str, MemoryUse]:
     repository = repository_key(request["task_key"], request.get("repo_path"))
     found = recall(store, repository, task_text, embedder=_embedder(settings, spent), now=utc_now(),
-                   limit=settings.memory.recall_k)
+                   limit=settings.memory.recall_k, vector_weight=settings.memory.vector_weight)
     thread = thread_key(request["task_key"], repository)
     text, use = memory_block(
         instructions, store.memory("repository", repository), store.memory("thread", thread), found.hits, budget
     )
     use.note = found.note
-    if found.note and settings.memory.embedding_model:  # a configured model that failed is a problem to show
+    use.embedder = found.embedder
+    if found.note and settings.memory.embedder:  # a configured model that failed is a problem to show
         store.note_problem(found.note)
     return text, use
 
@@ -129,7 +130,7 @@ def record_episode(settings: Settings, uuid: str, request: dict[str, Any], statu
 def _without_a_job(settings: Settings, store: MemoryStore, episode: Episode, now: datetime) -> str:
     """What the task process can do itself: with no embedding model, a thread's first episode (rule of
     ``thread_without_model``) and an episode with nothing to learn need no job."""
-    if settings.memory.embedding_model:
+    if settings.memory.embedder:
         return "update"
     if not episode.learned:
         return "nothing"
@@ -257,7 +258,7 @@ def _embed(settings: Settings, store: MemoryStore, episode: Episode, spent: Spen
     if embedder is None:
         return False
     try:
-        [vector] = embed_checked(embedder, [episode.text()])
+        [vector] = embed_checked(embedder, [episode.meaning()])
         store.add_episode(episode, vector)
     except EmbeddingError as exc:
         log.warning("memory: episode not embedded", error=mask(str(exc))[:300])
@@ -298,7 +299,7 @@ def _recall_episodes(settings: Settings, request: dict[str, Any], query: str, ow
         with kept_memory(settings) as store:
             repository = repository_key(request["task_key"], request.get("repo_path"))
             found = recall(store, repository, query, embedder=_embedder(settings, spent), now=utc_now(),
-                           limit=settings.memory.recall_k)
+                           limit=settings.memory.recall_k, vector_weight=settings.memory.vector_weight)
     except Exception as exc:  # the recall tool answers the model; it never breaks the step
         return [f"(memory unavailable: {_why(exc)})"]
     return [

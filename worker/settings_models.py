@@ -371,10 +371,15 @@ class LocalSettings(Section):
 class MemorySettings(Section):
     path: Path | None = None
     """The memory database (SQLite, WAL); null: memory.db beside the contexts root."""
+    embeddings: Literal["endpoint", "local"] = "endpoint"
+    """Where recall's vectors come from: endpoint (embedding_model on the provider's endpoint) or local
+    (all-MiniLM-L6-v2 in the worker process, offline; needs tasuki[embeddings])."""
     embedding_model: Name | None = None
     """Embedding model of the configured provider (OpenAI /v1/embeddings, Ollama embed); null: BM25 only."""
     embedding_timeout_s: PositiveFloat = 10.0
     """Seconds one embedding request may take; then recall goes on with BM25 alone."""
+    vector_weight: Fraction = 0.8
+    """Share of the vectors in recall's fused score (the rest is BM25's); 0.8 suits a real embedding model."""
     recall_k: PositiveInt = 5
     """Most past episodes recall returns (and the first prompt gets)."""
     prompt_share: Fraction = 0.15
@@ -383,6 +388,13 @@ class MemorySettings(Section):
     """Bound of a repository memory (and of a thread memory) in tokens; a longer update is refused."""
     prune_after_days: PositiveInt = 90
     """Episodes older than this many days are deleted (tasuki memory prune, the daily retention job)."""
+
+    @property
+    def embedder(self) -> str | None:
+        """The embedding model recall uses, as ``memory status`` and usage records name it; None: BM25 only."""
+        if self.embeddings == "local":
+            return "all-MiniLM-L6-v2 (local)"
+        return self.embedding_model
 
     def database(self, contexts: ContextsSettings) -> Path:
         """Where the memory database is: ``path``, else ``memory.db`` beside the contexts root."""

