@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -144,11 +144,13 @@ def read_fleet(
             for queue in QUEUES:
                 pipe.llen(queue)
             pipe.hgetall(ALERTS_KEY)
-            shown, total, *depths, published = pipe.execute()
+            pipe.time()  # heartbeats are written by Redis's clock: their ages are judged by it too (SPEC §4)
+            shown, total, *depths, published, (seconds, micros) = pipe.execute()
         except redis.RedisError:
             pass
         else:
-            rows = [running_task(store, _text(uuid), float(score), now) for uuid, score in shown]
+            by_redis = datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+            rows = [running_task(store, _text(uuid), float(score), by_redis) for uuid, score in shown]
             return Fleet(True, [r for r in rows if r is not None], int(total),
                          dict(zip(QUEUES, (int(d) for d in depths), strict=True)), workers(),
                          alerts_firing(published), ended)

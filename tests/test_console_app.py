@@ -185,3 +185,28 @@ def test_every_answer_carries_the_security_headers_and_only_static_files_may_be_
         assert answer.headers["x-content-type-options"] == "nosniff", what
         assert answer.headers["x-frame-options"] == "DENY", what
         assert ("cache-control" not in answer.headers) == (what == "static file"), what
+
+
+def test_heartbeat_ages_on_the_fleet_page_are_judged_by_redis_clock_not_this_hosts(
+    tmp_path: Path, redis_client: object
+) -> None:
+    """Heartbeats are stamped with Redis's time (SPEC §4): a console on a host two minutes ahead must not show a
+    fresh heartbeat as two minutes old."""
+    import redis as redis_module
+
+    from console.fleet import read_fleet
+    from worker.names import HEARTBEATS_KEY
+
+    assert isinstance(redis_client, redis_module.Redis)
+    store = ContextStore(tmp_path / "contexts", fsync="never")
+    ctx = running_task(store, 1)
+    seconds, micros = redis_client.time()
+    redis_client.zadd(HEARTBEATS_KEY, {ctx.uuid: seconds + micros / 1e6})
+    try:
+        ahead = datetime.now(UTC) + timedelta(minutes=2)
+        fleet = read_fleet(store, store.index, redis_client, ahead)
+    finally:
+        redis_client.zrem(HEARTBEATS_KEY, ctx.uuid)
+    [row] = [r for r in fleet.running if r.uuid == ctx.uuid]
+    assert row.heartbeat_age_s is not None
+    assert row.heartbeat_age_s < 60  # by this host's clock it would be 120 s
