@@ -344,6 +344,9 @@ class Checkout:
             leases.append(f"--force-with-lease={self._checkpoint_ref}:{self.lease.checkpoint}")
             refs.append(f":{self._checkpoint_ref}")
         self.git("push", "-q", "--atomic", *leases, "origin", *refs)
+        # The branch is this holder's push now: a later push of the same checkout (a budget stop's, the App
+        # benchmark's) leases on it, not on the branch as it was first found.
+        self.lease.branch = self.git("rev-parse", "HEAD").strip()
         self.lease.checkpoint = ""
 
     def checkpoint(self, step: int) -> bool:
