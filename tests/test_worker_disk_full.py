@@ -69,7 +69,8 @@ def test_a_contexts_disk_that_fills_mid_task_ends_the_task_visibly_and_it_fails_
                 assert "could not be finished" in reasons[0]
                 assert "no space left" in reasons[0].lower()
                 assert running.is_dir()  # not finished: there was no room to record it ...
-                assert not (running / ".lock").exists()  # ... but its lock is given up, the monitor can act
+                # ... but its lock is given up (just after the stop is recorded, which submit saw), the monitor can act
+                stack.wait_until(lambda: not (running / ".lock").exists(), TIMEOUT_S, "the lock given up")
                 assert "coding agent failed" in item.labels  # the issue is told
                 assert any("could not be finished" in comment.body for comment in item.comments)
 

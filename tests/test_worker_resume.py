@@ -170,7 +170,9 @@ def test_a_worker_killed_right_after_pushing_the_branch_leaves_the_work_on_the_b
 def test_a_delivery_arriving_before_the_dead_holders_lock_is_stale_is_deferred_not_dropped(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    env = {"TASUKI__CONTEXTS__STALE_AFTER_S": "10"}  # room to deliver while the lock is still fresh
+    # Room to deliver while the lock is still fresh: starting w2, the kill and the reaping took over 10 s on a busy
+    # machine, so the lock must stay fresh for longer than that.
+    env = {"TASUKI__CONTEXTS__STALE_AFTER_S": "30"}
     with running_stack(tmp_path, redis_url, crash_trajectory(), env=env) as (stack, server):
         repo = make_buggy_repo(tmp_path / "repo")
         first = stack.start_worker("w1")
@@ -184,7 +186,7 @@ def test_a_delivery_arriving_before_the_dead_holders_lock_is_stale_is_deferred_n
         # kill -0 counts a zombie as alive, and an orphaned pool process stays one until init reaps it.
         stack.wait_until(lambda: not process_alive(holder.process_id), 30, "the killed holder to be reaped")
 
-        assert not is_stale(holder, utc_now(), 10, holder.hostname, False)
+        assert not is_stale(holder, utc_now(), 30, holder.hostname, False)
         stack.send(request, uuid=uuid)  # the holder is gone, its lock still fresh
         state = stack.wait_finished(uuid)
 
