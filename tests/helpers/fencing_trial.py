@@ -229,9 +229,11 @@ def run_trial(trial: Trial) -> dict[str, Any]:
     trial.stack.wait_until(lambda: (trial.marks / "reached").exists()
                            and trial.checkpoint_subject(uuid) == f"tasuki: checkpoint after step {before}",
                            TIMEOUT_S, f"the holder at its {trial.point} point")
+    # The other host is up before the holder stops: the monitor gives up on re-sent deliveries nobody takes, and a
+    # worker slow to start on a busy machine once looked like that (the task ended before wB took it).
+    second = trial.worker("wB", "host-b")
     stopped = stop_tree(first.pid)
     try:
-        second = trial.worker("wB", "host-b")
         if trial.point == "bash-mid":
             trial.stack.wait_until((trial.marks / "reached-b").exists, TIMEOUT_S, "the new holder mid-step")
         else:
