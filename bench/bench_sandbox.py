@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 
 from bench.common import Result, standalone, timed
-from worker.sandbox import Bubblewrap, NoSandbox, Sandbox, probe
-from worker.settings_models import SandboxSettings
+from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
+from sandbox.settings import SandboxSettings
 from worker.tools import Workspace, run_tool
 
 

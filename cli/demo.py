@@ -186,7 +186,7 @@ def _wait_for_memory(settings: Settings, repo: Path, alive: Callable[[], bool]) 
 def _sandbox(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:
     """The demo's worker sandboxes its commands when bubblewrap can run here; when it cannot, the demo still
     runs (its task and repository are its own, not an issue's untrusted text) and says so."""
-    from worker.sandbox import SANDBOXES, probe
+    from sandbox.jail import SANDBOXES, probe
 
     if settings.sandbox.backend == "none":
         say("sandbox: none (sandbox.backend: none): the agent's commands run unsandboxed")

@@ -1,4 +1,4 @@
-"""The dependency arrows point one way: contexts, memory <- worker <- scheduler, webhooks, console <- cli.
+"""The dependency arrows point one way: contexts, memory <- sandbox <- worker <- scheduler, webhooks, console <- cli.
 
 No exemptions: the roof (``cli/``) may import every package and nothing imports it.
 """
@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contexts", "memory", "worker", "scheduler", "webhooks", "console", "replay", "cli")
+PACKAGES = ("contexts", "memory", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli")
 BROKERS = {"celery", "kombu", "redis", "billiard"}
 
 # What each package must not import (top-level names). A package absent from the tree checks nothing.
 FORBIDDEN: dict[str, set[str]] = {
-    "contexts": BROKERS | {"memory", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "memory": BROKERS | {"worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "contexts": BROKERS | {"memory", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "memory": BROKERS | {"sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "sandbox": BROKERS | {"worker", "scheduler", "webhooks", "console", "replay", "cli"},
     "worker": {"scheduler", "webhooks", "console", "replay", "cli"},
     "scheduler": {"webhooks", "console", "replay", "cli"},
     "webhooks": {"scheduler", "replay", "cli"},  # the intake may mount the console

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.jail import Bubblewrap, NoSandbox, SandboxUnavailable, make_sandbox, probe, tool_dirs
+from sandbox.settings import SandboxSettings
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import wait_for
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
-from worker.sandbox import Bubblewrap, NoSandbox, SandboxUnavailable, make_sandbox, probe, tool_dirs
-from worker.settings_models import SandboxSettings
 from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 
@@ -66,8 +66,8 @@ PROBE_ENVIRONMENTS = (
 WORKER = """
 import sys
 from pathlib import Path
-from worker.sandbox import make_sandbox
-from worker.settings_models import SandboxSettings
+from sandbox.jail import make_sandbox
+from sandbox.settings import SandboxSettings
 from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 settings = SandboxSettings(backend=sys.argv[2])

@@ -20,6 +20,8 @@ from contexts.lock import process_started
 from contexts.names import MESSAGES_FILE
 from contexts.tokens import estimate_message_tokens, estimate_tokens
 from contexts.usage import call_record
+from sandbox.jail import NoSandbox, Sandbox
+from sandbox.settings import SandboxLimits
 from worker.checkout import Checkout
 from worker.fencing import owner_check
 from worker.llm import Provider, Reply, ToolCall
@@ -27,8 +29,6 @@ from worker.llm.base import parse_arguments
 from worker.lost_steps import lost_steps
 from worker.metering import Meter, usage_of
 from worker.prompts import NUDGE
-from worker.sandbox import NoSandbox, Sandbox
-from worker.settings_models import SandboxLimits
 from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
 from worker.tools.shell import stop_leftover
 

@@ -10,10 +10,10 @@ import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
+from sandbox.jail import SandboxUnavailable, make_sandbox
 from worker.compressors import Announcer
 from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE
 from worker.runtime import CLOCK, redis_client, settings
-from worker.sandbox import SandboxUnavailable, make_sandbox
 
 log = structlog.get_logger(__name__)
 

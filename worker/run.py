@@ -28,6 +28,7 @@ from contexts.atomic import DiskFullError
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
+from sandbox.jail import make_sandbox
 from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
@@ -36,7 +37,6 @@ from worker.forges.base import CredentialError
 from worker.inbox import Inbox
 from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, task_message
-from worker.sandbox import make_sandbox
 from worker.settings_models import Settings
 from worker.threads import thread_history
 from worker.workcopy import GitCache

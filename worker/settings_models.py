@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Self, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
 
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
+from contexts.sections import PositiveInt, Section
+from sandbox.settings import SandboxSettings
 
-PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Name = Annotated[str, Field(min_length=1)]
@@ -56,12 +57,6 @@ class ConfigSource(NamedTuple):
         if self.file is not None:
             return f"configuration {self.file}"
         return f"no configuration file: built-in defaults, relative paths under {self.root}"
-
-
-class Section(BaseModel):
-    """Base of every section: unknown keys are errors, values are immutable, docstrings describe keys."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class BrokerSettings(Section):
@@ -333,27 +328,6 @@ class GiteaSettings(Section):
     """Label names of the trigger → processing → done / failed state machine (created when missing)."""
 
 
-GiB = 1024**3
-
-
-class SandboxLimits(Section):
-    memory_bytes: PositiveInt | None = 8 * GiB
-    """Address space of each process of a tool call (RLIMIT_AS); null: no limit."""
-    processes: PositiveInt | None = 1024
-    """Processes of the worker's user (RLIMIT_NPROC; not enforced for root); null: no limit."""
-    file_size_bytes: PositiveInt | None = 2 * GiB
-    """Largest file a tool call may write (RLIMIT_FSIZE); null: no limit."""
-
-
-class SandboxSettings(Section):
-    backend: Literal["bubblewrap", "none"] = "bubblewrap"
-    """Where the agent's commands run: bubblewrap namespaces, or none (on the host, for trusted models only)."""
-    network: Literal["full", "none"] = "full"
-    """The sandbox's network: full, or none (its own empty network namespace)."""
-    read_only_paths: tuple[Path, ...] = ()
-    """More host directories the sandbox sees read-only (the system and the tools on PATH always are)."""
-    limits: SandboxLimits = SandboxLimits()
-    """Resource limits of each tool call; CPU time is capped at the call's timeout."""
 
 
 class FollowupSettings(Section):

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from contexts.errors import TasukiError
-from worker.sandbox import NoSandbox, Sandbox
-from worker.settings_models import SandboxLimits
+from sandbox.jail import NoSandbox, Sandbox
+from sandbox.settings import SandboxLimits
 from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
 from worker.tools.recall import RecallTool

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from worker.sandbox import NoSandbox, Sandbox
-from worker.settings_models import SandboxLimits
+from sandbox.jail import NoSandbox, Sandbox
+from sandbox.settings import SandboxLimits
 from worker.tools.workspace import Workspace
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from contexts.lock import process_started
-from worker.sandbox import limited, sandbox_env
+from sandbox.jail import limited, sandbox_env
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace

@@ -27,7 +27,7 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
-from worker.settings_models import SandboxLimits, SandboxSettings
+from sandbox.settings import SandboxLimits, SandboxSettings
 
 log = structlog.get_logger(__name__)
 
