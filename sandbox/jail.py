@@ -36,9 +36,30 @@ HOME = "/tmp/home"  # noqa: S108 - a private tmpfs inside the sandbox, not the h
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 # What programs read from /etc; the rest of it (shadow, the worker's configuration) stays out of sight.
 ETC_FILES = (
-    "alternatives", "ca-certificates", "ca-certificates.conf", "ssl", "pki", "passwd", "group", "hosts",
-    "resolv.conf", "nsswitch.conf", "host.conf", "gai.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
-    "localtime", "timezone", "mime.types", "protocols", "services", "gitconfig", "python3", "npmrc", "pip.conf",
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "ssl",
+    "pki",
+    "passwd",
+    "group",
+    "hosts",
+    "resolv.conf",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "protocols",
+    "services",
+    "gitconfig",
+    "python3",
+    "npmrc",
+    "pip.conf",
 )
 PROBE_TIMEOUT_S = 30
 
@@ -159,8 +180,10 @@ def probe(sandbox: Sandbox) -> str | None:
     if sandbox.name == "none":
         return None
     if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed (apt install bubblewrap), so agent commands cannot be sandboxed; " \
-               "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
+        return (
+            "bubblewrap is not installed (apt install bubblewrap), so agent commands cannot be sandboxed; "
+            "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
+        )
     with tempfile.TemporaryDirectory(prefix="tasuki-probe-") as scratch:
         argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch))
         try:
@@ -169,8 +192,10 @@ def probe(sandbox: Sandbox) -> str | None:
             return f"bubblewrap cannot start ({exc}); set sandbox.backend: none to run agent commands unsandboxed"
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return (f"bubblewrap cannot create its namespaces here ({why}; e.g. Docker's default seccomp profile "
-                "blocks user namespaces); see the README's Security section, or set sandbox.backend: none")
+        return (
+            f"bubblewrap cannot create its namespaces here ({why}; e.g. Docker's default seccomp profile "
+            "blocks user namespaces); see the README's Security section, or set sandbox.backend: none"
+        )
     return None
 
 

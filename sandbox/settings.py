@@ -1,11 +1,39 @@
-"""The sandbox's configuration sections: ``sandbox`` (where the agent's commands run)."""
+"""The sandbox's configuration sections: ``sandbox`` (where the agent's commands run) and ``environments``
+(each repository's environment, SPEC §17)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
 from contexts.sections import GiB, PositiveInt, Section
+
+# The package registries of the toolchains the worker image carries: the default egress allow-list.
+DEFAULT_ALLOWED_HOSTS = (
+    "pypi.org",
+    "files.pythonhosted.org",
+    "registry.npmjs.org",
+    "proxy.golang.org",
+    "sum.golang.org",
+    "index.crates.io",
+    "static.crates.io",
+    "repo.maven.apache.org",
+    "repo1.maven.org",
+)
+DEFAULT_EXCLUDE = (
+    ".venv/",
+    "venv/",
+    "node_modules/",
+    "__pycache__/",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".tox/",
+    ".nox/",
+    "*.egg-info/",
+)
 
 
 class SandboxLimits(Section):
@@ -20,9 +48,54 @@ class SandboxLimits(Section):
 class SandboxSettings(Section):
     backend: Literal["bubblewrap", "none"] = "bubblewrap"
     """Where the agent's commands run: bubblewrap namespaces, or none (on the host, for trusted models only)."""
-    network: Literal["full", "none"] = "full"
-    """The sandbox's network: full, or none (its own empty network namespace)."""
+    network: Literal["full", "none", "allowlist"] = "full"
+    """The agent's network: full, none (an empty network namespace), or allowlist (only sandbox.allowed_hosts)."""
+    allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
+    """Hosts (a leading "*." admits subdomains) the agent may reach with network: allowlist, through a proxy."""
     read_only_paths: tuple[Path, ...] = ()
     """More host directories the sandbox sees read-only (the system and the tools on PATH always are)."""
     limits: SandboxLimits = SandboxLimits()
     """Resource limits of each tool call; CPU time is capped at the call's timeout."""
+
+
+class ServiceSettings(Section):
+    command: str
+    """The command that starts the service (bash, run in a sandbox of its own with the task's home)."""
+    ready: str | None = None
+    """A command that exits 0 once the service answers; null: ready as soon as it started."""
+    ready_timeout_s: PositiveInt = 60
+    """Seconds the service has to become ready before the task starts without it."""
+
+
+class RepositoryEnvironment(Section):
+    setup: str | None = None
+    """The setup script (bash, run in the checkout) for a repository whose .tasuki/setup.sh the operator cannot add."""
+    services: dict[str, ServiceSettings] = Field(default_factory=dict)
+    """Services its tests need, by name: started for each task before its first step, stopped with it."""
+
+
+class EnvironmentsSettings(Section):
+    repositories: dict[str, RepositoryEnvironment] = Field(default_factory=dict)
+    """Per repository ("owner/repo" or a local path): a setup and services the operator declares (SPEC §17)."""
+    auto: bool = True
+    """Without a declaration, install what the lockfiles at the top of the checkout name (docs/environments.md)."""
+    key_files: tuple[str, ...] = ()
+    """More globs (relative to the checkout) whose content is part of an environment's key, beside the lockfiles."""
+    setup_network: Literal["full", "none", "allowlist"] = "full"
+    """The setup's network: full, none, or allowlist (sandbox.allowed_hosts)."""
+    setup_secrets: tuple[str, ...] = ()
+    """Worker environment variables passed to the setup only (a private registry's token); never to the agent."""
+    setup_timeout_s: PositiveInt = 1800
+    """Seconds a setup may run; past them it is killed and the task starts without it."""
+    snapshots_dir: Path | None = None
+    """Where this host keeps environment snapshots; null: environments/ beside the git cache."""
+    keep_per_repository: PositiveInt = 3
+    """Snapshots kept per repository (the most recently used)."""
+    keep_days: PositiveInt = 14
+    """Days a snapshot is kept unused before the hourly sweep deletes it."""
+    max_snapshot_bytes: PositiveInt = 4 * GiB
+    """A larger environment is not kept as a snapshot (the task still uses it)."""
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    """Paths never committed nor pushed, beside the repository's .gitignore and what a setup created."""
+    max_file_bytes: PositiveInt = 5 * 1024 * 1024
+    """A file larger than this is never committed nor pushed."""

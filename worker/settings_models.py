@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
 from contexts.sections import PositiveInt, Section
-from sandbox.settings import SandboxSettings
+from sandbox.settings import EnvironmentsSettings, SandboxSettings
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -477,6 +477,8 @@ class Settings(Section):
     """Optional per-user settings service."""
     sandbox: SandboxSettings = SandboxSettings()
     """Isolation of the agent's tool commands."""
+    environments: EnvironmentsSettings = EnvironmentsSettings()
+    """Each repository's environment: declared, set up once, restored for every task (SPEC §17)."""
     followups: FollowupSettings = FollowupSettings()
     """Follow-up tasks on a pull/merge request a task opened: reviews, CI failures (SPEC §14)."""
     local: LocalSettings = LocalSettings()
