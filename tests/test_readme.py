@@ -1,4 +1,4 @@
-"""The README is part of the product: its Quick start and configuration reference must match the code."""
+"""The README is part of the product: its Quick start, and the configuration reference it links to, match the code."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 from worker import config_reference
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = README.parent / "docs" / "configuration.md"
 
 
 def test_configuration_reference_matches_the_settings_models() -> None:
-    text = README.read_text()
+    text = CONFIGURATION.read_text()
     start, end = text.index(config_reference.START), text.index(config_reference.END)
     assert text[start : end + len(config_reference.END)] == config_reference.markdown()
 

@@ -1,4 +1,4 @@
-"""The configuration reference of the README, generated from the settings models (so it cannot drift).
+"""The configuration reference (docs/configuration.md), generated from the settings models (so it cannot drift).
 
     python -m worker.config_reference   # prints the Markdown table
 """
