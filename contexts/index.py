@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +36,7 @@ from contexts.index_schema import (
     summary_from_json,
 )
 from contexts.names import ACTIVE_STATUSES, COMPLETED_DIR, INDEX_FILE, RUNNING_DIR
+from contexts.sqlite_files import create_private, immediate, open_wal
 from contexts.summary import ContextSummary, Damaged, context_uuids, summarize
 from contexts.totals import Tally, Totals, fold, tally_of
 
@@ -69,15 +70,6 @@ class IndexEntry:
     location: str = RUNNING_DIR  # running | completed
     task_source: str = ""
     disk_bytes: int = 0
-
-
-def _create_private(path: Path) -> bool:
-    """Create the file 0600 unless it exists (SQLite gives its -wal and -shm files the same mode); True if new."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        return False
-    return True
 
 
 def _filters(
@@ -117,12 +109,10 @@ class ContextIndex:
     def _connect(self) -> None:
         if self._db is not None and self._pid != os.getpid():
             self._inherited.append(self._db)  # closing it here could checkpoint the parent's WAL under it
-        new = _create_private(self.path)
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
+        new = create_private(self.path)
+        db = open_wal(self.path, self.busy_timeout_s)
         self._db, self._pid = db, os.getpid()
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # a lost commit after a power cut is repaired like a crash
             version = self._schema_version(db)
             if version != SCHEMA_VERSION:
                 self._build("new" if new else ("missing" if version is None else f"schema {version}"))
@@ -169,17 +159,8 @@ class ContextIndex:
             with suppress(FileNotFoundError):
                 os.unlink(f"{self.path}{suffix}")
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One immediate transaction: concurrent writers queue on SQLite's lock instead of failing."""
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._conn())
 
     def close(self) -> None:
         """Close the connection (the next call reopens it)."""

@@ -13,8 +13,8 @@ import os
 import sqlite3
 import statistics
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from contexts.outcomes import (
     Selection,
     week_of,
 )
+from contexts.sqlite_files import create_private, immediate, open_wal
 from contexts.totals import nano_usd
 
 BUSY_TIMEOUT_S = 30.0
@@ -181,11 +182,8 @@ class SQLiteOutcomeStore:
     def _conn(self) -> sqlite3.Connection:
         if self._db is not None and self._pid == os.getpid():
             return self._db
-        with suppress(FileExistsError):  # created 0600 (SQLite gives its -wal and -shm files the same mode)
-            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
+        create_private(self.path)
+        db = open_wal(self.path, self.busy_timeout_s)
         db.executescript(SCHEMA)
         for statement in TALLY_SQL:
             db.execute(statement)
@@ -199,16 +197,8 @@ class SQLiteOutcomeStore:
             except sqlite3.Error as exc:
                 raise OutcomesUnavailable(f"outcome store {self.path}: {exc}") from None
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self._conn())
 
     def close(self) -> None:
         """Close the connection (the next call reopens it)."""
