@@ -3,7 +3,7 @@ own section (``sandbox.settings``, ``worker.settings_models``) and ``worker.sett
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,3 +15,11 @@ class Section(BaseModel):
     """Base of every section: unknown keys are errors, values are immutable, docstrings describe keys."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class HashableDict(dict[str, Any]):
+    """A mapping section value that hashes (settings are frozen and hashed, e.g. as a cache key; a plain dict is
+    not). Declare it as ``Annotated[dict[str, X], AfterValidator(HashableDict)]`` with ``default_factory``."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))

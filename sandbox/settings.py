@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from contexts.sections import GiB, PositiveInt, Section
+from contexts.sections import GiB, HashableDict, PositiveInt, Section
 
 # The package registries of the toolchains the worker image carries: the default egress allow-list.
 DEFAULT_ALLOWED_HOSTS = (
@@ -70,12 +70,14 @@ class ServiceSettings(Section):
 class RepositoryEnvironment(Section):
     setup: str | None = None
     """The setup script (bash, run in the checkout) for a repository whose .tasuki/setup.sh the operator cannot add."""
-    services: dict[str, ServiceSettings] = Field(default_factory=dict)
+    services: Annotated[dict[str, ServiceSettings], AfterValidator(HashableDict)] = Field(default_factory=HashableDict)
     """Services its tests need, by name: started for each task before its first step, stopped with it."""
 
 
 class EnvironmentsSettings(Section):
-    repositories: dict[str, RepositoryEnvironment] = Field(default_factory=dict)
+    repositories: Annotated[dict[str, RepositoryEnvironment], AfterValidator(HashableDict)] = Field(
+        default_factory=HashableDict
+    )
     """Per repository ("owner/repo" or a local path): a setup and services the operator declares (SPEC §17)."""
     auto: bool = True
     """Without a declaration, install what the lockfiles at the top of the checkout name (docs/environments.md)."""

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
-from contexts.sections import PositiveInt, Section
+from contexts.sections import HashableDict, PositiveInt, Section
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -386,11 +386,8 @@ class ModelPrice(Section):
     """Completion tokens."""
 
 
-class PriceTable(dict[str, ModelPrice]):
-    """``pricing``: a mapping that hashes (settings are frozen and hashed; a plain dict would not be)."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
+class PriceTable(HashableDict):
+    """``pricing``: {model name: ModelPrice}, a mapping that hashes."""
 
 
 Pricing = Annotated[dict[Name, ModelPrice], AfterValidator(PriceTable)]
