@@ -13,22 +13,20 @@ from urllib.parse import quote
 
 from contexts.masking import mask
 from worker.forges.base import (
-    Comment,
     FailedJob,
     ForgeError,
     ForgeHTTP,
-    Item,
     ItemRef,
-    Repository,
     ReviewComment,
     basic_auth_env,
 )
+from worker.forges.repos_api import ReposAPI
 
 DEFAULT_PERMISSIONS = ("owner", "admin", "write")
 LABEL_COLOR = "#ededed"  # a new label needs a colour; the state machine's labels get a quiet grey
 
 
-class GiteaForge:
+class GiteaForge(ReposAPI):
     """Issues, labels, comments and pull requests through ``/repos/{owner}/{repo}/...``."""
 
     source = "gitea"
@@ -41,28 +39,6 @@ class GiteaForge:
         self.http = ForgeHTTP(api_url, headers, timeout_s=timeout_s, backoff_s=backoff_s)
         self.allowed_permissions = frozenset(allowed_permissions)
         self._token = token
-
-    @staticmethod
-    def _repo(owner: str, repo: str) -> str:
-        return f"repos/{quote(owner, safe='')}/{quote(repo, safe='')}"
-
-    def _issue(self, ref: ItemRef) -> str:
-        return f"{self._repo(ref.owner, ref.repo)}/issues/{ref.number}"
-
-    def repository(self, owner: str, repo: str) -> Repository:
-        """``GET /repos/{owner}/{repo}``."""
-        data = self.http.json("GET", self._repo(owner, repo))
-        return Repository(str(data["clone_url"]), str(data.get("default_branch") or "main"))
-
-    def read_item(self, ref: ItemRef) -> Item:
-        """The issue (or pull request) and its conversation comments, oldest first."""
-        data = self.http.json("GET", self._issue(ref))
-        comments = tuple(
-            Comment(int(c["id"]), str((c.get("user") or {}).get("login", "")), str(c.get("body") or ""))
-            for c in self.http.pages(f"{self._issue(ref)}/comments", {})
-        )
-        return Item(ref, str(data.get("title") or ""), str(data.get("body") or ""), str(data.get("html_url") or ""),
-                    tuple(_label_ids(data.get("labels"))), comments)
 
     def move_labels(self, ref: ItemRef, add: Sequence[str], remove: Sequence[str]) -> None:
         """``DELETE .../labels/{id}`` for each present label to remove, then ``POST .../labels`` with the ids of

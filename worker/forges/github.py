@@ -9,28 +9,26 @@ from urllib.parse import quote
 from contexts.masking import mask
 from worker.forges.base import (
     BearerAuth,
-    Comment,
     Credential,
     FailedJob,
     ForgeError,
     ForgeHTTP,
     ForgeRefused,
-    Item,
     ItemRef,
     LiveGitEnv,
-    Repository,
     ReviewComment,
     StaticToken,
     basic_auth_env,
     log_tail,
     unreadable,
 )
+from worker.forges.repos_api import ReposAPI
 
 API_VERSION = "2022-11-28"
 HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION, "User-Agent": "tasuki"}
 
 
-class GitHubForge:
+class GitHubForge(ReposAPI):
     """Issues, labels, comments and pull requests through ``/repos/{owner}/{repo}/...``."""
 
     source = "github"
@@ -43,30 +41,6 @@ class GitHubForge:
         self.http = ForgeHTTP(api_url, HEADERS, timeout_s=timeout_s, backoff_s=backoff_s,
                               auth=BearerAuth(self.credential))
         self.identity = identity
-
-    @staticmethod
-    def _repo(owner: str, repo: str) -> str:
-        return f"repos/{quote(owner, safe='')}/{quote(repo, safe='')}"
-
-    def _issue(self, ref: ItemRef) -> str:
-        # Pull requests are issues too: labels and conversation comments live under /issues/{number}.
-        return f"{self._repo(ref.owner, ref.repo)}/issues/{ref.number}"
-
-    def repository(self, owner: str, repo: str) -> Repository:
-        """``GET /repos/{owner}/{repo}``."""
-        data = self.http.json("GET", self._repo(owner, repo))
-        return Repository(str(data["clone_url"]), str(data.get("default_branch") or "main"))
-
-    def read_item(self, ref: ItemRef) -> Item:
-        """The issue (or pull request) and its conversation comments."""
-        data = self.http.json("GET", self._issue(ref))
-        comments = tuple(
-            Comment(int(c["id"]), str((c.get("user") or {}).get("login", "")), str(c.get("body") or ""))
-            for c in self.http.pages(f"{self._issue(ref)}/comments", {})
-        )
-        labels = tuple(str(label["name"]) for label in data.get("labels", []) if isinstance(label, dict))
-        return Item(ref, str(data.get("title") or ""), str(data.get("body") or ""), str(data.get("html_url") or ""),
-                    labels, comments)
 
     def move_labels(self, ref: ItemRef, add: Sequence[str], remove: Sequence[str]) -> None:
         """``DELETE .../labels/{name}`` each (404: already gone), then ``POST .../labels``."""
