@@ -11,7 +11,10 @@ from pathlib import Path
 
 from contexts.errors import TasukiError
 
-CP = ("cp", "-a", "--reflink=auto")  # symlinks, modes and times kept; copy-on-write where the filesystem can
+# Symlinks, modes and times kept; copy-on-write where the filesystem can. --remove-destination: a symlink already
+# at a destination (the repository's checkout is untrusted) is replaced, never written through to where it points;
+# a symlink where a directory is restored makes the copy fail instead.
+CP = ("cp", "-a", "--reflink=auto", "--remove-destination")
 ARGUMENTS_PER_CALL = 500
 SCAN_CHUNK = 1 << 20
 

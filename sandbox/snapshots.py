@@ -170,7 +170,10 @@ class SnapshotStore:
 
     def restore(self, snapshot: Snapshot, home: Path, checkout: Path, *, now: float | None = None) -> None:
         """Copy the snapshot into the task's home and checkout (the task's own copy) and record its use."""
-        _touch(snapshot.path / LAST_USED, now)
+        try:
+            _touch(snapshot.path / LAST_USED, now)
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
         copy_entries(snapshot.home, home)
         copy_entries(snapshot.checkout, checkout)
 
@@ -190,7 +193,7 @@ class SnapshotStore:
         the variable). Nothing is left behind when it is refused or fails.
         """
         _check_key(key)
-        kept = tuple(sorted({_relative(path) for path in paths if (checkout / _relative(path)).exists()}))
+        kept = tuple(sorted({path for path in map(_relative, paths) if _present(checkout, path)}))
         size = bytes_under(home) + sum(bytes_under(checkout / path) for path in kept)
         if size > self.max_bytes:
             limit = f"environments.max_snapshot_bytes ({_human(self.max_bytes)})"
@@ -316,6 +319,16 @@ def _relative(path: str) -> str:
     if posixpath.isabs(normal) or normal in (".", "..") or normal.startswith("../") or normal.split("/")[0] == ".git":
         raise SnapshotError(f"not a path inside the checkout: {path!r}")
     return normal
+
+
+def _present(checkout: Path, relative: str) -> bool:
+    """Whether the path exists (a symlink counts); refused if it passes through a symlink, which the copy would
+    follow out of the checkout."""
+    parts = relative.split("/")
+    for depth in range(1, len(parts)):
+        if (checkout.joinpath(*parts[:depth])).is_symlink():
+            raise SnapshotError(f"not a path inside the checkout: {relative!r} passes through a symlink")
+    return os.path.lexists(checkout / relative)
 
 
 def _load(directory: Path) -> Snapshot | None:
