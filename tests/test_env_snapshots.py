@@ -366,3 +366,27 @@ def test_a_path_through_a_symlink_is_not_published(tmp_path: Path, built: tuple[
         store.publish(KEY, "owner/repo", home, checkout, ["link/id_rsa"], [], NOW)
     snapshot = store.publish(KEY, "owner/repo", home, checkout, ["link"], [], NOW)
     assert (snapshot.checkout / "link").is_symlink()  # kept as the link it is, not what it points to
+
+
+def test_a_second_publish_of_a_key_keeps_the_first_and_leaves_no_temporary(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    (home / "version").write_text("first")
+    store = make_store(tmp_path / "snapshots")
+    first = store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    (home / "version").write_text("second")
+    assert store.publish(KEY, "owner/repo", home, checkout, [], [], NOW + 1) == first
+    assert (first.home / "version").read_text() == "first"
+    assert not list((tmp_path / "snapshots").glob(".building-*"))
+
+
+def test_restoring_a_snapshot_swept_meanwhile_is_one_line(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    store = make_store(tmp_path / "snapshots", keep_days=1)
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    assert store.sweep(NOW + 2 * DAY_S) == [f"{snapshot.path.parent.name}/{KEY}"]
+    with pytest.raises(SnapshotError, match=f"^snapshot {KEY} is gone"):
+        store.restore(snapshot, tmp_path / "h", tmp_path / "c")
