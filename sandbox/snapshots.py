@@ -81,11 +81,11 @@ def environment_key(repository: str, declaration: Declaration, files: Mapping[st
 @functools.cache
 def worker_image() -> str:
     """Tasuki's version and the versions of the toolchains on this host's PATH; learnt once per process."""
-    return describe_image(os.environ.get("PATH", os.defpath))
+    return describe_image()
 
 
-def describe_image(path: str, timeout: float = VERSION_TIMEOUT_S) -> str:
-    """``tasuki 0.1.0; python3 Python 3.13.5; node v20.19.2``: the toolchains found on ``path``."""
+def describe_image(path: str | None = None, timeout: float = VERSION_TIMEOUT_S) -> str:
+    """``tasuki 0.1.0; python3 Python 3.13.5; node v20.19.2``: the toolchains found on ``path`` (None: PATH)."""
     try:
         parts = [f"tasuki {importlib.metadata.version('tasuki')}"]
     except importlib.metadata.PackageNotFoundError:
