@@ -1,0 +1,107 @@
+"""The file work of environment snapshots: copies that keep a virtualenv working, sizes, and the secret scan."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from contexts.errors import TasukiError
+
+# Symlinks, modes and times kept; copy-on-write where the filesystem can. --remove-destination: a symlink already
+# at a destination (the repository's checkout is untrusted) is replaced, never written through to where it points;
+# a symlink where a directory is restored makes the copy fail instead.
+CP = ("cp", "-a", "--reflink=auto", "--remove-destination")
+ARGUMENTS_PER_CALL = 500
+SCAN_CHUNK = 1 << 20
+
+
+class SnapshotError(TasukiError):
+    """A snapshot cannot be kept or restored."""
+
+
+def copy_entries(source: Path, destination: Path) -> None:
+    """Copy what ``source`` holds into ``destination`` (made 0700 if missing; its own mode left alone)."""
+    destination.mkdir(mode=0o700, parents=True, exist_ok=True)
+    entries = sorted(str(source / name) for name in os.listdir(source))
+    _cp(entries, destination, cwd=None)
+
+
+def copy_paths(checkout: Path, paths: Sequence[str], destination: Path) -> None:
+    """Copy the relative ``paths`` of ``checkout`` to the same relative places under ``destination``."""
+    _cp(list(paths), destination, cwd=checkout, parents=True)
+
+
+def _cp(sources: list[str], destination: Path, *, cwd: Path | None, parents: bool = False) -> None:
+    for start in range(0, len(sources), ARGUMENTS_PER_CALL):
+        batch = sources[start : start + ARGUMENTS_PER_CALL]
+        command = [*CP, *(["--parents"] if parents else []), "-t", str(destination), "--", *batch]
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise SnapshotError(f"copying into {destination} failed: {lines[-1] if lines else done.returncode}")
+
+
+def bytes_under(path: Path) -> int:
+    """The apparent size of ``path``: a file's, or the sum of everything below a directory (symlinks not followed)."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(info.st_mode):
+        return info.st_size
+    total = info.st_size
+    for directory, dirnames, filenames in os.walk(path):
+        for name in (*dirnames, *filenames):
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def find_secret(root: Path, names: Mapping[str, str]) -> tuple[str, str] | None:
+    """The first regular file under ``root`` holding one of the values of ``names`` (value -> what to call it):
+    ``(its name, the file relative to root)``; None when no file does. Empty values are never looked for."""
+    values = sorted({value.encode() for value in names if value}, key=len, reverse=True)
+    if not values:
+        return None
+    pattern = re.compile(b"|".join(re.escape(value) for value in values))
+    overlap = max(len(value) for value in values) - 1
+    for directory, _dirnames, filenames in os.walk(root):
+        for filename in sorted(filenames):
+            path = Path(directory, filename)
+            found = _search(path, pattern, overlap)
+            if found is not None:
+                return names[found.decode()], path.relative_to(root).as_posix()
+    return None
+
+
+def _search(path: Path, pattern: re.Pattern[bytes], overlap: int) -> bytes | None:
+    """The first match in the regular file ``path`` (read in chunks, overlapping so no match is cut in two)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # a symlink (its target is another file of the copy, or outside it) or a socket
+    # O_NONBLOCK: a named pipe left in the home opens without waiting for a writer (and is then skipped).
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        tail = b""
+        while chunk := handle.read(SCAN_CHUNK):
+            window = tail + chunk
+            match = pattern.search(window)
+            if match is not None:
+                return match.group(0)
+            tail = window[-overlap:] if overlap else b""
+    return None
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a new file readable by the worker's user only."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)

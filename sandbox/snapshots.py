@@ -1,0 +1,365 @@
+"""Environment snapshots (SPEC §17 "Snapshot and restore"): a built environment kept per key on this host.
+
+Layout under the store's root (every directory 0700)::
+
+    <repository slug>/<key>/home/           the setup's home, as it left it (with .tasuki/env and .tasuki/path)
+                           /checkout/       the paths the setup created in the checkout (.venv, node_modules...)
+                           /manifest.json   written before the directory is renamed into place
+                           /last-used       its mtime: the last restore
+    .building-<key>-<random>/               a publish under way (renamed into place when complete)
+    .locks/<key>.lock                       one build per key per host (filelock, cross-process)
+
+A snapshot is complete or absent: :meth:`SnapshotStore.publish` copies into a temporary directory and renames it
+into place, so a crash mid-publish leaves only a ``.building-*`` directory that the sweep removes. Copies are
+``cp -a --reflink=auto`` (symlinks, modes and times kept, so a virtualenv keeps working; copy-on-write where the
+filesystem can).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import posixpath
+import re
+import secrets as token
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+
+from contexts.errors import BAD_DATA_ERRORS
+from sandbox.snapshot_files import SnapshotError, bytes_under, copy_entries, copy_paths, find_secret, write_private
+from sandbox.steps import Declaration
+
+MANIFEST = "manifest.json"
+LAST_USED = "last-used"
+LOCKS = ".locks"
+BUILDING = ".building-"
+DELETING = ".deleting-"
+STALE_BUILD_S = 3600  # a .building-* directory this old whose lock is free was left by a crash
+KEY_FORMAT = re.compile(r"^[0-9a-f]{32}$")
+DAY_S = 86400
+# The toolchains whose versions are part of the worker image, and how each tells its version.
+TOOLCHAINS = (
+    ("python3", "--version"),
+    ("node", "--version"),
+    ("go", "version"),
+    ("rustc", "--version"),
+    ("javac", "-version"),
+)
+VERSION_TIMEOUT_S = 10.0
+_UNREADABLE: tuple[type[Exception], ...] = (*BAD_DATA_ERRORS, OSError)  # a manifest missing, torn or edited
+
+
+class SnapshotRefused(SnapshotError):
+    """The environment is not kept: a secret's value is in one of its files, or it is too large."""
+
+
+class SnapshotBusy(SnapshotError):
+    """Another build of the same key holds its lock (only with a timeout)."""
+
+
+def environment_key(repository: str, declaration: Declaration, files: Mapping[str, bytes], image: str) -> str:
+    """The key of an environment: the repository, the declaration, the key files' content, the worker image."""
+    record = {
+        "format": 1,
+        "repository": repository,
+        "declaration": declaration.content(),
+        "files": {path: hashlib.sha256(content).hexdigest() for path, content in files.items()},
+        "image": image,
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def worker_image() -> str:
+    """Tasuki's version and the versions of the toolchains on this host's PATH; learnt once per process."""
+    return describe_image()
+
+
+def describe_image(path: str | None = None, timeout: float = VERSION_TIMEOUT_S) -> str:
+    """``tasuki 0.1.0; python3 Python 3.13.5; node v20.19.2``: the toolchains found on ``path`` (None: PATH)."""
+    try:
+        parts = [f"tasuki {importlib.metadata.version('tasuki')}"]
+    except importlib.metadata.PackageNotFoundError:
+        parts = ["tasuki (not installed)"]
+    for tool, flag in TOOLCHAINS:
+        program = shutil.which(tool, path=path)
+        if program is not None:
+            parts.append(f"{tool} {_version(program, flag, timeout)}")
+    return "; ".join(parts)
+
+
+def _version(program: str, flag: str, timeout: float) -> str:
+    try:
+        told = subprocess.run(
+            [program, flag], capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "(no version)"
+    lines = [line.strip() for line in (told.stdout + told.stderr).splitlines() if line.strip()]
+    return lines[0] if lines else "(no version)"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A complete, published environment."""
+
+    key: str
+    repository: str
+    path: Path
+    paths: tuple[str, ...]  # what it holds of the checkout, relative to it
+    created: float
+    size_bytes: int
+
+    @property
+    def home(self) -> Path:
+        return self.path / "home"
+
+    @property
+    def checkout(self) -> Path:
+        return self.path / "checkout"
+
+
+def repository_slug(repository: str) -> str:
+    """A directory name for the repository: readable, and distinct for distinct repositories."""
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "+", repository).strip("+")[:60] or "repository"
+    return f"{readable}-{hashlib.sha256(repository.encode()).hexdigest()[:8]}"
+
+
+class SnapshotStore:
+    """This host's snapshots under ``root``: build once per key, restore private copies, sweep the unused."""
+
+    def __init__(self, root: Path, *, keep_per_repository: int, keep_days: int, max_bytes: int) -> None:
+        self.root = root
+        self.keep_per_repository = keep_per_repository
+        self.keep_days = keep_days
+        self.max_bytes = max_bytes
+
+    @contextmanager
+    def building(self, key: str, *, timeout: float | None = None) -> Iterator[None]:
+        """Hold the key's lock: one build per key on this host; others wait (forever unless ``timeout``)."""
+        lock = self._lock(key)
+        try:
+            lock.acquire(timeout=-1 if timeout is None else timeout)
+        except filelock.Timeout as exc:
+            raise SnapshotBusy(f"environment {key} is being built by another task") from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def find(self, key: str) -> Snapshot | None:
+        """The complete snapshot of ``key``, or None."""
+        _check_key(key)
+        if not self.root.is_dir():
+            return None
+        for repository_dir in sorted(self.root.iterdir()):
+            if not repository_dir.name.startswith(".") and (repository_dir / key / MANIFEST).is_file():
+                found = _load(repository_dir / key)
+                if found is not None:
+                    return found
+        return None
+
+    def restore(self, snapshot: Snapshot, home: Path, checkout: Path, *, now: float | None = None) -> None:
+        """Copy the snapshot into the task's home and checkout (the task's own copy) and record its use."""
+        try:
+            _touch(snapshot.path / LAST_USED, now)
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
+        copy_entries(snapshot.home, home)
+        copy_entries(snapshot.checkout, checkout)
+
+    def publish(
+        self,
+        key: str,
+        repository: str,
+        home: Path,
+        checkout: Path,
+        paths: Sequence[str],
+        secrets: Sequence[str] | Mapping[str, str],
+        now: float,
+    ) -> Snapshot:
+        """Keep ``home`` and ``paths`` of ``checkout`` as the snapshot of ``key``; SnapshotRefused if not kept.
+
+        ``secrets``: the setup secrets' values, or a mapping of their names to values (the refusal then names
+        the variable). Nothing is left behind when it is refused or fails.
+        """
+        _check_key(key)
+        kept = tuple(sorted({path for path in map(_relative, paths) if _present(checkout, path)}))
+        size = bytes_under(home) + sum(bytes_under(checkout / path) for path in kept)
+        if size > self.max_bytes:
+            limit = f"environments.max_snapshot_bytes ({_human(self.max_bytes)})"
+            raise SnapshotRefused(f"the environment is {_human(size)}, over {limit}: not kept")
+        self._make_dir(self.root)
+        temp = self.root / f"{BUILDING}{key}-{token.token_hex(4)}"
+        temp.mkdir(mode=0o700)
+        try:
+            return self._fill_and_place(temp, key, repository, home, checkout, kept, secrets, now, size)
+        except BaseException:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise
+
+    def _fill_and_place(
+        self,
+        temp: Path,
+        key: str,
+        repository: str,
+        home: Path,
+        checkout: Path,
+        kept: tuple[str, ...],
+        secrets: Sequence[str] | Mapping[str, str],
+        now: float,
+        size: int,
+    ) -> Snapshot:
+        (temp / "home").mkdir(mode=0o700)
+        (temp / "checkout").mkdir(mode=0o700)
+        copy_entries(home, temp / "home")
+        copy_paths(checkout, kept, temp / "checkout")
+        if isinstance(secrets, Mapping):
+            names = {value: name for name, value in secrets.items()}
+        else:
+            names = dict.fromkeys(secrets, "a setup secret")
+        offence = find_secret(temp, names)
+        if offence is not None:
+            raise SnapshotRefused(f"contains the value of {offence[0]} in {offence[1]}: not kept")
+        manifest = {"format": 1, "repository": repository, "paths": list(kept), "created": now, "bytes": size}
+        write_private(temp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _touch(temp / LAST_USED, now)
+        parent = self.root / repository_slug(repository)
+        self._make_dir(parent)
+        try:
+            os.rename(temp, parent / key)
+        except OSError:
+            existing = _load(parent / key)  # published meanwhile by a builder that did not hold the lock
+            if existing is None:
+                raise
+            shutil.rmtree(temp, ignore_errors=True)
+            return existing
+        return Snapshot(key, repository, parent / key, kept, now, size)
+
+    def sweep(self, now: float) -> list[str]:
+        """Delete what is not kept; the removed directories, relative to the root.
+
+        Per repository the ``keep_per_repository`` most recently used snapshots are kept, unless unused for more
+        than ``keep_days``; a ``.building-*`` directory older than an hour whose key's lock is free is a crash's.
+        """
+        if not self.root.is_dir():
+            return []
+        removed: list[str] = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(BUILDING):
+                key = entry.name[len(BUILDING) :].rsplit("-", 1)[0]
+                if now - entry.lstat().st_mtime > STALE_BUILD_S and self._remove_unlocked(key, entry):
+                    removed.append(entry.name)
+            elif entry.name.startswith(DELETING):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+            elif not entry.name.startswith(".") and entry.is_dir():
+                removed.extend(f"{entry.name}/{key}" for key in self._sweep_repository(entry, now))
+        return removed
+
+    def _sweep_repository(self, directory: Path, now: float) -> list[str]:
+        snapshots = [entry for entry in directory.iterdir() if entry.is_dir() and not entry.is_symlink()]
+        used = sorted(((_last_used(snapshot), snapshot) for snapshot in snapshots), reverse=True)
+        removed = []
+        for rank, (last_used, snapshot) in enumerate(used):
+            if rank < self.keep_per_repository and now - last_used <= self.keep_days * DAY_S:
+                continue
+            if self._remove_unlocked(snapshot.name, snapshot):
+                removed.append(snapshot.name)
+        if len(removed) == len(used) and not any(directory.iterdir()):
+            with suppress(OSError):
+                directory.rmdir()
+        return removed
+
+    def _remove_unlocked(self, key: str, directory: Path) -> bool:
+        """Remove ``directory`` unless ``key`` is being built; renamed first, so that find never sees half of it."""
+        lock = self._lock(key) if KEY_FORMAT.match(key) else None
+        try:
+            if lock is not None:
+                lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        try:
+            doomed = self.root / f"{DELETING}{key}-{token.token_hex(4)}"
+            os.rename(directory, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            return True
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _lock(self, key: str) -> filelock.FileLock:
+        _check_key(key)
+        self._make_dir(self.root)
+        self._make_dir(self.root / LOCKS)
+        return filelock.FileLock(self.root / LOCKS / f"{key}.lock", mode=0o600)
+
+    @staticmethod
+    def _make_dir(path: Path) -> None:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _check_key(key: str) -> None:
+    if not KEY_FORMAT.match(key):
+        raise SnapshotError(f"not an environment key: {key!r}")
+
+
+def _relative(path: str) -> str:
+    """A path of the checkout as the setup reported it; one that leaves the checkout is refused."""
+    normal = posixpath.normpath(path)
+    if posixpath.isabs(normal) or normal in (".", "..") or normal.startswith("../") or normal.split("/")[0] == ".git":
+        raise SnapshotError(f"not a path inside the checkout: {path!r}")
+    return normal
+
+
+def _present(checkout: Path, relative: str) -> bool:
+    """Whether the path exists (a symlink counts); refused if it passes through a symlink, which the copy would
+    follow out of the checkout."""
+    parts = relative.split("/")
+    for depth in range(1, len(parts)):
+        if (checkout.joinpath(*parts[:depth])).is_symlink():
+            raise SnapshotError(f"not a path inside the checkout: {relative!r} passes through a symlink")
+    return os.path.lexists(checkout / relative)
+
+
+def _load(directory: Path) -> Snapshot | None:
+    """The snapshot in ``directory`` from its manifest; None when it has none or it is damaged."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        return Snapshot(
+            key=directory.name,
+            repository=str(manifest["repository"]),
+            path=directory,
+            paths=tuple(str(path) for path in manifest["paths"]),
+            created=float(manifest["created"]),
+            size_bytes=int(manifest["bytes"]),
+        )
+    except _UNREADABLE:
+        return None
+
+
+def _last_used(directory: Path) -> float:
+    """When the snapshot was last restored (or published); a directory without a record counts as never used."""
+    try:
+        return (directory / LAST_USED).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _touch(path: Path, now: float | None) -> None:
+    path.touch(mode=0o600)
+    if now is not None:
+        os.utime(path, (now, now))
+
+
+def _human(size: int) -> str:
+    return f"{size / 1024**3:.1f} GiB" if size >= 1024**3 else f"{size / 1024**2:.1f} MiB"

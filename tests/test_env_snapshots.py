@@ -1,0 +1,392 @@
+"""Environment snapshots (SPEC §17 "Snapshot and restore"): the key, a publish and restore of a real virtualenv,
+the refusals, a crash mid-publish, the sweep, and two processes that need the same key building it once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.declarations import find_declaration, key_files
+from sandbox.settings import EnvironmentsSettings
+from sandbox.snapshots import (
+    DAY_S,
+    STALE_BUILD_S,
+    SnapshotError,
+    SnapshotRefused,
+    SnapshotStore,
+    describe_image,
+    environment_key,
+    worker_image,
+)
+from tests.helpers.context_support import wait_for
+from tests.helpers.environments import make_venv, time_restore, venv_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = 1_800_000_000.0
+KEY = "0123456789abcdef0123456789abcdef"
+
+
+def make_store(root: Path, **limits: int) -> SnapshotStore:
+    settings = {"keep_per_repository": 3, "keep_days": 14, "max_bytes": 1 << 30, **limits}
+    return SnapshotStore(root, **settings)
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[Path, Path]:
+    """A home and a checkout as a setup leaves them: a venv in each, env files, a tracked file not to keep."""
+    home, checkout = tmp_path / "task/home", tmp_path / "task/checkout"
+    home.mkdir(parents=True, mode=0o700)
+    checkout.mkdir(parents=True)
+    (home / ".tasuki").mkdir()
+    (home / ".tasuki/env").write_text("DATABASE_URL=sqlite:///x\n")
+    (home / ".tasuki/path").write_text("/tmp/home/.local/bin\n")
+    (home / ".local/bin").mkdir(parents=True)
+    tool = home / ".local/bin/tool"
+    tool.write_text("#!/bin/sh\necho tool\n")
+    tool.chmod(0o755)
+    make_venv(checkout / ".venv")
+    (checkout / "src").mkdir()
+    (checkout / "src/app.py").write_text("tracked, not part of the environment\n")
+    (checkout / "build/gen").mkdir(parents=True)
+    (checkout / "build/gen/schema.py").write_text("generated\n")
+    return home, checkout
+
+
+def test_key_follows_the_repository_declaration_key_files_and_image_only(tmp_path: Path) -> None:
+    settings = EnvironmentsSettings(key_files=("tools/*.txt",))
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "uv.lock").write_text("version = 1\n")
+    (tmp_path / "tools/versions.txt").write_text("ruff 0.5\n")
+    (tmp_path / "app.py").write_text("print(1)\n")
+
+    def key(repository: str = "owner/repo", image: str = "tasuki 1; python3 3.13") -> str:
+        declaration = find_declaration(tmp_path, repository, settings)
+        assert declaration is not None
+        return environment_key(repository, declaration, key_files(tmp_path, settings), image)
+
+    first = key()
+    assert len(first) == 32
+    assert first == key()
+    (tmp_path / "app.py").write_text("print(2)\n")
+    (tmp_path / "README.md").write_text("docs\n")
+    assert key() == first
+    changed = []
+    (tmp_path / "uv.lock").write_text("version = 2\n")
+    changed.append(key())
+    (tmp_path / "tools/versions.txt").write_text("ruff 0.6\n")
+    changed.append(key())
+    (tmp_path / "package-lock.json").write_text("{}")  # a new toolchain: a new step and a new key file
+    changed.append(key())
+    (tmp_path / ".tasuki").mkdir()
+    (tmp_path / ".tasuki/setup.sh").write_text("make deps\n")
+    changed.append(key())
+    (tmp_path / ".tasuki/setup.sh").write_text("make deps all\n")
+    changed.append(key())
+    changed.append(key(image="tasuki 2; python3 3.13"))
+    changed.append(key(repository="owner/fork"))
+    assert len({first, *changed}) == 1 + len(changed)
+
+
+def test_worker_image_names_tasuki_and_the_toolchains_on_path(tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name, output in (("node", "v99.1.0"), ("go", "go version go9.9 linux/amd64")):
+        program = fake / name
+        program.write_text(f"#!/bin/sh\necho '{output}'\n")
+        program.chmod(0o755)
+    described = describe_image(str(fake))
+    assert described.startswith("tasuki ")
+    assert "node v99.1.0" in described
+    assert "go go version go9.9" in described
+    assert "python3" not in described
+    assert "rustc" not in described
+    assert worker_image() is worker_image()  # learnt once per process
+    assert "python3 Python 3." in worker_image()
+
+
+def test_a_hung_toolchain_does_not_hang_the_worker(tmp_path: Path) -> None:
+    (tmp_path / "rustc").write_text("#!/bin/sh\nexec sleep 600\n")
+    (tmp_path / "rustc").chmod(0o755)
+    assert describe_image(str(tmp_path), timeout=0.2).endswith("rustc (no version)")
+
+
+def test_publish_then_restore_gives_a_private_working_copy(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    store = make_store(tmp_path / "snapshots")
+    assert store.find(KEY) is None
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [".venv", "build/gen", "missing"], ["s3cr3t"], NOW)
+    assert snapshot.paths == (".venv", "build/gen")
+    assert store.find(KEY) == snapshot
+    assert not (snapshot.checkout / "src").exists()
+    assert not list((tmp_path / "snapshots").glob(".building-*"))
+    for directory in (tmp_path / "snapshots", snapshot.path.parent, snapshot.path, snapshot.checkout):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE((snapshot.path / "manifest.json").stat().st_mode) == 0o600
+
+    new_home, new_checkout = tmp_path / "next/home", tmp_path / "next/checkout"
+    new_home.mkdir(parents=True, mode=0o700)
+    new_checkout.mkdir(parents=True)
+    (new_checkout / "src").mkdir()
+    store.restore(snapshot, new_home, new_checkout, now=NOW + 60)
+
+    assert venv_runs(new_checkout / ".venv/bin/python") == f"{new_checkout / '.venv'} 42"
+    assert (new_checkout / ".venv/bin/python").is_symlink()
+    assert (new_home / ".tasuki/env").read_text() == "DATABASE_URL=sqlite:///x\n"
+    assert os.access(new_home / ".local/bin/tool", os.X_OK)
+    assert (new_checkout / "build/gen/schema.py").read_text() == "generated\n"
+    assert stat.S_IMODE(new_home.stat().st_mode) == 0o700
+    assert (snapshot.path / "last-used").stat().st_mtime == NOW + 60
+
+    (new_checkout / ".venv/lib").chmod(0o755)
+    (site,) = new_checkout.glob(".venv/lib/python3*/site-packages")
+    (site / "kept_module.py").write_text("ANSWER = 'changed by the task'\n")
+    (new_home / ".tasuki/env").write_text("")
+    (snapshot_site,) = snapshot.checkout.glob(".venv/lib/python3*/site-packages")
+    assert (snapshot_site / "kept_module.py").read_text() == "ANSWER = 42\n"
+    assert (snapshot.home / ".tasuki/env").read_text() == "DATABASE_URL=sqlite:///x\n"
+
+
+def test_a_venv_in_the_home_restores_at_another_path_and_runs(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    checkout.mkdir()
+    make_venv(home / "tools")
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    restored = tmp_path / "restored-home"
+    store.restore(snapshot, restored, tmp_path / "restored-checkout")
+    assert venv_runs(restored / "tools/bin/python") == f"{restored / 'tools'} 42"
+
+
+@pytest.mark.parametrize("where", ["home/.npmrc", "checkout/.venv/lib/deep/config.ini"])
+def test_a_secrets_value_in_a_file_refuses_the_snapshot_naming_both(
+    tmp_path: Path, built: tuple[Path, Path], where: str
+) -> None:
+    home, checkout = built
+    secret = "npm_" + "x" * 40
+    relative = where.split("/", 1)[1]
+    target = (home if where.startswith("home/") else checkout) / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The value straddles the scan's chunks: a match cut in two must still be found.
+    target.write_bytes(b"a" * ((1 << 20) - 7) + f"//registry/:_authToken={secret}\n".encode())
+    store = make_store(tmp_path / "snapshots")
+    with pytest.raises(SnapshotRefused) as refused:
+        store.publish(KEY, "owner/repo", home, checkout, [".venv"], {"EMPTY": "", "NPM_TOKEN": secret}, NOW)
+    assert str(refused.value) == f"contains the value of NPM_TOKEN in {where}: not kept"
+    assert secret not in str(refused.value)
+    assert store.find(KEY) is None
+    assert sorted(path.name for path in (tmp_path / "snapshots").iterdir()) == []
+
+
+def test_secret_values_without_names_and_empty_values(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    (home / ".pypirc").write_text("password = pypi-token-value\n")
+    store = make_store(tmp_path / "snapshots")
+    store.publish(KEY, "owner/repo", home, checkout, [], ["", "not-in-any-file"], NOW)
+    with pytest.raises(SnapshotRefused, match=r"^contains the value of a setup secret in home/\.pypirc: not kept$"):
+        store.publish("f" * 32, "owner/repo", home, checkout, [], ["pypi-token-value"], NOW)
+
+
+def test_a_named_pipe_in_the_home_is_neither_waited_for_nor_scanned(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    os.mkfifo(home / "pipe")
+    snapshot = make_store(tmp_path / "snapshots").publish(KEY, "owner/repo", home, checkout, [], ["x"], NOW)
+    assert stat.S_ISFIFO((snapshot.home / "pipe").lstat().st_mode)
+
+
+def test_an_environment_over_max_bytes_is_refused_with_its_size(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    (home / "big.bin").write_bytes(b"\0" * (3 << 20))
+    store = make_store(tmp_path / "snapshots", max_bytes=2 << 20)
+    with pytest.raises(SnapshotRefused, match=r"^the environment is 3\.\d MiB, over environments\.max_snapshot_bytes"):
+        store.publish(KEY, "owner/repo", home, checkout, [".venv"], [], NOW)
+    assert store.find(KEY) is None
+    assert not list((tmp_path / "snapshots").glob(".building-*"))
+
+
+def test_paths_that_leave_the_checkout_and_bad_keys_are_refused(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    store = make_store(tmp_path / "snapshots")
+    for path in ("../task", "/etc", ".git", "."):
+        with pytest.raises(SnapshotError, match="not a path inside the checkout"):
+            store.publish(KEY, "owner/repo", home, checkout, [path], [], NOW)
+    with pytest.raises(SnapshotError, match="not an environment key"):
+        store.find("../../etc")
+
+
+def test_a_crash_between_copy_and_rename_leaves_nothing_found_and_the_sweep_removes_it(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    home, checkout = built
+    root = tmp_path / "snapshots"
+    child = builder(root, home, checkout, tmp_path / "report", "--die-before-rename")
+    assert child.wait(timeout=120) == -9
+    (leftover,) = root.glob(f".building-{KEY}-*")
+    assert (leftover / "manifest.json").is_file()  # the copy was complete: only the rename was missing
+    store = make_store(root)
+    assert store.find(KEY) is None
+    built_at = leftover.stat().st_mtime
+    assert store.sweep(built_at + 60) == []  # it may still be a build under way
+    assert store.sweep(built_at + STALE_BUILD_S + 1) == [leftover.name]
+    assert not leftover.exists()
+    with store.building(KEY, timeout=0):  # the dead builder's lock went with it
+        pass
+
+
+def test_a_leftover_build_whose_lock_is_held_is_not_swept(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    leftover = tmp_path / f".building-{KEY}-cafe"
+    leftover.mkdir()
+    with store.building(KEY):
+        assert store.sweep(NOW + STALE_BUILD_S * 10) == []
+    assert store.sweep(NOW + STALE_BUILD_S * 10) == [leftover.name]
+
+
+def test_two_processes_that_need_one_key_build_it_once(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    root, go = tmp_path / "snapshots", tmp_path / "go"
+    first_report, second_report = tmp_path / "first", tmp_path / "second"
+    first = builder(root, home, checkout, first_report, "--hold-until", str(go))
+    wait_for(lambda: lines(first_report) == ["holding"], timeout=60, what="the first builder to hold the lock")
+    second = builder(root, home, checkout, second_report)
+    wait_for(lambda: lines(second_report) == ["waited"], timeout=60, what="the second builder to find the lock held")
+    go.touch()
+    assert first.wait(timeout=120) == 0
+    assert second.wait(timeout=120) == 0
+    assert lines(first_report) == ["holding", "built"]
+    assert lines(second_report) == ["waited", "found"]
+    assert len(list(root.glob(f"*/{KEY}"))) == 1
+
+
+def test_sweep_keeps_the_most_recently_used_per_repository_and_drops_the_long_unused(
+    tmp_path: Path,
+) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    (home / "f").write_text("x")
+    store = make_store(tmp_path / "snapshots", keep_per_repository=2, keep_days=7)
+    keys = [f"{index:032x}" for index in range(4)]
+    for index, key in enumerate(keys):
+        store.publish(key, "owner/repo", home, checkout, [], [], NOW + index)
+    other = store.publish("e" * 32, "owner/other", home, checkout, [], [], NOW - 8 * DAY_S)
+    store.restore(store.find(keys[0]) or pytest.fail("published"), tmp_path / "h", tmp_path / "c", now=NOW + 100)
+    slug = other.path.parent.name
+    removed = store.sweep(NOW + 200)
+    repo_slug = (store.find(keys[0]) or pytest.fail("kept")).path.parent.name
+    assert sorted(removed) == sorted([f"{repo_slug}/{keys[1]}", f"{repo_slug}/{keys[2]}", f"{slug}/{'e' * 32}"])
+    assert [key for key in keys if store.find(key)] == [keys[0], keys[3]]
+    assert not (tmp_path / "snapshots" / slug).exists()
+    assert store.sweep(NOW + 300) == []
+    assert sorted(store.sweep(NOW + 8 * DAY_S + 200)) == [f"{repo_slug}/{keys[0]}", f"{repo_slug}/{keys[3]}"]
+    assert not list((tmp_path / "snapshots").glob(".deleting-*"))
+
+
+def test_sweep_leaves_a_snapshot_whose_key_is_being_built(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    store = make_store(tmp_path / "snapshots", keep_days=1)
+    store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    with store.building(KEY):
+        assert store.sweep(NOW + 3 * DAY_S) == []
+    assert len(store.sweep(NOW + 3 * DAY_S)) == 1
+    assert store.find(KEY) is None
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def builder(root: Path, home: Path, checkout: Path, report: Path, *options: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.snapshot_builder",
+            str(root),
+            KEY,
+            str(home),
+            str(checkout),
+            str(report),
+            *options,
+        ],
+        cwd=ROOT,
+    )
+
+
+def test_the_bench_helper_times_a_restore_and_cleans_up(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [".venv"], [], time.time())
+    seconds = time_restore(store, snapshot, tmp_path / "bench")
+    assert seconds > 0
+    assert not (tmp_path / "bench").exists()
+
+
+def test_restore_never_writes_through_a_symlink_the_repository_put_in_the_checkout(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    home, checkout = built
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [".venv", "build/gen"], [], NOW)
+    outside = tmp_path / "worker-files"
+    outside.mkdir()
+    (outside / "schema.py").write_text("the worker's own file\n")
+    hostile = tmp_path / "hostile"
+    (hostile / "build/gen").mkdir(parents=True)
+    (hostile / "build/gen/schema.py").symlink_to(outside / "schema.py")
+    store.restore(snapshot, tmp_path / "home2", hostile)
+    assert (outside / "schema.py").read_text() == "the worker's own file\n"
+    assert (hostile / "build/gen/schema.py").read_text() == "generated\n"
+
+    shutil.rmtree(hostile / ".venv")
+    (hostile / ".venv").symlink_to(outside)
+    with pytest.raises(SnapshotError, match="copying into"):
+        store.restore(snapshot, tmp_path / "home3", hostile)
+    assert sorted(path.name for path in outside.iterdir()) == ["schema.py"]
+
+
+def test_a_path_through_a_symlink_is_not_published(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    home, checkout = built
+    outside = tmp_path / "worker-files"
+    outside.mkdir()
+    (outside / "id_rsa").write_text("private key\n")
+    (checkout / "link").symlink_to(outside)
+    store = make_store(tmp_path / "snapshots")
+    with pytest.raises(SnapshotError, match="passes through a symlink"):
+        store.publish(KEY, "owner/repo", home, checkout, ["link/id_rsa"], [], NOW)
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, ["link"], [], NOW)
+    assert (snapshot.checkout / "link").is_symlink()  # kept as the link it is, not what it points to
+
+
+def test_a_second_publish_of_a_key_keeps_the_first_and_leaves_no_temporary(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    (home / "version").write_text("first")
+    store = make_store(tmp_path / "snapshots")
+    first = store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    (home / "version").write_text("second")
+    assert store.publish(KEY, "owner/repo", home, checkout, [], [], NOW + 1) == first
+    assert (first.home / "version").read_text() == "first"
+    assert not list((tmp_path / "snapshots").glob(".building-*"))
+
+
+def test_restoring_a_snapshot_swept_meanwhile_is_one_line(tmp_path: Path) -> None:
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    store = make_store(tmp_path / "snapshots", keep_days=1)
+    snapshot = store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    assert store.sweep(NOW + 2 * DAY_S) == [f"{snapshot.path.parent.name}/{KEY}"]
+    with pytest.raises(SnapshotError, match=f"^snapshot {KEY} is gone"):
+        store.restore(snapshot, tmp_path / "h", tmp_path / "c")
