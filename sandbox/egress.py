@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import structlog
@@ -379,12 +379,18 @@ def egress_proxy(
 
 class RefusalLog:
     """A task's refusals, one entry per ``host:port`` (count, first and last time), at most ``limit`` entries;
-    ``on_change`` gets the entries (JSON-ready, for ``state.json``) after each refusal. Thread-safe."""
+    ``on_change`` gets the entries (JSON-ready, for ``state.json``) after each refusal; ``recorded``: those of an
+    earlier attempt of the task, counted on. Thread-safe."""
 
-    def __init__(self, on_change: Callable[[list[dict[str, object]]], None], limit: int = 50) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[list[dict[str, Any]]], None],
+        recorded: Sequence[dict[str, Any]] = (),
+        limit: int = 50,
+    ) -> None:
         self.on_change = on_change
         self.limit = limit
-        self._entries: dict[tuple[str, int], dict[str, object]] = {}
+        self._entries = {(str(e["host"]), int(e["port"])): dict(e) for e in recorded if "host" in e and "port" in e}
         self._lock = threading.Lock()
 
     def add(self, refusal: Refusal) -> None:
@@ -397,7 +403,7 @@ class RefusalLog:
                 if len(self._entries) >= self.limit:
                     return
                 entry = self._entries[key] = {"host": key[0], "port": key[1], "count": 0, "first_at": at}
-            entry["count"] = int(str(entry["count"])) + 1
+            entry["count"] = int(entry.get("count") or 0) + 1
             entry["last_at"] = at
             entries = [dict(e) for e in self._entries.values()]
         self.on_change(entries)
