@@ -70,9 +70,7 @@ EGRESS_PORT = 3128  # the loopback port socat bridges to it, in the sandbox's ow
 EGRESS_PROXY = f"http://127.0.0.1:{EGRESS_PORT}"
 # curl and git (libcurl) read only the lowercase http_proxy; pip, npm and most others read either case.
 EGRESS_ENV = {
-    **dict.fromkeys(
-        ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), EGRESS_PROXY
-    ),
+    **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), EGRESS_PROXY),
     "NO_PROXY": "localhost,127.0.0.1,::1",
     "no_proxy": "localhost,127.0.0.1,::1",
 }
