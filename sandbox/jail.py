@@ -74,6 +74,10 @@ EGRESS_ENV = {
     "NO_PROXY": "localhost,127.0.0.1,::1",
     "no_proxy": "localhost,127.0.0.1,::1",
 }
+_NO_SOCAT = (
+    "sandbox.network: allowlist needs socat in the sandbox (apt install socat); "
+    "install it, or choose sandbox.network: full or none"
+)
 # Started before the command: socat listens on the port, one connection to the proxy's socket per client; the
 # command starts once the port listens (read from /proc/net/tcp: no connection made), at most after ~5 s.
 _BRIDGE = (
@@ -164,6 +168,8 @@ class Bubblewrap:
         """A copy whose network namespace is empty but for a bridge to the proxy on ``socket``."""
         if socket is None:
             return self
+        if shutil.which("socat") is None:  # whoever asks for a proxy (the agent's run, a setup's) learns it here
+            raise SandboxUnavailable(_NO_SOCAT)
         bound = copy.copy(self)
         bound.egress = socket
         return bound
@@ -210,10 +216,7 @@ def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> S
     if read_only:
         settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
     if settings.backend == "bubblewrap" and settings.network == "allowlist" and shutil.which("socat") is None:
-        raise SandboxUnavailable(
-            "sandbox.network: allowlist needs socat in the sandbox (apt install socat); "
-            "install it, or choose sandbox.network: full or none"
-        )
+        raise SandboxUnavailable(_NO_SOCAT)
     sandbox = SANDBOXES[settings.backend](settings)
     problem = probe(sandbox)
     if problem is not None:
