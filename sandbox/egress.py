@@ -45,8 +45,8 @@ IDLE_TIMEOUT_S = 900.0  # a relay with no byte either way for this long is close
 START_TIMEOUT_S = 10.0
 _CHUNK = 64 * 1024
 _HOSTNAME = re.compile(r"^[a-z0-9_]([a-z0-9_.-]{0,251}[a-z0-9_])?$")
-# Headers meant for the proxy (or this hop), never passed on.
-_HOP_HEADERS = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
+# Headers meant for the proxy (or this hop), never passed on; Host is written anew.
+_HOP_HEADERS = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive", b"host"})
 
 Upstream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 OpenUpstream = Callable[[str, int], Awaitable[Upstream]]
@@ -333,6 +333,10 @@ class _Request:
     forward: bytes | None  # the head to send on (plain HTTP); None for CONNECT
 
 
+def _header(line: bytes) -> bytes:
+    return line.split(b":", 1)[0].strip().lower()
+
+
 def _parse(head: bytes) -> _Request | str:
     """The destination of a proxy request's head, or why it is not one (a one-line answer)."""
     line, _, headers = head.partition(b"\r\n")
@@ -357,10 +361,11 @@ def _parse(head: bytes) -> _Request | str:
     path = where.path or "/"
     if where.query:
         path += f"?{where.query}"
-    kept = [h for h in headers.split(b"\r\n") if h and h.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
-    if not any(h.lower().startswith(b"host:") for h in kept):
-        kept.insert(0, b"Host: " + where.netloc.encode("latin-1"))
-    forward = f"{method} {path} {version}\r\n".encode("latin-1") + b"".join(h + b"\r\n" for h in kept)
+    # Host is the one the allow-list admitted, whatever the client wrote (no reaching another site of a shared server).
+    named = f"[{host}]" if ":" in host else host
+    kept = [f"Host: {named}" + (f":{port}" if port is not None else "")]
+    kept += [h.decode("latin-1") for h in headers.split(b"\r\n") if h and _header(h) not in _HOP_HEADERS]
+    forward = "".join(f"{h}\r\n" for h in [f"{method} {path} {version}", *kept]).encode("latin-1")
     return _Request(host, port or 80, forward + b"Connection: close\r\n\r\n")
 
 

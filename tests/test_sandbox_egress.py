@@ -263,7 +263,7 @@ class _Digest(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_plain_http_request_with_a_large_body_is_sent_on_in_origin_form(running: Running) -> None:
+def test_a_plain_http_request_with_a_large_body_goes_in_origin_form_to_the_admitted_host(running: Running) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Digest)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -272,7 +272,7 @@ def test_a_plain_http_request_with_a_large_body_is_sent_on_in_origin_form(runnin
         conn = _client(running.proxy)
         with conn:
             conn.sendall(
-                f"POST http://127.0.0.1:{port}/upload?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"POST http://127.0.0.1:{port}/upload?x=1 HTTP/1.1\r\nHost: another.site.example\r\n"
                 f"Proxy-Connection: keep-alive\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
