@@ -220,6 +220,8 @@ class EgressProxy:
             await self._handle(reader, writer)
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass  # a client or destination that went away: nothing to answer
+        except Exception as exc:  # one connection's bug must not reach the loop, nor the other connections
+            log.warning("egress connection failed", error=f"{type(exc).__name__}: {exc}"[:300])
         finally:
             self._connections.discard(task)
             writer.close()

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from replay import ReplayModel, serve
@@ -225,6 +227,34 @@ def test_a_refused_host_gets_a_403_line_is_reported_and_never_resolved(running: 
         Refusal("allowed.test", 443, 1_700_000_000.0),
     ]
     assert running.opened == []  # no lookup, no connection: refused on the name as written
+
+
+def test_a_refusal_is_logged_with_the_fields_bound_where_the_proxy_started() -> None:
+    structlog.contextvars.bind_contextvars(uuid="the-task")
+    try:
+        with (
+            capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs,
+            egress_proxy("allowlist", ["pypi.org"], lambda _: None) as socket_path,
+        ):
+            assert socket_path is not None
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.settimeout(30)
+            conn.connect(str(socket_path))
+            with conn:
+                conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
+                assert _read_to_eof(conn).startswith(b"HTTP/1.1 403 ")
+    finally:
+        structlog.contextvars.unbind_contextvars("uuid")
+    refused = [entry for entry in logs if entry["event"] == "egress refused"]
+    assert refused == [
+        {"event": "egress refused", "host": "example.com", "port": 443, "uuid": "the-task", "log_level": "warning"}
+    ]
+
+
+def test_the_proxy_is_started_only_for_allowlist() -> None:
+    for network in ("full", "none"):
+        with egress_proxy(network, ["pypi.org"], lambda _: None) as socket_path:
+            assert socket_path is None
 
 
 def test_concurrent_tunnels_each_get_their_own_bytes(running: Running, upstreams: Upstreams) -> None:
