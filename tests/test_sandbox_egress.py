@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -351,6 +352,24 @@ def test_what_is_not_a_proxy_request_gets_a_400_line(running: Running) -> None:
         assert answer.startswith(b"HTTP/1.1 400 ")
         assert answer.count(b"\n", answer.index(b"\r\n\r\n") + 4) == 1
     assert running.opened == []
+
+
+def test_an_allowed_host_that_does_not_answer_gets_a_502_line_and_a_huge_head_a_431(running: Running) -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    conn, head = _connect(running.proxy, f"127.0.0.1:{port}")
+    with conn:
+        body = _read_to_eof(conn)
+    assert head.startswith(b"HTTP/1.1 502 ")
+    assert body.startswith(f"tasuki: cannot reach 127.0.0.1:{port}: ".encode())
+    assert body.count(b"\n") == 1
+
+    conn = _client(running.proxy)
+    with conn:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the proxy may answer before the end
+            conn.sendall(b"GET http://127.0.0.1/ HTTP/1.1\r\nX-Filler: " + b"x" * 100_000 + b"\r\n\r\n")
+        assert _read_head(conn).startswith(b"HTTP/1.1 431 ")
 
 
 def test_refusals_are_counted_per_host_and_port_and_go_on_from_an_earlier_attempt() -> None:
