@@ -4,15 +4,17 @@ A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line
 :data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
 
 - ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
-  network's with ``sandbox.network: none`` or ``allowlist``; with an egress proxy (:meth:`Sandbox.with_egress`,
-  ``sandbox.egress``) its socket is bound in and bridged to ``127.0.0.1:3128`` by socat, the proxy variables
-  point there). The checkout is the only writable place (at ``/workspace``);
+  network's with ``sandbox.network: none``). The checkout is the only writable place (at ``/workspace``);
   ``/tmp`` and the home are private and empty; the system directories, and those of the tools on the
   worker's ``PATH``, are read-only. The worker's processes, its ``/proc``, its files, the contexts root and
   other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is killed at the end
   of every call, so nothing the command started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
+
+``sandbox.network: allowlist`` (SPEC §17): an empty network namespace too, whose only way out is the task's egress
+proxy (``sandbox.egress``): :meth:`Sandbox.with_egress` binds its socket in, socat bridges ``127.0.0.1:3128`` to it,
+and the proxy variables point there.
 """
 
 from __future__ import annotations
