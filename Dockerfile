@@ -7,9 +7,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs;
-# bubblewrap: the sandbox every agent command runs in (see docker-compose.yml for what it needs).
+# bubblewrap: the sandbox every agent command runs in (see docker-compose.yml for what it needs);
+# socat: the bridge from the sandbox's loopback to its egress proxy (sandbox.network: allowlist).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git ca-certificates bubblewrap \
+    && apt-get install -y --no-install-recommends git ca-certificates bubblewrap socat \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --gid 10001 tasuki \

@@ -243,6 +243,7 @@ def format_detail(
         + (f" (waited {item.compression_queue_wait_ms / 1000:.1f}s to start, ran {item.compression_run_ms / 1000:.1f}s)"
            if item.compression_count else ""),
         *memory_lines(detail.state.get("memory"), width),
+        *egress_lines(detail.state.get("egress_refused"), width),
         "",
     ]
     messages = detail.messages if all_messages else detail.messages[-SHOWN_BY_DEFAULT:]
@@ -258,6 +259,19 @@ def format_detail(
         for record in detail.tools:
             lines.extend(tool_lines(record, width))
     return "\n".join(lines)
+
+
+def egress_lines(refused: Any, width: int) -> list[str]:
+    """The hosts the egress allow-list refused this task (``state.json.egress_refused``), one line each."""
+    if not isinstance(refused, list) or not refused:
+        return []
+    lines = [f"  Egress refused (not in sandbox.allowed_hosts): {len(refused)} host(s)"]
+    for entry in refused:
+        if isinstance(entry, dict):
+            lines.append(clip(safe(
+                f"    {entry.get('host')}:{entry.get('port')} x{entry.get('count')}, last at {entry.get('last_at')}"
+            ), width))
+    return lines
 
 
 def memory_lines(used: Any, width: int) -> list[str]:

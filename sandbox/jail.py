@@ -11,10 +11,15 @@ A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line
   of every call, so nothing the command started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
+
+``sandbox.network: allowlist`` (SPEC §17): an empty network namespace too, whose only way out is the task's egress
+proxy (``sandbox.egress``): :meth:`Sandbox.with_egress` binds its socket in, socat bridges ``127.0.0.1:3128`` to it,
+and the proxy variables point there.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -62,6 +67,26 @@ ETC_FILES = (
     "pip.conf",
 )
 PROBE_TIMEOUT_S = 30
+EGRESS_SOCKET = "/run/tasuki/egress.sock"  # where the task's egress proxy socket appears inside the sandbox
+EGRESS_PORT = 3128  # the loopback port socat bridges to it, in the sandbox's own network namespace
+EGRESS_PROXY = f"http://127.0.0.1:{EGRESS_PORT}"
+# curl and git (libcurl) read only the lowercase http_proxy; pip, npm and most others read either case.
+EGRESS_ENV = {
+    **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), EGRESS_PROXY),
+    "NO_PROXY": "localhost,127.0.0.1,::1",
+    "no_proxy": "localhost,127.0.0.1,::1",
+}
+_NO_SOCAT = (
+    "sandbox.network: allowlist needs socat in the sandbox (apt install socat); "
+    "install it, or choose sandbox.network: full or none"
+)
+# Started before the command: socat listens on the port, one connection to the proxy's socket per client; the
+# command starts once the port listens (read from /proc/net/tcp: no connection made), at most after ~5 s.
+_BRIDGE = (
+    f"socat TCP-LISTEN:{EGRESS_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_SOCKET} >/dev/null 2>&1 &"
+    f" for _ in $(seq 500); do grep -q ':{EGRESS_PORT:04X} 00000000:0000 0A' /proc/net/tcp && break; sleep 0.01;"
+    ' done; exec "$@"'
+)
 
 
 class SandboxUnavailable(TasukiError):
@@ -81,6 +106,10 @@ class Sandbox(Protocol):
         """What ``HOME`` and ``TMPDIR`` are as the command sees them."""
         ...
 
+    def with_egress(self, socket: Path | None) -> Sandbox:
+        """This sandbox for one task whose only way out is the egress proxy on ``socket`` (None: as it is)."""
+        ...
+
 
 class NoSandbox:
     """Runs the command on the host, in the checkout (sandbox.backend: none)."""
@@ -95,6 +124,10 @@ class NoSandbox:
         """The host directory itself."""
         return str(home)
 
+    def with_egress(self, socket: Path | None) -> Sandbox:
+        """Unchanged: without a sandbox there is no network namespace to confine."""
+        return self
+
 
 class Bubblewrap:
     """Runs the command under ``bwrap`` (sandbox.backend: bubblewrap)."""
@@ -103,14 +136,15 @@ class Bubblewrap:
 
     def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
         self.network = settings.network
+        self.egress: Path | None = None  # the task's egress proxy socket on the host
         self.read_only = tool_dirs(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
         self.read_only += tuple(str(p) for p in settings.read_only_paths)
 
     def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
         """``bwrap OPTIONS -- argv`` with the checkout at /workspace."""
         options = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if self.network == "none":
-            options.append("--unshare-net")
+        if self.network != "full" or self.egress is not None:
+            options.append("--unshare-net")  # allowlist without a proxy: no way out at all
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
         # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen.
         options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
@@ -120,12 +154,27 @@ class Bubblewrap:
             options += _ro_bind(f"/etc/{name}")
         for directory in self.read_only:
             options += _ro_bind(directory)
+        if self.egress is not None:
+            options += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
+            for name, value in EGRESS_ENV.items():
+                options += ["--setenv", name, value]
+            argv = ["bash", "-c", _BRIDGE, "tasuki-egress", *argv]
         options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
         return [*options, *argv], checkout
 
     def home_inside(self, home: Path) -> str:
         """A private, empty tmpfs directory."""
         return HOME
+
+    def with_egress(self, socket: Path | None) -> Sandbox:
+        """A copy whose network namespace is empty but for a bridge to the proxy on ``socket``."""
+        if socket is None:
+            return self
+        if shutil.which("socat") is None:  # whoever asks for a proxy (the agent's run, a setup's) learns it here
+            raise SandboxUnavailable(_NO_SOCAT)
+        bound = copy.copy(self)
+        bound.egress = socket
+        return bound
 
 
 def _ro_bind(path: str) -> list[str]:
@@ -168,6 +217,8 @@ def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> S
     ``read_only``: more paths the task's commands see read-only (its checkout's git mirror)."""
     if read_only:
         settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
+    if settings.backend == "bubblewrap" and settings.network == "allowlist" and shutil.which("socat") is None:
+        raise SandboxUnavailable(_NO_SOCAT)
     sandbox = SANDBOXES[settings.backend](settings)
     problem = probe(sandbox)
     if problem is not None:

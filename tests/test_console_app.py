@@ -103,6 +103,16 @@ def test_the_fleet_without_redis_says_no_broker_and_still_lists_running_tasks(co
     assert console.task.uuid in fragment
 
 
+def test_the_task_page_lists_the_hosts_its_egress_allow_list_refused(console: Console) -> None:
+    refused = {"host": "<b>evil.example</b>", "port": 443, "count": 2, "first_at": "2027-01-15T08:00:00.000000Z",
+               "last_at": "2027-01-15T08:00:01.000000Z"}
+    console.task.update_state(egress_refused=[refused])
+    assert sign_in(console.http) == 303
+    page = console.http.get(f"/tasks/{console.task.uuid}").text
+    assert 'id="egress-refused"' in page
+    assert "<code>&lt;b&gt;evil.example&lt;/b&gt;:443</code> &times;2, last at 2027-01-15T08:00:01.000000Z" in page
+
+
 def test_a_path_that_is_not_a_context_uuid_is_a_404_page(console: Console, tmp_path: Path) -> None:
     assert sign_in(console.http) == 303
     outside = tmp_path / "outside" / "11111111-1111-4111-8111-111111111111"

@@ -7,6 +7,7 @@ lock, not Celery, decides who runs a task (SPEC §5).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ from contexts.atomic import DiskFullError
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
+from sandbox.egress import RefusalLog, egress_proxy
 from sandbox.jail import make_sandbox
 from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
@@ -352,8 +354,9 @@ class TaskRun:
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
         # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-        agent = self._agent(ctx, checkout, ctx.metadata["config"])
-        summary = mask(agent.run())
+        with self._egress(ctx) as egress:  # the allow-list's proxy lives as long as the agent's commands
+            agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
+            summary = mask(agent.run())
         if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
             checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
         checkout.push()  # after an owner check, and leased: a fenced holder's push is refused by the remote
@@ -398,7 +401,15 @@ class TaskRun:
         log.info("task stopped at its budget", reason=str(exc))
         return self._finish(ctx, "failed", str(exc), None, checkout, reason="budget")
 
-    def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any]) -> Agent:
+    def _egress(self, ctx: Context) -> AbstractContextManager[Path | None]:
+        """The task's egress proxy when its commands' network is ``allowlist`` (SPEC §17); each refusal is logged
+        and staged into ``state.json``'s ``egress_refused``, written with the step that made it."""
+        s = self.settings.sandbox
+        recorded = ctx.read_state().get("egress_refused") or []
+        refusals = RefusalLog(lambda entries: ctx.stage_state(egress_refused=entries), recorded)
+        return egress_proxy(s.network if s.backend == "bubblewrap" else "full", s.allowed_hosts, refusals.add)
+
+    def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any], egress: Path | None = None) -> Agent:
         s = self.settings
         limits = AgentLimits(
             max_steps=s.agent.max_steps,
@@ -415,7 +426,7 @@ class TaskRun:
             policy,
             compressor=self.compressor,
             should_stop=self.should_stop,
-            sandbox=make_sandbox(s.sandbox, read_only=checkout.shared_paths),
+            sandbox=make_sandbox(s.sandbox, read_only=checkout.shared_paths).with_egress(egress),
             sandbox_limits=s.sandbox.limits,
             after_step=lambda: self._after_step(ctx),
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
