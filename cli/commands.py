@@ -142,6 +142,10 @@ def outcome_lines(state: dict[str, object], repo_path: str | None) -> list[str]:
             lines.append(f"branch: {result['branch']}{where}")
         if result.get("pull_request_url"):
             lines.append(f"pull request: {result['pull_request_url']}")
+        if result.get("unchanged"):
+            lines.append("no changes: nothing was pushed")
+        if result.get("left_out"):
+            lines.append(str(result["left_out"]))
     return lines
 
 

@@ -25,7 +25,7 @@ from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.tcp_proxy import TcpProxy
-from tests.helpers.worker_scenarios import bash_turn, finish_turn, running_stack
+from tests.helpers.worker_scenarios import bash_turn, finish_turn, running_stack, tool
 from worker.names import (
     ACTIVE_PREFIX,
     HEARTBEATS_KEY,
@@ -90,7 +90,9 @@ def test_a_redis_cut_over_the_finish_is_repaired_by_the_monitor_from_the_context
     host, port, db = redis_port(redis_url)
     (tmp_path / "stack").mkdir()
     # The model holds its `finish` answer at a gate until the test has cut the worker's Redis.
-    turns = [bash_turn(0, lines=2), {"gate": "finish"}, finish_turn("Fixed add()."), bash_turn(0, lines=2),
+    # The first task changes a file (a task that changes nothing opens no pull request); the second only looks.
+    note = {"content": "Note it.", "tool_calls": [tool("bash", command="echo fixed >> notes.txt")]}
+    turns = [note, {"gate": "finish"}, finish_turn("Fixed add()."), bash_turn(0, lines=2),
              finish_turn("Again.")]
     env = {**MONITOR_ENV, "TASUKI__GITHUB__API_URL": forge.github_api_url, "GITHUB_TOKEN": FORGE_TOKEN}
     with TcpProxy(host, port) as proxy, running_stack(tmp_path / "stack", redis_url, turns, env=env) as (stack, server):

@@ -20,7 +20,7 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +30,16 @@ import structlog
 from contexts.errors import TasukiError
 from worker import fencing
 from worker.fencing import OwnerCheck
+from worker.leftout import (
+    LeftOut,
+    NeverCommitted,
+    add_lines,
+    ancestors,
+    anchored,
+    group_excluded,
+    over_limit,
+    zsplit,
+)
 from worker.pushes import BackgroundPush
 
 if TYPE_CHECKING:
@@ -66,6 +76,7 @@ class TreeState:
     unknown)."""
 
     exact: str | None = None
+    base: str | None = None  # the commit the task's work starts from, when this attempt's prepare knows it
 
 
 @dataclass
@@ -99,11 +110,13 @@ class Checkout:
     tree: TreeState = field(default_factory=TreeState, compare=False, repr=False)
     guard: OwnerCheck = field(default=fencing.unchecked, compare=False, repr=False)  # before every push
     lease: Lease = field(default_factory=Lease, compare=False, repr=False)
+    never: NeverCommitted = field(default_factory=NeverCommitted, compare=False, repr=False)
 
-    def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False) -> str:
+    def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False,
+            stdin: str | None = None) -> str:
         """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
         env = {**(self.git_env or {}), "GIT_INDEX_FILE": str(self.index_file)} if index else self.git_env
-        return run_git(args, cwd=cwd or self.path, extra_env=env, check=check)
+        return run_git(args, cwd=cwd or self.path, extra_env=env, check=check, stdin=stdin)
 
     @property
     def index_file(self) -> Path:
@@ -127,6 +140,7 @@ class Checkout:
         steps the context holds (a resume that finds only the final branch claims the checkpoints with it).
         """
         if (self.path / ".git").is_dir():
+            add_lines(self._exclude_file, self.never.patterns)
             try:
                 self.git("checkout", "-q", self.branch)
             except GitError:  # a crash left it half made, or it is another task's warm copy
@@ -142,16 +156,19 @@ class Checkout:
                 self.claim(pending or (marker.read_text().strip() if marker.exists() else None), 0)
                 return True
         heads = self._fetch()
+        add_lines(self._exclude_file, self.never.patterns)  # before any file of the task can be staged
         self.lease.branch = heads.get(self.branch, "")  # a follow-up's: its pull request's head as found
         if fresh:
             self._switch(self._start_point())
             self.tree.exact = heads.get(self._start_point().removeprefix("origin/"))
+            self.tree.base = self.head()
             if fencing.ENFORCED:  # the first checkpoint, at once: a takeover has a commit of ours to move
                 self.pushes.start(lambda: self._push_claim(None, 0, ""))
             return False
         if self.checkpoint_branch not in heads:
             if self.branch not in heads:
                 self._switch(self._start_point())
+                self.tree.base = self.head()
                 self._restored_from(0)  # a resume that finds nothing pushed: every step's changes are gone
                 self.claim(None, 0)
                 return False
@@ -161,6 +178,7 @@ class Checkout:
             self.claim(None, steps)
             return True
         self._switch(self._start_point())
+        self.tree.base = self.head()
         # An earlier attempt pushed checkpoints: put its files back as uncommitted changes, exactly as the
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
         checkpoint = f"origin/{self.checkpoint_branch}"
@@ -315,17 +333,82 @@ class Checkout:
         return self.path / ".git" / "tasuki-checkpoint-pending"
 
     def has_changes(self) -> bool:
-        """True when the working tree differs from the last commit."""
+        """True when the working tree differs from the last commit (what is never committed aside)."""
         return bool(self.git("status", "--porcelain").strip())
 
+    @property
+    def _exclude_file(self) -> Path:
+        return self.path / ".git" / "info" / "exclude"
+
+    def exclude(self, paths: Sequence[str]) -> None:
+        """Never commit nor push ``paths`` (relative to the checkout; a directory ends in ``/``): each is added to
+        the checkout's ``.git/info/exclude`` as an anchored pattern, once. A path the repository tracks is still
+        committed when it changes (git's rule)."""
+        added = add_lines(self._exclude_file, [anchored(path) for path in paths if path.strip(" ./")])
+        if added:
+            log.info("paths excluded from the commit", count=len(added))
+
+    def _stage(self, *, index: bool) -> set[str]:
+        """``git add -A``, but a file over the size limit is neither hashed nor staged, and a version of it the
+        index held before is taken out again (a tracked file keeps its committed version); returns those files."""
+        changed = self.git("ls-files", "-z", "--others", "--modified", "--exclude-standard", index=index)
+        big = set(over_limit(self.path, zsplit(changed), self.never.max_file_bytes))
+        self.git("add", "-A", "--", ".", *(f":(top,literal,exclude){name}" for name in sorted(big)), index=index)
+        if not index:  # the agent's own index: it may have staged a large file itself
+            staged = self.git("diff-index", "--cached", "-z", "--name-only", "--diff-filter=AMT", "HEAD")
+            big |= set(over_limit(self.path, zsplit(staged), self.never.max_file_bytes))
+        if big:
+            self.git("reset", "-q", "HEAD", "--", *(f":(top,literal){name}" for name in sorted(big)), index=index)
+            log.info("files over the size limit left out", files=sorted(big)[:20], limit=self.never.max_file_bytes)
+        return big
+
     def commit(self, message: str) -> bool:
-        """Commit everything (if anything changed); return whether a commit was made."""
-        if not self.has_changes():
+        """Commit everything but what is never committed (if anything changed); return whether a commit was made."""
+        self._stage(index=False)
+        if not self.git("diff-index", "--cached", "--name-only", "HEAD").strip():
             return False
-        self.git("add", "-A")
         self.git("commit", "-q", "--no-verify", "-m", message)
         self.tree.exact = None
         return True
+
+    def left_out(self) -> LeftOut:
+        """What the tree holds that the last commit left out: paths only the never-committed patterns (and a setup's
+        paths) ignore, grouped by directory, and files over the size limit. The repository's own ``.gitignore``
+        is its business: what it ignores is not named."""
+        limit = self.never.max_file_bytes
+        plain = set(zsplit(self.git("ls-files", "-z", "--others", "--exclude-per-directory=.gitignore")))
+        kept = zsplit(self.git("ls-files", "-z", "--others", "--modified", "--exclude-standard"))
+        excluded = plain.difference(kept)
+        dirs = sorted({d for name in excluded for d in ancestors(name)})
+        ignored: set[str] = set()
+        if dirs:  # each left-out file is named by the outermost ignored directory it is in
+            ignored.update(zsplit(self.git("check-ignore", "-z", "--stdin", check=False, stdin="\0".join(dirs))))
+        return LeftOut(group_excluded(excluded, ignored), over_limit(self.path, kept, limit), limit)
+
+    def changed_since(self, base: str | None) -> bool:
+        """Whether the task branch's tree differs from ``base``'s (the commit the task started from); an unknown
+        base counts as changed."""
+        if not base:
+            return True
+        try:
+            base_tree = self.git("rev-parse", "--verify", "-q", f"{base}^{{tree}}").strip()
+        except GitError:  # not in this clone (a force-pushed pull request): assume the work is there
+            return True
+        return self.git("rev-parse", "HEAD^{tree}").strip() != base_tree
+
+    def drop_checkpoints(self) -> None:
+        """The task changed nothing: no branch is pushed, and the checkpoint branch its holders pushed goes, leased
+        on this holder's last checkpoint (a fenced holder's delete is refused like its pushes)."""
+        self.pushes.wait()
+        self.guard()
+        if not fencing.ENFORCED:
+            if self._pushed_marker.exists():
+                self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
+            return
+        if self.lease.checkpoint:
+            ref = self._checkpoint_ref
+            self.git("push", "-q", f"--force-with-lease={ref}:{self.lease.checkpoint}", "origin", f":{ref}")
+            self.lease.checkpoint = ""
 
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes: one atomic push, leased
@@ -354,7 +437,7 @@ class Checkout:
         branch in the background, so another worker can resume from it; returns whether there was a new one."""
         if not self.index_file.exists():
             self.git("read-tree", "HEAD", index=True)
-        self.git("add", "-A", index=True)
+        self._stage(index=True)
         tree = self.git("write-tree", index=True).strip()
         self.pushes.wait()
         marker = self._pushed_marker
@@ -419,14 +502,16 @@ class Checkout:
 
 
 def run_git(
-    args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True
+    args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True,
+    stdin: str | None = None,
 ) -> str:
     """Run git with a fixed author and no terminal prompts; raise :class:`GitError` on failure."""
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
     env.update(AUTHOR)
     env["GIT_TERMINAL_PROMPT"] = "0"
     env.update(extra_env or {})
-    proc = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False,
+                          input=stdin)
     if check and proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise GitError(f"git {args[0]} failed: {last[0]}")

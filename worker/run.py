@@ -37,6 +37,7 @@ from worker.checkout import Checkout
 from worker.fencing import owner_check
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
+from worker.leftout import LeftOut, NeverCommitted, with_note
 from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.settings_models import Settings
@@ -313,6 +314,7 @@ class TaskRun:
                                Path(self.settings.contexts.workspaces_dir).absolute(),
                                self.settings.contexts.warm_copy_days * 86400),
                 guard=guard,
+                never=NeverCommitted.from_settings(self.settings.environments),
             )
             if ctx.previous_holder is not None and fencing.ENFORCED:
                 checkout.set_aside()  # a takeover: what the previous holder may still write lands elsewhere
@@ -342,9 +344,15 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
-        resumed = checkout.prepare(fresh=not ctx.pinned, steps=int(ctx.read_state().get("llm_call_count", 0)))
+        state = ctx.read_state()
+        resumed = checkout.prepare(fresh=not ctx.pinned, steps=int(state.get("llm_call_count", 0)))
         if checkout.lease.latest:  # the commit this holder leases its checkpoint pushes on
             ctx.stage_state(checkpoint=checkout.lease.latest)
+        # What "changed nothing" is measured against: the commit the task's first holder started from (a resumed
+        # holder's checkout may start from a moved default branch, or from the branch an earlier holder pushed).
+        base = state.get("base") or checkout.tree.base
+        if base and not state.get("base"):
+            ctx.stage_state(base=base)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
@@ -357,12 +365,29 @@ class TaskRun:
         with self._egress(ctx) as egress:  # the allow-list's proxy lives as long as the agent's commands
             agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
             summary = mask(agent.run())
+        left_out = LeftOut()
         if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
             checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
+            left_out = checkout.left_out()
+        note = left_out.describe()
+        if not checkout.changed_since(base):
+            return self._unchanged(ctx, checkout, summary, note)
         checkout.push()  # after an owner check, and leased: a fenced holder's push is refused by the remote
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
+        if note:
+            result["left_out"] = note
         owner_check(ctx.assert_owner)()
-        result.update(self.report.deliver(checkout.branch, summary))
+        result.update(self.report.deliver(checkout.branch, with_note(summary, note)))
+        return self._finish(ctx, "completed", None, result, checkout)
+
+    def _unchanged(self, ctx: Context, checkout: Checkout, summary: str, note: str) -> dict[str, Any]:
+        """The task changed nothing: no branch is pushed and no pull/merge request opened (a follow-up pushes
+        nothing to its request's branch); it completes, and its summary comment says so."""
+        checkout.drop_checkpoints()  # after an owner check, and leased like every push
+        log.info("task changed nothing; no branch pushed")
+        result: dict[str, Any] = {"summary": summary, "unchanged": True}
+        if note:
+            result["left_out"] = note
         return self._finish(ctx, "completed", None, result, checkout)
 
     def _history(self) -> str:

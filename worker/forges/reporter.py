@@ -74,6 +74,8 @@ def progress_body(
         lines.append(f"| Error | {mask(str(state['error'])).replace('|', '/')[:300]} |")
     if change_url:
         lines += ["", f"Result: {change_url}"]
+    elif (state.get("result") or {}).get("unchanged"):
+        lines += ["", "Result: no changes, nothing pushed"]
     elif status not in ("completed", "failed", "timeout", "cancelled"):
         lines += ["", f"To stop it, comment `/tasuki cancel` or remove the label `{labels.processing}`."]
     return "\n".join(lines)
@@ -91,10 +93,14 @@ def memory_line(memory: dict[str, Any]) -> str:
 def summary_body(uuid: str, status: str, result: dict[str, Any] | None, error: str | None) -> str:
     """The final comment: the summary and the PR/MR link, or why the task stopped."""
     result = result or {}
-    if status == "completed":
+    if status == "completed" and result.get("unchanged"):  # nothing pushed, no pull/merge request: say why
+        text = f"**Tasuki finished:** no changes were needed/made: {result.get('summary', '')}".rstrip()
+    elif status == "completed":
         text = f"**Tasuki finished.** {result.get('pull_request_url', '')}\n\n{result.get('summary', '')}".rstrip()
     else:
         text = f"**Tasuki stopped: {status}.**" + (f"\n\n{error}" if error else "")
+    if status == "completed" and result.get("left_out"):
+        text += f"\n\n{result['left_out']}"
     return mask(f"{text}\n\n<sub>task `{uuid}`</sub>")
 
 
