@@ -332,10 +332,6 @@ class Checkout:
         """Holds the checkpoint commit being pushed; absent once it is on the remote."""
         return self.path / ".git" / "tasuki-checkpoint-pending"
 
-    def has_changes(self) -> bool:
-        """True when the working tree differs from the last commit (what is never committed aside)."""
-        return bool(self.git("status", "--porcelain").strip())
-
     @property
     def _exclude_file(self) -> Path:
         return self.path / ".git" / "info" / "exclude"
