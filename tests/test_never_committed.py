@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from cli.commands import outcome_lines
 from contexts import ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
@@ -358,3 +359,11 @@ def test_a_follow_up_that_changed_nothing_pushes_nothing_and_comments_on_its_pul
     assert not forge.changes
     pull = forge.item(OWNER, REPO, 100)
     assert pull.comments[-1].body.startswith("**Tasuki finished:** no changes were needed/made: add() already adds")
+
+
+def test_submit_wait_says_a_task_pushed_nothing_and_what_it_left_out() -> None:
+    state = {
+        "status": "completed",
+        "result": {"summary": "s", "unchanged": True, "left_out": "left out of the commit: x"},
+    }
+    assert outcome_lines(state, None) == ["no changes: nothing was pushed", "left out of the commit: x"]

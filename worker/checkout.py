@@ -386,6 +386,8 @@ class Checkout:
         base counts as changed."""
         if not base:
             return True
+        if base == self.tree.exact:  # HEAD is still the start commit, known without asking git
+            return False
         try:
             base_tree = self.git("rev-parse", "--verify", "-q", f"{base}^{{tree}}").strip()
         except GitError:  # not in this clone (a force-pushed pull request): assume the work is there
