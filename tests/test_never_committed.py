@@ -22,7 +22,7 @@ from replay.trajectory import turns_from_entries
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import BUGGY_CALC, FIXED_CALC, git, make_buggy_repo
 from tests.helpers.worker_scenarios import finish_turn, provider_env, tool
-from worker.checkout import Checkout
+from worker.checkout import Checkout, GitError
 from worker.forges import GitHubForge
 from worker.forges.reporter import ForgeReporter
 from worker.leftout import LeftOut, NeverCommitted, anchored
@@ -226,6 +226,23 @@ def test_a_resume_after_pushed_checkpoints_has_changed_and_one_that_reverted_the
     assert not third.commit("nothing")
     assert not third.changed_since(base)
     third.drop_checkpoints()
+    assert branches(bare) == {"main"}
+
+
+def test_a_holder_taken_over_cannot_drop_the_checkpoints_of_the_holder_after_it(tmp_path: Path) -> None:
+    bare = bare_remote(tmp_path)
+    first = Checkout(tmp_path / "hostA" / "w", str(bare), "tasuki/7-fenced00")
+    first.prepare(fresh=True)
+    first.settle()
+    second = Checkout(tmp_path / "hostB" / "w", str(bare), "tasuki/7-fenced00")
+    second.prepare(fresh=False, steps=1)  # the takeover claims the checkpoint branch
+    claimed = git(bare, "rev-parse", "tasuki-checkpoints/7-fenced00").strip()
+
+    assert not first.changed_since(first.tree.base)  # the first holder, paused past its takeover, changed nothing
+    with pytest.raises(GitError, match="push failed"):
+        first.drop_checkpoints()
+    assert git(bare, "rev-parse", "tasuki-checkpoints/7-fenced00").strip() == claimed
+    second.drop_checkpoints()
     assert branches(bare) == {"main"}
 
 
