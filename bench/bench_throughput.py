@@ -1,10 +1,11 @@
 """Minimal tasks per second through the whole stack, against a bare Celery no-op task on the same Redis.
 
 A minimal task: the scripted model calls ``finish`` at once, the repository is one small file.  Each one still
-creates its context, switches a warm copy onto a refreshed mirror, asks the model over HTTP and completes; since
-issue 25 a task that changed nothing pushes no branch (it still pushes its fencing claim and deletes it), so
-figures from before that change pushed a branch per task and are not comparable.  A second baseline does only that unavoidable work (clone, then refresh the kept clone; one chat
-request on a kept HTTP client; push) in a bare Celery task, which shows how much is Tasuki's own bookkeeping.
+creates its context, switches a warm copy onto a refreshed mirror, asks the model over HTTP and completes;
+since issue 25 a task that changed nothing pushes no branch (it still pushes its fencing claim and deletes
+it), so figures from before that change pushed a branch per task and are not comparable.  A second baseline
+does only that unavoidable work (clone, then refresh the kept clone; one chat request on a kept HTTP client;
+push) in a bare Celery task, which shows how much is Tasuki's own bookkeeping.
 All workers are real ``celery worker`` subprocesses with the same concurrency on one private Redis; rounds
 alternate, so a burst of load from elsewhere slows a round of each rather than all rounds of one.
 """
