@@ -4,11 +4,12 @@ A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line
 :data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
 
 - ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
-  network's with ``sandbox.network: none``). The checkout is the only writable place (at ``/workspace``);
-  ``/tmp`` and the home are private and empty; the system directories, and those of the tools on the
-  worker's ``PATH``, are read-only. The worker's processes, its ``/proc``, its files, the contexts root and
-  other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is killed at the end
-  of every call, so nothing the command started outlives it.
+  network's with ``sandbox.network: none``). The checkout (at ``/workspace``) and the task's home (a host
+  directory that lasts for the task, at ``HOME``) are the only writable places besides the call's private
+  ``/tmp``; the system directories, and those of the tools on the worker's ``PATH``, are read-only. The worker's
+  processes, its ``/proc``, its files, the contexts root and other tasks' checkouts are not there.
+  ``--die-with-parent``, and the sandbox's init is killed at the end of every call, so nothing the command
+  started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
 
@@ -146,8 +147,9 @@ class Bubblewrap:
         if self.network != "full" or self.egress is not None:
             options.append("--unshare-net")  # allowlist without a proxy: no way out at all
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
-        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen.
-        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
+        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
+        # and the task's home is bound over it at HOME (the same path in every call and every task).
+        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
@@ -163,7 +165,7 @@ class Bubblewrap:
         return [*options, *argv], checkout
 
     def home_inside(self, home: Path) -> str:
-        """A private, empty tmpfs directory."""
+        """The fixed path the task's home is bound at."""
         return HOME
 
     def with_egress(self, socket: Path | None) -> Sandbox:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -18,15 +17,14 @@ from typing import Any
 import structlog
 
 from contexts.lock import process_started
-from sandbox.jail import limited, sandbox_env
+from sandbox import envfiles
+from sandbox.jail import Sandbox, limited, sandbox_env
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
 
 log = structlog.get_logger(__name__)
 
-# Names that look like credentials never reach the agent's shell, even when a caller passes them.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # After the command exits, output still buffered in the pipe is read for at most this long.
 _DRAIN_S = 5.0
 # Without pidfd (not Linux) the exit of the command is noticed by polling this often.
@@ -55,10 +53,13 @@ def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str
     env = {"PATH": os.environ.get("PATH", os.defpath), **_BASE_ENV}
     env.update(extra or {})
     env.update({"HOME": str(home), "TMPDIR": str(home)})
-    for name in [name for name in env if _SECRET_NAME.search(name)]:
-        log.warning("tool_env_secret_dropped", variable=name)
-        del env[name]
-    return env
+    return envfiles.drop_secrets(env)
+
+
+def command_env(home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox) -> dict[str, str]:
+    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add."""
+    inside = sandbox.home_inside(home)
+    return envfiles.applied(sandbox_env(scrubbed_env(home, extra), sandbox, home), home, inside)
 
 
 class BashTool:
@@ -67,7 +68,9 @@ class BashTool:
     name = "bash"
     description = (
         "Run a bash command in the repository root and return its combined stdout and stderr and exit code. "
-        "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls. "
+        "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls, "
+        "but $HOME does (for the whole task), and lines added to $TASUKI_ENV (KEY=VALUE) and $TASUKI_PATH "
+        "(a directory) apply to every later call. "
         "stdin is empty; long output is cut in the middle."
     )
     parameters: Mapping[str, Any] = {
@@ -92,9 +95,11 @@ class BashTool:
         if "\x00" in command:
             raise ToolError("command contains a NUL byte")
         timeout_s = min(requested or options.bash_timeout_s, options.bash_timeout_s)
-        home = Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
+        # The task's home lasts for the task; a caller without one (a test, a tool run alone) gets one per call.
+        home = options.home or Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
         try:
-            env = sandbox_env(scrubbed_env(home, options.env), options.sandbox, home)
+            envfiles.prepare(home)
+            env = command_env(home, options.env, options.sandbox)
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
             if options.limits is not None:
                 argv = limited(argv, options.limits, timeout_s + 1)
@@ -102,7 +107,8 @@ class BashTool:
                 argv, cwd, env, timeout_s, options.max_output_chars, on_start=options.on_start
             )
         finally:
-            shutil.rmtree(home, ignore_errors=True)
+            if options.home is None:
+                shutil.rmtree(home, ignore_errors=True)
         body = text if not text or text.endswith("\n") else text + "\n"
         if timed_out:
             message = f"command timed out after {timeout_s} s"
