@@ -74,8 +74,9 @@ def _text(path: Path) -> str:
         log.warning("env file not read", file=path.name, error=str(exc)[:200])
         return ""
     if len(data) > MAX_FILE_BYTES:
-        log.warning("env file larger than its limit: only its beginning is read", file=path.name,
-                    limit_bytes=MAX_FILE_BYTES)
+        log.warning(
+            "env file larger than its limit: only its beginning is read", file=path.name, limit_bytes=MAX_FILE_BYTES
+        )
         data = data[:MAX_FILE_BYTES].rsplit(b"\n", 1)[0]
     return data.decode("utf-8", errors="replace")
 

@@ -33,10 +33,25 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
+from sandbox import envfiles
 from sandbox.settings import SandboxLimits, SandboxSettings
 
 log = structlog.get_logger(__name__)
 
+BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",  # a git command asking for a password would hang until the timeout
+    "GIT_AUTHOR_NAME": "tasuki-bot",
+    "GIT_AUTHOR_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "GIT_COMMITTER_NAME": "tasuki-bot",
+    "GIT_COMMITTER_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "NO_COLOR": "1",
+}
 WORKSPACE = "/workspace"  # where the checkout appears inside the sandbox
 HOME = "/tmp/home"  # noqa: S108 - a private tmpfs inside the sandbox, not the host's /tmp
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
@@ -277,3 +292,17 @@ def sandbox_env(env: Mapping[str, str], sandbox: Sandbox, home: Path) -> dict[st
     """The command's environment with ``HOME`` and ``TMPDIR`` as the sandbox shows them."""
     inside = sandbox.home_inside(home)
     return {**env, "HOME": inside, "TMPDIR": inside}
+
+
+def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A command's whole environment on the host's side: an allow-list plus ``extra``, minus secret-looking names."""
+    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
+    env = {"PATH": os.environ.get("PATH", os.defpath), **BASE_ENV}
+    env.update(extra or {})
+    env.update({"HOME": str(home), "TMPDIR": str(home)})
+    return envfiles.drop_secrets(env)
+
+
+def command_env(home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox) -> dict[str, str]:
+    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add."""
+    return envfiles.applied(sandbox_env(scrubbed_env(home, extra), sandbox, home), home, sandbox.home_inside(home))

@@ -23,7 +23,7 @@ from worker.checkout import Checkout
 from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 
-BASE_PYTHON = Path(sys._base_executable)  # noqa: SLF001 - the interpreter the test venv was made from (no venv)
+BASE_PYTHON = Path(sys._base_executable)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,16 @@ def bubblewrap() -> Bubblewrap:
 
 
 def bash(sandbox: Sandbox, checkout: Path, home: Path, command: str) -> str:
-    result = run_tool(Workspace(checkout), "bash", {"command": command}, bash_timeout_s=120,
-                      max_output_chars=20000, sandbox=sandbox, limits=SandboxSettings().limits, home=home)
+    result = run_tool(
+        Workspace(checkout),
+        "bash",
+        {"command": command},
+        bash_timeout_s=120,
+        max_output_chars=20000,
+        sandbox=sandbox,
+        limits=SandboxSettings().limits,
+        home=home,
+    )
     return result.output
 
 
@@ -49,13 +57,18 @@ def test_a_user_install_in_one_call_is_importable_in_the_next_and_tmp_stays_priv
     home.mkdir(mode=0o700)
     with package_index() as index:
         index.add(make_wheel(tmp_path / "wheels", "tinypkg", "1.0", {"tinypkg/__init__.py": "VALUE = 42\n"}))
-        installed = bash(bubblewrap, checkout, home,
-                         f"PIP_BREAK_SYSTEM_PACKAGES=1 {BASE_PYTHON} -m pip install -q --user --no-cache-dir "
-                         f"--index-url {index.url} tinypkg && echo $HOME && touch /tmp/call-one")
+        installed = bash(
+            bubblewrap,
+            checkout,
+            home,
+            f"PIP_BREAK_SYSTEM_PACKAGES=1 {BASE_PYTHON} -m pip install -q --user --no-cache-dir "
+            f"--index-url {index.url} tinypkg && echo $HOME && touch /tmp/call-one",
+        )
     assert "exit code: 0" in installed, installed
     assert "/tmp/home" in installed
-    used = bash(bubblewrap, checkout, home,
-                f"{BASE_PYTHON} -c 'import tinypkg; print(tinypkg.VALUE)'; ls /tmp/call-one")
+    used = bash(
+        bubblewrap, checkout, home, f"{BASE_PYTHON} -c 'import tinypkg; print(tinypkg.VALUE)'; ls /tmp/call-one"
+    )
     assert "42" in used
     assert "No such file" in used  # the call's /tmp is its own
     assert list((home / ".local" / "lib").glob("python*/site-packages/tinypkg"))  # on the host, in the task's home
@@ -69,9 +82,16 @@ def test_env_files_apply_to_every_later_call_without_secrets_or_torn_lines(
     checkout, home = tmp_path / "task", tmp_path / "task.home"
     checkout.mkdir()
     home.mkdir(mode=0o700)
-    bash(sandbox, checkout, home, 'mkdir -p "$HOME/bin" && printf "#!/bin/sh\\necho tool-ran\\n" > "$HOME/bin/mytool" '
-         '&& chmod +x "$HOME/bin/mytool" && echo "$HOME/bin" >> "$TASUKI_PATH" && echo GREETING=hello >> "$TASUKI_ENV" '
-         '&& printf "NOTES<<EOF\\nline one\\nline two\\nEOF\\nNPM_TOKEN=s3cr3t-value\\nHALF<<END\\ntorn" >> "$TASUKI_ENV"')
+    bash(
+        sandbox,
+        checkout,
+        home,
+        'mkdir -p "$HOME/bin" && printf "#!/bin/sh\\necho tool-ran\\n" > "$HOME/bin/mytool" '
+        '&& chmod +x "$HOME/bin/mytool" && echo "$HOME/bin" >> "$TASUKI_PATH" '
+        '&& echo GREETING=hello >> "$TASUKI_ENV" '
+        '&& printf "NOTES<<EOF\\nline one\\nline two\\nEOF\\nNPM_TOKEN=s3cr3t-value\\nHALF<<END\\ntorn" '
+        '>> "$TASUKI_ENV"',
+    )
     with capture_logs() as logs:
         seen = bash(sandbox, checkout, home, 'mytool; echo "g=$GREETING"; echo "$NOTES"; echo "t=${NPM_TOKEN:-none}"')
     assert "tool-ran" in seen
@@ -86,8 +106,7 @@ def test_env_file_forms_and_what_is_skipped() -> None:
     text = "A=1\nB=x=y\n\nC<<EOF\nmulti\nline\nEOF\nnot a line\n1BAD=2\nHOME=/elsewhere\nA=2\r\nD=nul\x00\n"
     variables, skipped = envfiles.parse_env(text)
     assert variables == {"A": "2", "B": "x=y", "C": "multi\nline"}
-    assert [reason.split(":", 1)[0] for reason in skipped] == ["env line 8", "env line 9", "env line 10",
-                                                                "env line 12"]
+    assert [reason.split(":", 1)[0] for reason in skipped] == ["env line 8", "env line 9", "env line 10", "env line 12"]
     path, path_skipped = envfiles.parse_path("/a\nrelative/dir\n/b\n\n/a\n")
     assert path == ("/a", "/b")  # the last line first; a repeated directory counts where it was written last
     assert len(path_skipped) == 1

@@ -210,11 +210,13 @@ class GitCache:
         and so is the checkout beside them, if any (a worker killed before it released the checkout leaves both)."""
         gone = []
         for entry in _entries(self.workspaces):
-            if entry.name.startswith(ASIDE_PREFIX) and _mtime(entry) < cutoff:
-                shutil.rmtree(entry, ignore_errors=True)
-                gone.append(entry)
-            elif entry.name.endswith(HOME_SUFFIX) and max(_mtime(entry), _mtime_or_zero(
-                    entry.with_name(entry.name.removesuffix(HOME_SUFFIX)))) < cutoff:
+            if entry.name.startswith(ASIDE_PREFIX):
+                last_used = _mtime(entry)
+            elif entry.name.endswith(HOME_SUFFIX):
+                last_used = max(_mtime(entry), _mtime_or_zero(entry.with_name(entry.name.removesuffix(HOME_SUFFIX))))
+            else:
+                continue
+            if last_used < cutoff:
                 shutil.rmtree(entry, ignore_errors=True)
                 gone.append(entry)
         return gone

@@ -92,7 +92,7 @@ def package_index(host: str = "127.0.0.1") -> Iterator[PackageIndex]:
     index = PackageIndex()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             index.logged(self.path)
             status, kind, body = index.page(self.path)
             self.send_response(status)
@@ -101,7 +101,7 @@ def package_index(host: str = "127.0.0.1") -> Iterator[PackageIndex]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        def log_message(self, format: str, *args: object) -> None:
             return
 
     server = ThreadingHTTPServer((host, 0), Handler)

@@ -18,7 +18,7 @@ import structlog
 
 from contexts.lock import process_started
 from sandbox import envfiles
-from sandbox.jail import Sandbox, limited, sandbox_env
+from sandbox.jail import command_env, limited
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
@@ -30,37 +30,6 @@ _DRAIN_S = 5.0
 # Without pidfd (not Linux) the exit of the command is noticed by polling this often.
 _POLL_S = 0.05
 _READ_SIZE = 65536
-
-_BASE_ENV = {
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "TERM": "dumb",
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0",  # a git command asking for a password would hang until the timeout
-    "GIT_AUTHOR_NAME": "tasuki-bot",
-    "GIT_AUTHOR_EMAIL": "tasuki-bot@users.noreply.localhost",
-    "GIT_COMMITTER_NAME": "tasuki-bot",
-    "GIT_COMMITTER_EMAIL": "tasuki-bot@users.noreply.localhost",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "NO_COLOR": "1",
-}
-
-
-def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The agent shell's whole environment: an allow-list plus ``extra``, minus secret-looking names."""
-    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
-    env = {"PATH": os.environ.get("PATH", os.defpath), **_BASE_ENV}
-    env.update(extra or {})
-    env.update({"HOME": str(home), "TMPDIR": str(home)})
-    return envfiles.drop_secrets(env)
-
-
-def command_env(home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox) -> dict[str, str]:
-    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add."""
-    inside = sandbox.home_inside(home)
-    return envfiles.applied(sandbox_env(scrubbed_env(home, extra), sandbox, home), home, inside)
-
 
 class BashTool:
     """``bash(command, timeout_s?)``: run a shell command in the checkout."""
