@@ -112,17 +112,21 @@ class TaskEnvironment:
     on_report: Callable[[EnvironmentReport], None] = field(default=lambda report: None)  # metrics
 
     def prepare(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
-        """Find the declaration, then keep, restore or build the environment; record and return how it went."""
+        """Find the declaration, then keep, restore or build the environment; record and return how it went.
+
+        The ``setup`` record is written when something was declared (tools.jsonl holds what ran); ``state.json``
+        says how it went in every case."""
         started = time.monotonic()
         report = self._prepare(ctx, checkout, started)
-        ctx.append_tool(
-            TOOL_NAME,
-            {"source": report.source, "key": report.key},
-            "error" if report.outcome == "failed" else "success",
-            int(report.duration_s * 1000),
-            result={**asdict(report), "created": list(report.created), "line": report.line},
-            error=report.why_failed if report.outcome == "failed" else None,
-        )
+        if report.outcome != "none":
+            ctx.append_tool(
+                TOOL_NAME,
+                {"source": report.source, "key": report.key},
+                "error" if report.outcome == "failed" else "success",
+                int(report.duration_s * 1000),
+                result={**asdict(report), "created": list(report.created), "line": report.line},
+                error=report.why_failed if report.outcome == "failed" else None,
+            )
         ctx.update_state(environment=report.state())
         log.info("environment " + report.outcome, line=report.line, key=report.key)
         self.on_report(report)

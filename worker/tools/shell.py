@@ -67,6 +67,7 @@ class BashTool:
         # The task's home lasts for the task; a caller without one (a test, a tool run alone) gets one per call.
         home = options.home or Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
         try:
+            home.mkdir(mode=0o700, parents=True, exist_ok=True)
             envfiles.prepare(home)
             env = command_env(home, options.env, options.sandbox)
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
