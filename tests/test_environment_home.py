@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from tests.helpers.ci import cannot_run
 from tests.helpers.package_index import make_wheel, package_index
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
+from worker.environment import maybe_sweep, snapshot_store
+from worker.settings_models import Settings
 from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 
@@ -138,3 +142,24 @@ def test_homes_whose_task_is_long_gone_are_swept_with_the_stale_checkouts(tmp_pa
         os.utime(workspaces / name, (now - 7200, now - 7200))
     cache.evict(now)
     assert sorted(p.name for p in workspaces.iterdir()) == ["old", "recent.home"]  # a stale checkout is not its job
+
+
+def test_the_hourly_sweep_drops_snapshots_unused_for_keep_days_once_an_hour(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(
+        {"TASUKI__ENVIRONMENTS__SNAPSHOTS_DIR": str(tmp_path / "snapshots"), "TASUKI__ENVIRONMENTS__KEEP_DAYS": "1"}
+    )
+    store = snapshot_store(settings)
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    (home / ".tasuki").mkdir(parents=True)
+    (checkout / ".venv").mkdir(parents=True)
+    (checkout / ".venv" / "cfg").write_text("x")
+    now = time.time()
+    store.publish("a" * 32, "owner/repo", home, checkout, [".venv/"], [], now=now - 3 * 86400)
+    store.publish("b" * 32, "owner/repo", home, checkout, [".venv/"], [], now=now)
+    assert [s.split("/")[-1] for s in maybe_sweep(settings, now)] == ["a" * 32]
+    assert store.find("b" * 32) is not None
+    store.publish("c" * 32, "owner/repo", home, checkout, [".venv/"], [], now=now - 3 * 86400)
+    assert maybe_sweep(settings, now + 1800) == []  # not again within the hour, though c is unused for days
+    assert [s.split("/")[-1] for s in maybe_sweep(settings, now + 3600)] == ["c" * 32]

@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 TOOL_NAME = "setup"  # its record in tools.jsonl
 MARKER = ".tasuki/environment"  # in the task's home: the key of the environment it holds, once it is whole
 MAX_PATHS_IN_STATE = 50
+SWEEP_EVERY_S = 3600  # how often a host sweeps its snapshots (the processes share a stamp file, as warm copies do)
+SWEPT_STAMP = ".swept"  # under the snapshots' root: its mtime is the host's last sweep
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,24 @@ def snapshot_store(settings: Settings) -> SnapshotStore:
         keep_days=environments.keep_days,
         max_bytes=environments.max_snapshot_bytes,
     )
+
+
+def maybe_sweep(settings: Settings, now: float) -> list[str]:
+    """:meth:`SnapshotStore.sweep` of this host's snapshots, at most once per ``SWEEP_EVERY_S``; what it removed."""
+    store = snapshot_store(settings)
+    stamp = store.root / SWEPT_STAMP
+    try:
+        if now - stamp.stat().st_mtime < SWEEP_EVERY_S:
+            return []
+    except FileNotFoundError:
+        if not store.root.is_dir():
+            return []  # no snapshot was ever kept here
+    stamp.touch(mode=0o600)  # first: the other processes skip this round
+    os.utime(stamp, (now, now))
+    removed = store.sweep(now)
+    if removed:
+        log.info("environment snapshots swept", removed=removed)
+    return removed
 
 
 def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:

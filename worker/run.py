@@ -6,6 +6,7 @@ lock, not Celery, decides who runs a task (SPEC §5).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -34,7 +35,7 @@ from sandbox.jail import make_sandbox
 from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
-from worker.environment import EnvironmentReport, TaskEnvironment, repository_of
+from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.fencing import owner_check
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
@@ -500,6 +501,10 @@ class TaskRun:
             return self._unfinished(ctx, status, error, result, exc)
         if checkout is not None:
             checkout.release()
+            try:  # the hourly sweep rides on task endings, as the warm copies' eviction does
+                maybe_sweep(self.settings, time.time())
+            except OSError as exc:
+                log.warning("environment snapshots not swept", error=str(exc)[:300])
         try:
             self.report.finish(status, read_state(path), result, error)
         except Exception as exc:
