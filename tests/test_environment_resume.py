@@ -99,3 +99,24 @@ def test_without_bubblewrap_the_setup_runs_for_every_task_and_says_why(
     assert [o.outcome for o in outcomes] == ["built", "built"]
     assert "snapshots need sandbox.backend: bubblewrap" in outcomes[1].snapshot
     assert any("snapshots need sandbox.backend: bubblewrap" in e["event"] for e in logs)
+
+
+def test_a_declaration_that_cannot_be_read_is_told_and_nothing_runs(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings()
+    remote = make_buggy_repo(tmp_path / "repo")
+    (remote / ".devcontainer").mkdir()
+    (remote / ".devcontainer" / "devcontainer.json").write_text('{"postCreateCommand": "pip install -e .",,,}')
+    git(remote, "add", "-A")
+    git(remote, "commit", "-q", "-m", "a broken devcontainer")
+    store = ContextStore(settings.contexts.base_dir, fsync="never")
+    ctx = store.create(TASK_KEY, {})
+    checkout = checkout_for(settings, remote, ctx.uuid)
+    report = TaskEnvironment(settings, str(remote)).prepare(ctx, checkout)
+    assert report.outcome == "failed"
+    assert ".devcontainer/devcontainer.json" in report.first_message()
+    assert "was not set up" in report.first_message()
+    assert ctx.read_state()["environment"]["line"].startswith("setup failed: .devcontainer/devcontainer.json")
+    checkout.release()
+    ctx.release()

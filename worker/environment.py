@@ -77,10 +77,7 @@ class EnvironmentReport:
         if self.outcome != "failed":
             return ""
         if self.error is not None:
-            return (
-                f"Note: the repository's environment declaration could not be read ({self.error}), so no "
-                "setup ran. Install what you need yourself."
-            )
+            return f"Note: the repository's environment was not set up ({self.error}). Install what you need yourself."
         return (
             f"Note: the repository's environment setup (declared by {self.source}) failed: {self.why_failed}. "
             "The task goes on without it: install what you need yourself. The last lines of its log:\n"
@@ -119,7 +116,12 @@ class TaskEnvironment:
         The ``setup`` record is written when something was declared (tools.jsonl holds what ran); ``state.json``
         says how it went in every case."""
         started = time.monotonic()
-        report = self._prepare(ctx, checkout, started)
+        try:
+            report = self._prepare(ctx, checkout, started)
+        except (OSError, SnapshotError) as exc:  # the store or the sandbox could not be used: the task goes on
+            log.warning("environment not prepared", error=mask(str(exc))[:300])
+            why = mask(f"the environment could not be prepared ({type(exc).__name__}: {exc})".splitlines()[0])[:300]
+            report = EnvironmentReport("failed", duration_s=time.monotonic() - started, error=why)
         if report.outcome != "none":
             ctx.append_tool(
                 TOOL_NAME,
@@ -151,13 +153,9 @@ class TaskEnvironment:
         if not recorded.get("key"):
             ctx.update_state(environment={"key": key, "source": declaration.source, "outcome": "building"})
         if self._kept(checkout, recorded, key):
-            return EnvironmentReport(
-                "kept",
-                declaration.source,
-                key,
-                time.monotonic() - started,
-                created=tuple(recorded.get("created") or ()),
-            )
+            created = tuple(str(path) for path in recorded.get("created") or ())
+            report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
+            return self._done(checkout, report)
         _empty(checkout.home)
         if self.settings.sandbox.backend == "none":
             log.info("environment snapshots need sandbox.backend: bubblewrap; the setup runs for every task")
@@ -167,20 +165,17 @@ class TaskEnvironment:
         with store.building(key):
             snapshot = store.find(key)
             if snapshot is not None:
+                before = untracked(checkout.path)
                 try:
-                    before = untracked(checkout.path)
                     store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
                 except (OSError, SnapshotError) as exc:
                     log.warning("environment snapshot not restored; building it", error=str(exc)[:300])
+                    _remove(checkout.path, untracked(checkout.path) - before)  # half a restore
                     _empty(checkout.home)
                 else:
                     created = tuple(sorted(untracked(checkout.path) - before))
-                    return self._done(
-                        checkout,
-                        EnvironmentReport(
-                            "restored", declaration.source, key, time.monotonic() - started, 0, created=created
-                        ),
-                    )
+                    report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
+                    return self._done(checkout, _with(report, created=created))
             return self._build(declaration, checkout, key, started, keep=key == current, store=store)
 
     def _build(
@@ -301,6 +296,16 @@ def maybe_sweep(settings: Settings, now: float) -> list[str]:
 
 def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
     return EnvironmentReport(**{**asdict(report), **changes})
+
+
+def _remove(checkout: Path, paths: set[str]) -> None:
+    """Delete ``paths`` of the checkout (what a failed restore left)."""
+    for path in paths:
+        target = checkout / path.rstrip("/")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
 
 
 def _empty(home: Path) -> None:
