@@ -140,15 +140,22 @@ class TaskEnvironment:
         environments = self.settings.environments
         try:
             declaration = find_declaration(checkout.path, self.repository, environments)
-        except DeclarationError as exc:
+            files = key_files(checkout.path, environments) if declaration is not None else {}
+        except DeclarationError as exc:  # a repository's file, or an operator's key_files glob, that cannot be read
             log.warning("environment declaration not read", error=str(exc))
             return EnvironmentReport("failed", error=mask(str(exc)), duration_s=time.monotonic() - started)
         if declaration is None:
             log.info("environment declared by none")
             return EnvironmentReport("none", duration_s=time.monotonic() - started)
         log.info("environment declared by " + declaration.source, notes=list(declaration.notes))
+        return self._provide(ctx, checkout, declaration, files, started)
+
+    def _provide(
+        self, ctx: Context, checkout: Checkout, declaration: Declaration, files: dict[str, bytes], started: float
+    ) -> EnvironmentReport:
+        """Keep, restore or build the environment of ``declaration``."""
         recorded = ctx.read_state().get("environment") or {}
-        current = environment_key(self.repository, declaration, key_files(checkout.path, environments), worker_image())
+        current = environment_key(self.repository, declaration, files, worker_image())
         key = str(recorded.get("key") or current)  # a resume keeps the key its task began with
         if not recorded.get("key"):
             ctx.update_state(environment={"key": key, "source": declaration.source, "outcome": "building"})
@@ -156,7 +163,9 @@ class TaskEnvironment:
             created = tuple(str(path) for path in recorded.get("created") or ())
             report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
             return self._done(checkout, report)
-        _empty(checkout.home)
+        # A resume here whose environment is not whole keeps what its agent installed in the home, and builds over
+        # it; such a build is not kept as the key's snapshot (it holds more than the setup made).
+        clean = not any(checkout.home.iterdir())
         if self.settings.sandbox.backend == "none":
             log.info("environment snapshots need sandbox.backend: bubblewrap; the setup runs for every task")
             report = self._build(declaration, checkout, key, started, keep=False)
@@ -176,7 +185,7 @@ class TaskEnvironment:
                     created = tuple(sorted(untracked(checkout.path) - before))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
                     return self._done(checkout, _with(report, created=created))
-            return self._build(declaration, checkout, key, started, keep=key == current, store=store)
+            return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
 
     def _build(
         self,
@@ -220,8 +229,9 @@ class TaskEnvironment:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
         elif store is not None:
-            log.info("environment snapshot not kept: the declaration or lockfiles changed since the task began")
-            report = _with(report, snapshot="not kept: the declaration or lockfiles changed since the task began")
+            why = "not kept: a resumed task's environment (its declaration or lockfiles changed, or its home was kept)"
+            log.info("environment snapshot " + why)
+            report = _with(report, snapshot=why)
         return self._done(checkout, report)
 
     def _done(self, checkout: Checkout, report: EnvironmentReport) -> EnvironmentReport:
