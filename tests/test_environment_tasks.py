@@ -206,6 +206,7 @@ def test_a_setup_secret_reaches_the_setup_masked_and_never_the_agent(
     assert record["result"]["outcome"] == "built"  # it ran with the secret (test -n under bash -e)
     assert "logging in with ***" in record["result"]["log_tail"]
     assert "agent sees nothing" in bash_outputs(directory)[0]
+    assert f"{len(SECRET) + 1}\n" in bash_outputs(directory)[0]  # the agent's home is the one the setup wrote in
     assert "REGISTRY_AUTH" in record["result"]["snapshot"]  # not kept: its value is in a file (named)
     assert ".registryrc" in record["result"]["snapshot"]
     for name in ("tools.jsonl", "messages.jsonl", "state.json"):
