@@ -211,3 +211,24 @@ def test_a_setup_secret_reaches_the_setup_masked_and_never_the_agent(
     assert ".registryrc" in record["result"]["snapshot"]
     for name in ("tools.jsonl", "messages.jsonl", "state.json"):
         assert SECRET not in (directory / name).read_text()
+
+
+def test_a_setup_with_the_allow_list_installs_through_its_own_proxy(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    # 127.0.1.1: a loopback address not in NO_PROXY, so pip's requests go through the setup's egress proxy.
+    with package_index(host="127.0.1.1") as served:
+        served.add(make_wheel(tmp_path / "wheels", "tinypkg", "1.0", {"tinypkg/__init__.py": "VALUE = 42\n"}))
+        repo = repo_with_setup(
+            tmp_path / "repo", venv_setup(served.url) + "curl -sS -o /dev/null https://example.org 2>&1 || true\n"
+        )
+        allowed = {
+            "TASUKI__ENVIRONMENTS__SETUP_NETWORK": "allowlist",
+            "TASUKI__SANDBOX__ALLOWED_HOSTS": '["127.0.1.1"]',
+        }
+        outcome, directory, _ = run_task(make_settings, repo, [IMPORT], allowed)
+    assert outcome["status"] == "completed", outcome
+    record = setup_record(directory)
+    assert record["result"]["outcome"] == "built", record["result"]["log_tail"]
+    assert "403" in record["result"]["log_tail"]  # a host not on the list: the proxy refused the tunnel
+    assert "tinypkg says 42" in bash_outputs(directory)[0]

@@ -21,7 +21,8 @@ import structlog
 from contexts import Context
 from contexts.masking import mask
 from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
-from sandbox.jail import Sandbox, make_sandbox
+from sandbox.egress import EgressError, Refusal, egress_proxy
+from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
 from sandbox.snapshots import SnapshotRefused, SnapshotStore, environment_key, worker_image
@@ -118,7 +119,8 @@ class TaskEnvironment:
         started = time.monotonic()
         try:
             report = self._prepare(ctx, checkout, started)
-        except (OSError, SnapshotError) as exc:  # the store or the sandbox could not be used: the task goes on
+        except (OSError, SnapshotError, SandboxUnavailable, EgressError) as exc:  # the store or the sandbox could not
+            # be used (a full disk, no socat for the setup's allow-list): the task goes on without its environment
             log.warning("environment not prepared", error=mask(str(exc))[:300])
             why = mask(f"the environment could not be prepared ({type(exc).__name__}: {exc})".splitlines()[0])[:300]
             report = EnvironmentReport("failed", duration_s=time.monotonic() - started, error=why)
@@ -198,15 +200,19 @@ class TaskEnvironment:
         store: SnapshotStore | None = None,
     ) -> EnvironmentReport:
         secrets = self.secrets()
-        outcome: SetupOutcome = run_setup(
-            declaration,
-            checkout.path,
-            checkout.home,
-            self.sandbox(checkout),
-            timeout_s=self.settings.environments.setup_timeout_s,
-            secrets=secrets,
-            limits=self.settings.sandbox.limits,
-        )
+        sandbox = self.settings.sandbox
+        network = self.settings.environments.setup_network if sandbox.backend == "bubblewrap" else "full"
+        # The setup's own egress proxy with setup_network: allowlist (the agent's comes later, with its own).
+        with egress_proxy(network, sandbox.allowed_hosts, _refused) as egress:
+            outcome: SetupOutcome = run_setup(
+                declaration,
+                checkout.path,
+                checkout.home,
+                self.sandbox(checkout).with_egress(egress),
+                timeout_s=self.settings.environments.setup_timeout_s,
+                secrets=secrets,
+                limits=sandbox.limits,
+            )
         report = EnvironmentReport(
             "built" if outcome.succeeded else "failed",
             declaration.source,
@@ -306,6 +312,10 @@ def maybe_sweep(settings: Settings, now: float) -> list[str]:
 
 def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
     return EnvironmentReport(**{**asdict(report), **changes})
+
+
+def _refused(refusal: Refusal) -> None:
+    log.warning("setup egress refused", host=refusal.host, port=refusal.port)
 
 
 def _remove(checkout: Path, paths: set[str]) -> None:
