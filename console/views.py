@@ -69,6 +69,8 @@ class TaskView:
     issue: dict[str, Any]
     result: dict[str, Any]
     memory: dict[str, Any] | None
+    environment: dict[str, Any] | None  # state.json's environment: how the task got it (SPEC §17)
+    setup: dict[str, Any] | None  # the newest setup record's result: its log tail, what it created
     last_seq: int
     last_summary: int
 
@@ -97,6 +99,8 @@ def task_view(settings: Settings, store: ContextStore, uuid: str) -> TaskView:
         issue=_dict(request.get("issue")),
         result=_dict(detail.state.get("result")),
         memory=_dict(detail.state.get("memory")) or None,
+        environment=_dict(detail.state.get("environment")) or None,
+        setup=next((_dict(t.get("result")) for t in reversed(detail.tools) if t.get("tool_name") == "setup"), None),
         last_seq=int(detail.messages[-1]["seq"]) if detail.messages else 0,
         last_summary=int(detail.summaries[-1]["summary_id"]) if detail.summaries else 0,
     )

@@ -4,11 +4,12 @@ A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line
 :data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
 
 - ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
-  network's with ``sandbox.network: none``). The checkout is the only writable place (at ``/workspace``);
-  ``/tmp`` and the home are private and empty; the system directories, and those of the tools on the
-  worker's ``PATH``, are read-only. The worker's processes, its ``/proc``, its files, the contexts root and
-  other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is killed at the end
-  of every call, so nothing the command started outlives it.
+  network's with ``sandbox.network: none``). The checkout (at ``/workspace``) and the task's home (a host
+  directory that lasts for the task, at ``HOME``) are the only writable places besides the call's private
+  ``/tmp``; the system directories, and those of the tools on the worker's ``PATH``, are read-only. The worker's
+  processes, its ``/proc``, its files, the contexts root and other tasks' checkouts are not there.
+  ``--die-with-parent``, and the sandbox's init is killed at the end of every call, so nothing the command
+  started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
 
@@ -32,10 +33,25 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
+from sandbox import envfiles
 from sandbox.settings import SandboxLimits, SandboxSettings
 
 log = structlog.get_logger(__name__)
 
+BASE_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GIT_TERMINAL_PROMPT": "0",  # a git command asking for a password would hang until the timeout
+    "GIT_AUTHOR_NAME": "tasuki-bot",
+    "GIT_AUTHOR_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "GIT_COMMITTER_NAME": "tasuki-bot",
+    "GIT_COMMITTER_EMAIL": "tasuki-bot@users.noreply.localhost",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "NO_COLOR": "1",
+}
 WORKSPACE = "/workspace"  # where the checkout appears inside the sandbox
 HOME = "/tmp/home"  # noqa: S108 - a private tmpfs inside the sandbox, not the host's /tmp
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
@@ -146,8 +162,9 @@ class Bubblewrap:
         if self.network != "full" or self.egress is not None:
             options.append("--unshare-net")  # allowlist without a proxy: no way out at all
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
-        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen.
-        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", HOME]  # noqa: S108 - a tmpfs
+        # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
+        # and the task's home is bound over it at HOME (the same path in every call and every task).
+        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
@@ -163,7 +180,7 @@ class Bubblewrap:
         return [*options, *argv], checkout
 
     def home_inside(self, home: Path) -> str:
-        """A private, empty tmpfs directory."""
+        """The fixed path the task's home is bound at."""
         return HOME
 
     def with_egress(self, socket: Path | None) -> Sandbox:
@@ -275,3 +292,17 @@ def sandbox_env(env: Mapping[str, str], sandbox: Sandbox, home: Path) -> dict[st
     """The command's environment with ``HOME`` and ``TMPDIR`` as the sandbox shows them."""
     inside = sandbox.home_inside(home)
     return {**env, "HOME": inside, "TMPDIR": inside}
+
+
+def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A command's whole environment on the host's side: an allow-list plus ``extra``, minus secret-looking names."""
+    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
+    env = {"PATH": os.environ.get("PATH", os.defpath), **BASE_ENV}
+    env.update(extra or {})
+    env.update({"HOME": str(home), "TMPDIR": str(home)})
+    return envfiles.drop_secrets(env)
+
+
+def command_env(home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox) -> dict[str, str]:
+    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add."""
+    return envfiles.applied(sandbox_env(scrubbed_env(home, extra), sandbox, home), home, sandbox.home_inside(home))

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from contexts.names import ACTIVE_STATUSES
+from worker.bookkeeping import ENVIRONMENT_BUCKETS, ENVIRONMENT_OUTCOMES
 from worker.names import ALERTS_KEY, HEARTBEATS_KEY, QUEUES, RUNNING_STATUS_PREFIX, SPEND_TOTALS_KEY, STATS_KEY
 from worker.settings_models import Settings
 from worker.spend import fleet_totals
@@ -95,6 +96,7 @@ class FleetCollector(Collector):
         for outcome in PULL_OUTCOMES:
             pulls.add_metric([outcome], stats.get(f"pull_requests:{outcome}", 0))
         yield pulls
+        yield from environment_families(stats)
         alert = GaugeMetricFamily("tasuki_alert", "Latest value of each scheduler alert gauge", labels=["name"])
         for name, value in sorted((_text(k), v) for k, v in alerts.items()):
             try:
@@ -103,6 +105,25 @@ class FleetCollector(Collector):
                 continue
         yield alert
         yield from spend_families(spend)
+
+
+def environment_families(stats: dict[str, int]) -> Iterator[Metric]:
+    """Repository environments (SPEC §17): builds, restores and failures, and how long each took."""
+    for outcome, noun in ENVIRONMENT_OUTCOMES.items():
+        yield CounterMetricFamily(
+            f"tasuki_environment_{noun}",
+            f"Task environments {outcome} (setups run or snapshots restored before a task's first step)",
+            value=stats.get(f"environments:{outcome}", 0),
+        )
+    seconds = HistogramMetricFamily("tasuki_environment_seconds", "Time a task's environment took to be ready, by "
+                                    "outcome (built, restored, failed)", labels=["outcome"])
+    for outcome in ENVIRONMENT_OUTCOMES:
+        buckets = [
+            ("+Inf" if bound == float("inf") else str(bound), stats.get(f"environment_seconds:{outcome}:{bound}", 0))
+            for bound in ENVIRONMENT_BUCKETS
+        ]
+        seconds.add_metric([outcome], buckets, sum_value=stats.get(f"environment_ms:{outcome}", 0) / 1000)
+    yield seconds
 
 
 def spend_families(raw: dict[bytes | str, bytes | str]) -> Iterator[Metric]:

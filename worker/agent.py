@@ -323,6 +323,7 @@ class Agent:
                 limits=self.sandbox_limits,
                 on_start=self._command_started if call.name == "bash" else None,
                 recall=self._recall if self.recall is not None else None,
+                home=self.checkout.home,
             )
             if call.name == "bash":
                 self.ctx.stage_state(running_command=None)  # a resume checks the process's start time anyway

@@ -40,6 +40,24 @@ return released
 """
 
 
+# /metrics' histogram of environment setups (SPEC §17), in seconds; STATS_KEY fields environment_seconds:{outcome}:{le}
+ENVIRONMENT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, float("inf"))
+ENVIRONMENT_OUTCOMES = {"built": "builds", "restored": "restores", "failed": "failures"}
+
+
+def count_environment(client: redis.Redis, outcome: str, duration_s: float) -> None:
+    """Count one task's environment (built, restored or failed; kept and none are not counted) and its duration."""
+    if outcome not in ENVIRONMENT_OUTCOMES:
+        return
+    pipe = client.pipeline(transaction=True)
+    pipe.hincrby(STATS_KEY, f"environments:{outcome}", 1)
+    pipe.hincrby(STATS_KEY, f"environment_ms:{outcome}", int(duration_s * 1000))
+    for bound in ENVIRONMENT_BUCKETS:
+        if duration_s <= bound:
+            pipe.hincrby(STATS_KEY, f"environment_seconds:{outcome}:{bound}", 1)
+    pipe.execute()
+
+
 def unindex(client: redis.Redis, uuid: str) -> None:
     """Out of the heartbeat index and every running-status set (``/metrics`` counts those)."""
     pipe = client.pipeline(transaction=True)

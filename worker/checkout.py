@@ -63,6 +63,7 @@ SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
 CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
 RESTORED_STEP_FILE = "tasuki-restored-step"
 ASIDE_PREFIX = ".aside-"  # a checkout set aside on a takeover (in {workspaces_dir}; deleted at once)
+HOME_SUFFIX = ".home"  # {workspaces_dir}/{uuid}.home: the task's home, beside its checkout
 CLAIM_TRIES = 3
 
 
@@ -133,12 +134,22 @@ class Checkout:
         own = f"-{self.path.name[:8]}" if self.continues else ""
         return f"tasuki-checkpoints/{self.branch.removeprefix('tasuki/')}{own}"
 
+    @property
+    def home(self) -> Path:
+        """The task's home (``{workspaces_dir}/{uuid}.home``): bound at the sandbox's HOME in every command of the
+        task, made with the checkout and deleted when it is released."""
+        return self.path.with_name(f"{self.path.name}{HOME_SUFFIX}")
+
     def prepare(self, *, fresh: bool = False, steps: int = 0) -> bool:
-        """Make the checkout exist on the task branch; return True when it was resumed (not fresh).
+        """Make the checkout (and the task's home) exist on the task branch; return True when it was resumed.
 
         ``fresh``: the task has never run before, so no earlier attempt can have pushed anything. ``steps``: the
-        steps the context holds (a resume that finds only the final branch claims the checkpoints with it).
+        steps the context holds (a resume that finds only the final branch claims the checkpoints with it). A home
+        an earlier attempt on this host left is kept.
         """
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.home.mkdir(mode=0o700, exist_ok=True)
+        os.utime(self.home)  # its last use, for the sweep of homes whose task is long gone
         if (self.path / ".git").is_dir():
             add_lines(self._exclude_file, self.never.patterns)
             try:
@@ -234,6 +245,10 @@ class Checkout:
         """A takeover: move the previous holder's checkout out of the way before anything uses its path (one
         atomic rename in the same directory), then delete it. A holder paused in the middle of a tool run writes
         on, after its pause, into a directory nobody reads, and then into nothing."""
+        home_aside = self.path.with_name(f"{ASIDE_PREFIX}{self.home.name}-{os.urandom(4).hex()}")
+        with contextlib.suppress(FileNotFoundError):  # its home too: the environment is restored or built again
+            os.rename(self.home, home_aside)
+            shutil.rmtree(home_aside, ignore_errors=True)
         aside = self.path.with_name(f"{ASIDE_PREFIX}{self.path.name}-{os.urandom(4).hex()}")
         try:
             os.rename(self.path, aside)
@@ -483,8 +498,10 @@ class Checkout:
         return (self.cache.mirror_path(self.remote),) if self.cache is not None else ()
 
     def release(self) -> None:
-        """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache)."""
+        """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache); its
+        home is deleted."""
         self.settle()
+        shutil.rmtree(self.home, ignore_errors=True)
         if self.cache is not None:
             self.cache.give_back(self.remote, self.path)
             try:

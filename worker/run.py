@@ -6,6 +6,7 @@ lock, not Celery, decides who runs a task (SPEC §5).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,7 @@ from sandbox.jail import make_sandbox
 from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
+from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.fencing import owner_check
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
@@ -261,6 +263,7 @@ class TaskRun:
     # the next holder finishes the context so (stopped) instead of running on.
     stopped: Callable[[], dict[str, Any] | None] = lambda: None
     record_stop: Callable[[dict[str, Any]], None] = lambda outcome: None
+    on_environment: Callable[[EnvironmentReport], None] = lambda report: None  # the environment is ready (metrics)
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -353,11 +356,15 @@ class TaskRun:
         base = state.get("base") or checkout.tree.base
         if base and not state.get("base"):
             ctx.stage_state(base=base)
+        repository = repository_of(self.request.task_key, self.request.repo_path)
+        environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment).prepare(ctx, checkout)
         roles = {record.get("role") for record in ctx.pinned}
         if "user" not in roles:  # a new task, or one whose first worker died between these two writes
             if "system" not in roles:
                 ctx.append_message("system", SYSTEM_PROMPT)
             task = task_message(self.request.prompt, workplace.issue, self._history())
+            if environment.first_message():
+                task = f"{task}\n\n{environment.first_message()}"
             remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
             ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
             ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
@@ -494,6 +501,10 @@ class TaskRun:
             return self._unfinished(ctx, status, error, result, exc)
         if checkout is not None:
             checkout.release()
+            try:  # the hourly sweep rides on task endings, as the warm copies' eviction does
+                maybe_sweep(self.settings, time.time())
+            except OSError as exc:
+                log.warning("environment snapshots not swept", error=str(exc)[:300])
         try:
             self.report.finish(status, read_state(path), result, error)
         except Exception as exc:

@@ -25,6 +25,7 @@ from contexts.usage import Usage, repo_of
 from worker import bookkeeping, compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
+from worker.environment import EnvironmentReport
 from worker.followup_tasks import comments_left, remember_thread, start_followup
 from worker.forges.reporter import reporter_for
 from worker.inbox import read_inbox, trim_inbox
@@ -104,6 +105,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 meter=meter,
                 stopped=lambda: stop_recorded(uuid),
                 record_stop=lambda outcome: bookkeeping.record_stop(redis_client(), uuid, outcome),
+                on_environment=count_environment,
             ).execute(config)
             left = comments_left(uuid, result["status"], store.completed_path(uuid) / MESSAGES_FILE,
                                  reporter.heard if reporter is not None else None)
@@ -126,6 +128,14 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         return cast(dict[str, Any], mask_value(result))
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
+
+
+def count_environment(report: EnvironmentReport) -> None:
+    """The task's environment is ready: counted for ``/metrics`` (a Redis that does not answer loses the count)."""
+    try:
+        bookkeeping.count_environment(redis_client(), report.outcome, report.duration_s)
+    except redis.RedisError as exc:
+        log.warning("environment not counted for /metrics", error=str(exc))
 
 
 def stop_recorded(uuid: str) -> dict[str, Any] | None:

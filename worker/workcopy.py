@@ -29,7 +29,7 @@ import filelock
 import structlog
 
 from contexts.filelocks import file_lock
-from worker.checkout import GitError, run_git
+from worker.checkout import ASIDE_PREFIX, HOME_SUFFIX, GitError, run_git
 
 log = structlog.get_logger(__name__)
 
@@ -200,8 +200,25 @@ class GitCache:
                     gone.append(mirror)
             except filelock.Timeout:
                 continue  # a task is refreshing it: in use
+        gone += self._evict_homes(cutoff)
         if gone:
             log.info("unused warm copies and mirrors deleted", count=len(gone), unused_days=self.keep_s / 86400)
+        return gone
+
+    def _evict_homes(self, cutoff: float) -> list[Path]:
+        """Task homes (``{uuid}.home``) and set-aside leftovers whose task is long gone: unused since ``cutoff``,
+        and so is the checkout beside them, if any (a worker killed before it released the checkout leaves both)."""
+        gone = []
+        for entry in _entries(self.workspaces):
+            if entry.name.startswith(ASIDE_PREFIX):
+                last_used = _mtime(entry)
+            elif entry.name.endswith(HOME_SUFFIX):
+                last_used = max(_mtime(entry), _mtime_or_zero(entry.with_name(entry.name.removesuffix(HOME_SUFFIX))))
+            else:
+                continue
+            if last_used < cutoff:
+                shutil.rmtree(entry, ignore_errors=True)
+                gone.append(entry)
         return gone
 
     def heads(self, mirror: Path) -> dict[str, str]:
@@ -267,6 +284,14 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return float("inf")
+
+
+def _mtime_or_zero(path: Path) -> float:
+    """``path``'s mtime; 0 when it is not there."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def default_branch(mirror: Path) -> str:

@@ -70,6 +70,9 @@ def progress_body(
     memory = state.get("memory")
     if isinstance(memory, dict):
         lines.append(f"| Memory | {memory_line(memory)} |")
+    environment = state.get("environment")
+    if isinstance(environment, dict) and environment.get("line"):  # SPEC §17: "restored in 1.8 s", "setup failed: ..."
+        lines.append(f"| Environment | {mask(str(environment['line'])).replace('|', '/')[:300]} |")
     if state.get("error"):
         lines.append(f"| Error | {mask(str(state['error'])).replace('|', '/')[:300]} |")
     if change_url:

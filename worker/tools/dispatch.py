@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from contexts.errors import TasukiError
@@ -117,15 +118,17 @@ def run_tool(
     limits: SandboxLimits | None = None,
     on_start: Callable[[int], None] | None = None,
     recall: Callable[[str], str] | None = None,
+    home: Path | None = None,
 ) -> ToolResult:
     """Run tool ``name`` with the model's decoded JSON ``arguments``; every failure becomes an error result.
 
     ``bash_timeout_s`` is both the default and the ceiling for ``bash``'s ``timeout_s``; ``env`` adds
-    variables to the agent shell's scrubbed environment (secret-looking names are still dropped).
+    variables to the agent shell's scrubbed environment (secret-looking names are still dropped); ``home`` is
+    the task's home (None: an empty one per call).
     """
     started = time.monotonic()
     options = ToolOptions(bash_timeout_s=bash_timeout_s, max_output_chars=max_output_chars, env=env,
-                          sandbox=sandbox or NoSandbox(), limits=limits, on_start=on_start, recall=recall)
+                          sandbox=sandbox or NoSandbox(), limits=limits, on_start=on_start, recall=recall, home=home)
     try:
         tool = TOOLS.get(name)
         if tool is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from sandbox.jail import NoSandbox, Sandbox
@@ -22,6 +23,7 @@ class ToolOptions:
     limits: SandboxLimits | None = None
     on_start: Callable[[int], None] | None = None  # told the process group of a command once it runs
     recall: Callable[[str], str] | None = None  # the task's memory search, for the recall tool
+    home: Path | None = None  # the task's home (lasts for the task); None: an empty one per bash call
 
 
 @dataclass(frozen=True)

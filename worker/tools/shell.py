@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import selectors
 import shutil
 import signal
@@ -18,48 +17,19 @@ from typing import Any
 import structlog
 
 from contexts.lock import process_started
-from sandbox.jail import limited, sandbox_env
+from sandbox import envfiles
+from sandbox.jail import command_env, limited
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
 
 log = structlog.get_logger(__name__)
 
-# Names that look like credentials never reach the agent's shell, even when a caller passes them.
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 # After the command exits, output still buffered in the pipe is read for at most this long.
 _DRAIN_S = 5.0
 # Without pidfd (not Linux) the exit of the command is noticed by polling this often.
 _POLL_S = 0.05
 _READ_SIZE = 65536
-
-_BASE_ENV = {
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "TERM": "dumb",
-    "PAGER": "cat",
-    "GIT_PAGER": "cat",
-    "GIT_TERMINAL_PROMPT": "0",  # a git command asking for a password would hang until the timeout
-    "GIT_AUTHOR_NAME": "tasuki-bot",
-    "GIT_AUTHOR_EMAIL": "tasuki-bot@users.noreply.localhost",
-    "GIT_COMMITTER_NAME": "tasuki-bot",
-    "GIT_COMMITTER_EMAIL": "tasuki-bot@users.noreply.localhost",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "NO_COLOR": "1",
-}
-
-
-def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The agent shell's whole environment: an allow-list plus ``extra``, minus secret-looking names."""
-    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
-    env = {"PATH": os.environ.get("PATH", os.defpath), **_BASE_ENV}
-    env.update(extra or {})
-    env.update({"HOME": str(home), "TMPDIR": str(home)})
-    for name in [name for name in env if _SECRET_NAME.search(name)]:
-        log.warning("tool_env_secret_dropped", variable=name)
-        del env[name]
-    return env
-
 
 class BashTool:
     """``bash(command, timeout_s?)``: run a shell command in the checkout."""
@@ -67,7 +37,9 @@ class BashTool:
     name = "bash"
     description = (
         "Run a bash command in the repository root and return its combined stdout and stderr and exit code. "
-        "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls. "
+        "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls, "
+        "but $HOME does (for the whole task), and lines added to $TASUKI_ENV (KEY=VALUE) and $TASUKI_PATH "
+        "(a directory) apply to every later call. "
         "stdin is empty; long output is cut in the middle."
     )
     parameters: Mapping[str, Any] = {
@@ -92,9 +64,12 @@ class BashTool:
         if "\x00" in command:
             raise ToolError("command contains a NUL byte")
         timeout_s = min(requested or options.bash_timeout_s, options.bash_timeout_s)
-        home = Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
+        # The task's home lasts for the task; a caller without one (a test, a tool run alone) gets one per call.
+        home = options.home or Path(tempfile.mkdtemp(prefix="tasuki-bash-"))
         try:
-            env = sandbox_env(scrubbed_env(home, options.env), options.sandbox, home)
+            home.mkdir(mode=0o700, parents=True, exist_ok=True)
+            envfiles.prepare(home)
+            env = command_env(home, options.env, options.sandbox)
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
             if options.limits is not None:
                 argv = limited(argv, options.limits, timeout_s + 1)
@@ -102,7 +77,8 @@ class BashTool:
                 argv, cwd, env, timeout_s, options.max_output_chars, on_start=options.on_start
             )
         finally:
-            shutil.rmtree(home, ignore_errors=True)
+            if options.home is None:
+                shutil.rmtree(home, ignore_errors=True)
         body = text if not text or text.endswith("\n") else text + "\n"
         if timed_out:
             message = f"command timed out after {timeout_s} s"

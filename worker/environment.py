@@ -1,0 +1,341 @@
+"""A task's repository environment (SPEC §17): declared, then restored from a snapshot or built, before the first
+model call; recorded in the context (a ``setup`` record in ``tools.jsonl``, ``state.json.environment``).
+
+A setup that fails, times out, or a declaration that cannot be read never fails the task: the agent is told in its
+first message and installs what it needs itself. The key is recorded before anything is built, so a resumed task
+restores (or rebuilds) the environment it began with, whatever the agent changed in the lockfiles since.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from contexts import Context
+from contexts.masking import mask
+from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
+from sandbox.egress import EgressError, Refusal, egress_proxy
+from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.setup import SetupOutcome, run_setup, untracked
+from sandbox.snapshot_files import SnapshotError
+from sandbox.snapshots import SnapshotRefused, SnapshotStore, environment_key, worker_image
+from worker.checkout import Checkout
+from worker.settings_models import Settings
+
+log = structlog.get_logger(__name__)
+
+TOOL_NAME = "setup"  # its record in tools.jsonl
+MARKER = ".tasuki/environment"  # in the task's home: the key of the environment it holds, once it is whole
+MAX_PATHS_IN_STATE = 50
+SWEEP_EVERY_S = 3600  # how often a host sweeps its snapshots (the processes share a stamp file, as warm copies do)
+SWEPT_STAMP = ".swept"  # under the snapshots' root: its mtime is the host's last sweep
+
+
+@dataclass(frozen=True)
+class EnvironmentReport:
+    """How the task got its environment; ``outcome`` is built, restored, kept (a resume on this host), failed or
+    none (nothing declared)."""
+
+    outcome: str
+    source: str | None = None
+    key: str | None = None
+    duration_s: float = 0.0
+    exit_code: int | None = None
+    timed_out: bool = False
+    log_tail: str = ""
+    created: tuple[str, ...] = ()
+    snapshot: str = ""  # why no snapshot was kept or used, when none was ("" otherwise)
+    error: str | None = None  # the declaration's error, when it could not be read
+
+    @property
+    def line(self) -> str:
+        """The progress comment's words: "restored in 1.8 s", "built in 94 s", "setup failed: ..."."""
+        if self.outcome in ("built", "restored", "kept"):
+            verb = "kept from the previous attempt" if self.outcome == "kept" else self.outcome
+            return f"{verb} in {_seconds(self.duration_s)}" if self.outcome != "kept" else verb
+        if self.outcome == "failed":
+            return f"setup failed: {self.why_failed}"
+        return "none declared"
+
+    @property
+    def why_failed(self) -> str:
+        """One line: the declaration's error, the timeout, or the exit code."""
+        if self.error is not None:
+            return self.error
+        if self.timed_out:
+            return f"timed out after {_seconds(self.duration_s)}"
+        return f"exit code {self.exit_code} after {_seconds(self.duration_s)}"
+
+    def first_message(self) -> str:
+        """What the agent's first message says about its environment ("" when all went well)."""
+        if self.outcome != "failed":
+            return ""
+        if self.error is not None:
+            return f"Note: the repository's environment was not set up ({self.error}). Install what you need yourself."
+        return (
+            f"Note: the repository's environment setup (declared by {self.source}) failed: {self.why_failed}. "
+            "The task goes on without it: install what you need yourself. The last lines of its log:\n"
+            f"<setup-log>\n{self.log_tail}\n</setup-log>"
+        )
+
+    def state(self) -> dict[str, Any]:
+        """What ``state.json.environment`` keeps (no log: it is in the ``setup`` record)."""
+        return {
+            "outcome": self.outcome,
+            "source": self.source,
+            "key": self.key,
+            "duration_s": round(self.duration_s, 1),
+            "exit_code": self.exit_code,
+            "line": self.line,
+            "created": list(self.created[:MAX_PATHS_IN_STATE]),
+        }
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+@dataclass
+class TaskEnvironment:
+    """Sets up one task's environment in its checkout and home."""
+
+    settings: Settings
+    repository: str  # "owner/repo", or the local path of a local task
+    clock: Callable[[], float] = time.time
+    on_report: Callable[[EnvironmentReport], None] = field(default=lambda report: None)  # metrics
+
+    def prepare(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
+        """Find the declaration, then keep, restore or build the environment; record and return how it went.
+
+        The ``setup`` record is written when something was declared (tools.jsonl holds what ran); ``state.json``
+        says how it went in every case."""
+        started = time.monotonic()
+        try:
+            report = self._prepare(ctx, checkout, started)
+        except (OSError, SnapshotError, SandboxUnavailable, EgressError) as exc:  # the store or the sandbox could not
+            # be used (a full disk, no socat for the setup's allow-list): the task goes on without its environment
+            log.warning("environment not prepared", error=mask(str(exc))[:300])
+            why = mask(f"the environment could not be prepared ({type(exc).__name__}: {exc})".splitlines()[0])[:300]
+            report = EnvironmentReport("failed", duration_s=time.monotonic() - started, error=why)
+        if report.outcome != "none":
+            ctx.append_tool(
+                TOOL_NAME,
+                {"source": report.source, "key": report.key},
+                "error" if report.outcome == "failed" else "success",
+                int(report.duration_s * 1000),
+                result={**asdict(report), "created": list(report.created), "line": report.line},
+                error=report.why_failed if report.outcome == "failed" else None,
+            )
+        ctx.update_state(environment=report.state())
+        log.info("environment " + report.outcome, line=report.line, key=report.key)
+        self.on_report(report)
+        return report
+
+    def _prepare(self, ctx: Context, checkout: Checkout, started: float) -> EnvironmentReport:
+        environments = self.settings.environments
+        try:
+            declaration = find_declaration(checkout.path, self.repository, environments)
+            files = key_files(checkout.path, environments) if declaration is not None else {}
+        except DeclarationError as exc:  # a repository's file, or an operator's key_files glob, that cannot be read
+            log.warning("environment declaration not read", error=str(exc))
+            return EnvironmentReport("failed", error=mask(str(exc)), duration_s=time.monotonic() - started)
+        if declaration is None:
+            log.info("environment declared by none")
+            return EnvironmentReport("none", duration_s=time.monotonic() - started)
+        log.info("environment declared by " + declaration.source, notes=list(declaration.notes))
+        return self._provide(ctx, checkout, declaration, files, started)
+
+    def _provide(
+        self, ctx: Context, checkout: Checkout, declaration: Declaration, files: dict[str, bytes], started: float
+    ) -> EnvironmentReport:
+        """Keep, restore or build the environment of ``declaration``."""
+        recorded = ctx.read_state().get("environment") or {}
+        current = environment_key(self.repository, declaration, files, worker_image())
+        key = str(recorded.get("key") or current)  # a resume keeps the key its task began with
+        if not recorded.get("key"):
+            ctx.update_state(environment={"key": key, "source": declaration.source, "outcome": "building"})
+        if self._kept(checkout, recorded, key):
+            created = tuple(str(path) for path in recorded.get("created") or ())
+            report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
+            return self._done(checkout, report)
+        # A resume here whose environment is not whole keeps what its agent installed in the home, and builds over
+        # it; such a build is not kept as the key's snapshot (it holds more than the setup made).
+        clean = not any(checkout.home.iterdir())
+        if self.settings.sandbox.backend == "none":
+            log.info("environment snapshots need sandbox.backend: bubblewrap; the setup runs for every task")
+            report = self._build(declaration, checkout, key, started, keep=False)
+            return _with(report, snapshot="not kept: snapshots need sandbox.backend: bubblewrap")
+        store = self.store()
+        with store.building(key):
+            snapshot = store.find(key)
+            if snapshot is not None:
+                before = untracked(checkout.path)
+                try:
+                    store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
+                except (OSError, SnapshotError) as exc:
+                    log.warning("environment snapshot not restored; building it", error=str(exc)[:300])
+                    _remove(checkout.path, untracked(checkout.path) - before)  # half a restore
+                    _empty(checkout.home)
+                else:
+                    created = tuple(sorted(untracked(checkout.path) - before))
+                    report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
+                    return self._done(checkout, _with(report, created=created))
+            return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
+
+    def _build(
+        self,
+        declaration: Declaration,
+        checkout: Checkout,
+        key: str,
+        started: float,
+        *,
+        keep: bool,
+        store: SnapshotStore | None = None,
+    ) -> EnvironmentReport:
+        secrets = self.secrets()
+        sandbox = self.settings.sandbox
+        network = self.settings.environments.setup_network if sandbox.backend == "bubblewrap" else "full"
+        # The setup's own egress proxy with setup_network: allowlist (the agent's comes later, with its own).
+        with egress_proxy(network, sandbox.allowed_hosts, _refused) as egress:
+            outcome: SetupOutcome = run_setup(
+                declaration,
+                checkout.path,
+                checkout.home,
+                self.sandbox(checkout).with_egress(egress),
+                timeout_s=self.settings.environments.setup_timeout_s,
+                secrets=secrets,
+                limits=sandbox.limits,
+            )
+        report = EnvironmentReport(
+            "built" if outcome.succeeded else "failed",
+            declaration.source,
+            key,
+            time.monotonic() - started,
+            outcome.exit_code,
+            outcome.timed_out,
+            outcome.log_tail,
+            outcome.created,
+        )
+        if not outcome.succeeded:
+            checkout.exclude(outcome.created)  # what it did make is still never committed
+            return report
+        if store is not None and keep:
+            try:
+                store.publish(
+                    key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
+                )
+            except SnapshotRefused as exc:
+                log.warning("environment snapshot not kept", reason=mask(str(exc)))
+                report = _with(report, snapshot=mask(str(exc)))
+        elif store is not None:
+            why = "not kept: a resumed task's environment (its declaration or lockfiles changed, or its home was kept)"
+            log.info("environment snapshot " + why)
+            report = _with(report, snapshot=why)
+        return self._done(checkout, report)
+
+    def _done(self, checkout: Checkout, report: EnvironmentReport) -> EnvironmentReport:
+        checkout.exclude(report.created)
+        marker = checkout.home / MARKER
+        marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        marker.write_text(f"{report.key}\n")
+        return report
+
+    @staticmethod
+    def _kept(checkout: Checkout, recorded: dict[str, Any], key: str) -> bool:
+        """A resume on this host whose home and checkout still hold the environment of ``key``, whole."""
+        try:
+            marked = (checkout.home / MARKER).read_text().strip()
+        except OSError:
+            return False
+        paths = recorded.get("created") or ()
+        return marked == key and all((checkout.path / str(p)).exists() for p in paths)
+
+    def store(self) -> SnapshotStore:
+        """This host's snapshots."""
+        return snapshot_store(self.settings)
+
+    def sandbox(self, checkout: Checkout) -> Sandbox:
+        """The task's sandbox with the setup's network."""
+        network = self.settings.environments.setup_network
+        return make_sandbox(
+            self.settings.sandbox.model_copy(update={"network": network}), read_only=checkout.shared_paths
+        )
+
+    def secrets(self) -> dict[str, str]:
+        """The worker's variables named in ``environments.setup_secrets`` (for the setup's commands only)."""
+        found = {}
+        for name in self.settings.environments.setup_secrets:
+            value = os.environ.get(name)
+            if value is None:
+                log.warning("setup secret not in the worker's environment", variable=name)
+            else:
+                found[name] = value
+        return found
+
+
+def snapshot_store(settings: Settings) -> SnapshotStore:
+    """This host's snapshots: ``environments.snapshots_dir``, else ``environments/`` beside the git cache."""
+    environments = settings.environments
+    root = environments.snapshots_dir or Path(settings.contexts.git_cache_dir).absolute().parent / "environments"
+    return SnapshotStore(
+        Path(root).absolute(),
+        keep_per_repository=environments.keep_per_repository,
+        keep_days=environments.keep_days,
+        max_bytes=environments.max_snapshot_bytes,
+    )
+
+
+def maybe_sweep(settings: Settings, now: float) -> list[str]:
+    """:meth:`SnapshotStore.sweep` of this host's snapshots, at most once per ``SWEEP_EVERY_S``; what it removed."""
+    store = snapshot_store(settings)
+    stamp = store.root / SWEPT_STAMP
+    try:
+        if now - stamp.stat().st_mtime < SWEEP_EVERY_S:
+            return []
+    except FileNotFoundError:
+        if not store.root.is_dir():
+            return []  # no snapshot was ever kept here
+    stamp.touch(mode=0o600)  # first: the other processes skip this round
+    os.utime(stamp, (now, now))
+    removed = store.sweep(now)
+    if removed:
+        log.info("environment snapshots swept", removed=removed)
+    return removed
+
+
+def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
+    return EnvironmentReport(**{**asdict(report), **changes})
+
+
+def _refused(refusal: Refusal) -> None:
+    log.warning("setup egress refused", host=refusal.host, port=refusal.port)
+
+
+def _remove(checkout: Path, paths: set[str]) -> None:
+    """Delete ``paths`` of the checkout (what a failed restore left)."""
+    for path in paths:
+        target = checkout / path.rstrip("/")
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+
+def _empty(home: Path) -> None:
+    """Start from an empty home: what a failed or different build left must not mix with what comes next."""
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def repository_of(task_key: dict[str, str], repo_path: str | None) -> str:
+    """The repository an environment belongs to: a local task's path, else ``owner/repo``."""
+    if repo_path:
+        return str(Path(repo_path).absolute())
+    return f"{task_key.get('owner')}/{task_key.get('repo')}"
