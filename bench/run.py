@@ -16,6 +16,7 @@ from bench import (
     bench_compression,
     bench_compression_span,
     bench_console,
+    bench_environments,
     bench_failover,
     bench_fencing,
     bench_followups,
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "console": bench_console.run,  # issue 16: fleet and tasks pages at 11,000 vs 10 contexts; step -> open page
     "outcomes": bench_outcomes.run,  # issue 28: tasuki outcomes at 10,000 threads vs 100
     "app-tokens": bench_app_tokens.run,  # issue 28: GitHub App token renewals over simulated hours of task
+    "environments": bench_environments.run,  # issue 25: restore vs setup on a real project, one build per key
 }
 
 

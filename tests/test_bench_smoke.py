@@ -135,3 +135,19 @@ def test_recall_quality_prints_both_labelled_sets_with_hash_vectors() -> None:
         line = rf"^  {name} {kind} \({count} queries\): recall@5 bm25 \d\.\d\d, vector \d\.\d\d, hybrid \d\.\d\d$"
         assert re.search(line, run.stdout, re.MULTILINE), run.stdout
     assert "vectors: tasuki-replay-embed" in run.stdout
+
+
+@pytest.mark.timeout(1200)  # a deadline: four real tasks and a pip install in bubblewrap on a busy machine
+def test_quick_environments_benchmark_builds_once_and_prints_its_ratios(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "environments", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1100, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    if "environments: skipped" in run.stdout:
+        pytest.skip(run.stdout.strip().splitlines()[-1])
+    assert re.search(r"^environments: a tiny project: first task's setup [\d.]+ s, second task's restore [\d.]+ s, "
+                     r"ratio \d+\.\d+$", run.stdout, re.MULTILINE), run.stdout
+    assert "environments: 4 tasks of one key started together: 1 built, 3 restored" in run.stdout, run.stdout
+    assert re.search(r"^environments: whole task, environment restored [\d.]+ s vs already in place [\d.]+ s, ratio",
+                     run.stdout, re.MULTILINE), run.stdout

@@ -1,0 +1,304 @@
+"""Repository environments (issue 25, SPEC §17) on a real project: itsdangerous 2.2.0's sdist from the package
+index, made a git repository with a ``.tasuki/setup.sh`` that makes ``.venv`` and installs the project and its test
+dependencies (pytest, freezegun, flit_core to build it) with real pip from a package index this benchmark serves
+on loopback. Every task runs the project's own test suite in the bubblewrap sandbox, through the real task path
+(TaskRun, the replay model over HTTP, git).
+
+- the second task's restore vs the first task's setup (target ≤ 0.1);
+- four tasks of one key started together: how many built (target 1);
+- a whole task whose environment is restored vs the same task on a host where the environment is already in place
+  (a venv on the host, bound read-only; nothing set up or restored), alternating (target ≤ 1.1);
+- the disk one snapshot takes.
+
+The sdist and wheels are fetched once with ``pip download`` into ``var/bench-cache/environments`` (the package
+index this machine's pip is configured with); ``--quick`` uses a tiny project whose wheel it writes itself, no
+network.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import uuid as uuid_module
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import Result, standalone
+from bench.worker_stack import REPO_ROOT
+from contexts import ContextStore
+from replay import ReplayModel, serve
+from replay.trajectory import turns_from_entries
+from sandbox.jail import Bubblewrap, probe
+from sandbox.settings import SandboxSettings
+from tests.helpers.package_index import PackageIndex, make_wheel, package_index
+from worker.run import TaskRequest, TaskRun
+from worker.runtime import llm_config, provider_for
+from worker.settings import load_settings
+from worker.settings_models import Settings
+
+CACHE = REPO_ROOT / "var" / "bench-cache" / "environments"
+PROJECT = "itsdangerous==2.2.0"
+TEST_DEPENDENCIES = ("pytest", "freezegun", "flit_core<4")
+BASE_PYTHON = getattr(
+    sys, "_base_executable", sys.executable
+)  # the setup's venv is made from the interpreter Tasuki's venv came from
+PIP = "pip install -q --disable-pip-version-check --no-cache-dir"
+SETUP_TARGET = 0.1
+WHOLE_TASK_TARGET = 1.1
+TOGETHER = 4
+
+
+@dataclass(frozen=True)
+class Project:
+    """A git repository to run tasks on, the wheels its setup installs, and the agent's test command."""
+
+    repo: Path
+    wheels: Path
+    install: str  # what pip installs into .venv besides the project itself
+    test: str  # run in /workspace with $VENV the environment's venv
+
+
+def real_project(root: Path) -> Project | None:
+    """itsdangerous from its sdist, the wheels of its tests' dependencies; None when they cannot be fetched."""
+    sdists, wheels = CACHE / "sdist", CACHE / "wheels"
+    if not any(sdists.glob("*.tar.gz")) or not any(wheels.glob("*.whl")):
+        print("environments: fetching itsdangerous's sdist and its test dependencies once, with pip", flush=True)
+        for target, arguments in (
+            (sdists, ["--no-deps", "--no-binary", ":all:", PROJECT]),
+            (wheels, ["--only-binary", ":all:", *TEST_DEPENDENCIES]),
+        ):
+            fetched = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "-d", str(target), *arguments],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=600,
+            )
+            if fetched.returncode != 0:
+                print(f"environments: skipped, pip download failed: {fetched.stderr.strip()[-300:]}", flush=True)
+                return None
+    with tarfile.open(next(sdists.glob("*.tar.gz"))) as sdist:
+        sdist.extractall(root / "sdist", filter="data")
+    repo = root / "itsdangerous"
+    next((root / "sdist").iterdir()).rename(repo)
+    return Project(
+        repo, wheels, "pytest freezegun", "PYTHONPATH=src $VENV/bin/python -m pytest -q -p no:cacheprovider tests"
+    )
+
+
+def tiny_project(root: Path) -> Project:
+    """A one-module project and a wheel of one test dependency, written here (``--quick``: no network)."""
+    repo = root / "tiny"
+    (repo / "src" / "tiny").mkdir(parents=True)
+    (repo / "src" / "tiny" / "__init__.py").write_text("def answer():\n    return 42\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_tiny.py").write_text(
+        "import helper, tiny\n\ndef test_answer():\n    assert tiny.answer() == helper.VALUE\n"
+    )
+    wheels = root / "wheels"
+    make_wheel(wheels, "helper", "1.0", {"helper.py": "VALUE = 42\n"})
+    return Project(repo, wheels, "helper", "PYTHONPATH=src $VENV/bin/python -m unittest discover -q -s tests")
+
+
+def commit_setup(project: Project, index_url: str) -> None:
+    """``.tasuki/setup.sh`` that makes ``.venv`` and installs the test dependencies, committed with the project."""
+    (project.repo / ".tasuki").mkdir(exist_ok=True)
+    editable = "-e . " if (project.repo / "pyproject.toml").exists() else ""
+    (project.repo / ".tasuki" / "setup.sh").write_text(
+        f"{BASE_PYTHON} -m venv .venv\n.venv/bin/{PIP} --index-url {index_url} {editable}{project.install}\n"
+    )
+    for command in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "import"]):
+        subprocess.run(
+            ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *command],
+            cwd=project.repo,
+            check=True,
+            capture_output=True,
+        )
+
+
+@contextmanager
+def served(project: Project) -> Iterator[PackageIndex]:
+    """The project's wheels on a PEP 503 index on loopback (pip reads it with ``--index-url``)."""
+    with package_index() as index:
+        for wheel in sorted(project.wheels.glob("*.whl")):
+            index.add(wheel)
+        yield index
+
+
+def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = ()) -> Settings:
+    """Defaults, the replay model, this benchmark's directories; bubblewrap with the agent offline. With more
+    ``read_only`` paths (an environment in place on the host) nothing is detected or set up."""
+    config = root / "config.yaml"
+    config.write_text("")
+    env = {
+        "TASUKI__CONTEXTS__BASE_DIR": str(root / "contexts"),
+        "TASUKI__CONTEXTS__WORKSPACES_DIR": str(root / "workspaces"),
+        "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(root / "git-cache"),
+        "TASUKI__CONTEXTS__FSYNC": "never",
+        "TASUKI__LLM__PROVIDER": "openai",
+        "TASUKI__LLM__OPENAI__BASE_URL": f"{model_url}/v1",
+        "TASUKI__LLM__OPENAI__MODEL": "scripted",
+        "TASUKI__LLM__OPENAI__CONTEXT_LENGTH": "32768",
+        "TASUKI__SANDBOX__NETWORK": "none",
+        "TASUKI__SANDBOX__READ_ONLY_PATHS": json.dumps([sys.base_prefix, *read_only]),
+        "TASUKI__ENVIRONMENTS__AUTO": "false" if read_only else "true",
+    }
+    return load_settings(config_path=config, env=env)
+
+
+def one_task(
+    root: Path, project: Project, repo: Path, venv: str, read_only: tuple[str, ...] = ()
+) -> tuple[float, dict[str, Any]]:
+    """Seconds of one whole task that runs the project's tests with ``venv``; and its setup record (or {})."""
+    command = project.test.replace("$VENV", venv)
+    turns = [
+        {"content": "Run the tests.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
+        {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "ran the tests"}}]},
+    ]
+    server = serve(ReplayModel(turns_from_entries(turns)))
+    try:
+        settings = settings_for(root, server.url, read_only)
+        uuid = str(uuid_module.uuid4())
+        request = TaskRequest(
+            {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt", "task_id": uuid[:8]},
+            prompt="Run the tests.",
+            repo_path=str(repo),
+        )
+        store = ContextStore(settings.contexts.base_dir, fsync="never")
+        started = time.perf_counter()
+        outcome = TaskRun(
+            uuid, request, settings, store, provider_for=lambda config: provider_for(config, settings)
+        ).execute(llm_config(settings))
+        seconds = time.perf_counter() - started
+    finally:
+        server.stop()
+    directory = store.completed_path(uuid)
+    tools = [json.loads(line) for line in (directory / "tools.jsonl").read_text().splitlines() if line.strip()]
+    tests = next(str(r.get("result", "")) for r in tools if r["tool_name"] == "bash")
+    setup = next((r.get("result") or {} for r in tools if r["tool_name"] == "setup"), {})
+    if outcome["status"] != "completed" or "exit code: 0" not in tests:
+        raise RuntimeError(f"environments: a task did not pass its tests ({outcome['status']}, environment "
+                           f"{setup.get('line')}; {setup.get('log_tail', '')[-300:]}): {tests[-300:]}")
+    return seconds, setup
+
+
+def clone_as(project: Project, name: str, root: Path, *, declared: bool = True) -> Path:
+    """The project's repository under another name (another repository: another key); without its setup when not
+    ``declared``."""
+    target = root / name
+    subprocess.run(["git", "clone", "-q", str(project.repo), str(target)], check=True, capture_output=True)
+    if not declared:
+        for command in (["rm", "-q", "-r", ".tasuki"], ["commit", "-q", "-m", "no setup"]):
+            subprocess.run(
+                ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *command],
+                cwd=target,
+                check=True,
+                capture_output=True,
+            )
+    return target
+
+
+def host_venv(root: Path, project: Project, index_url: str) -> Path:
+    """The environment already in place on a host: the same install, made once outside any task."""
+    venv = root / "host-env" / ".venv"
+    subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True, capture_output=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", *PIP.split(), "--index-url", index_url, *project.install.split()],
+        check=True,
+        capture_output=True,
+    )
+    return venv
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (their apparent sizes)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def run(root: Path, *, quick: bool = False) -> list[Result]:
+    """Setup vs restore, one build for four tasks, a restored task vs one with the environment in place."""
+    problem = probe(Bubblewrap(SandboxSettings()))
+    if problem is not None:
+        print(f"environments: skipped, {problem}", flush=True)
+        return []
+    project = tiny_project(root) if quick else real_project(root)
+    if project is None:
+        return []
+    name = "a tiny project" if quick else "itsdangerous 2.2.0 (sdist)"
+    with served(project) as index:
+        url = index.url
+        commit_setup(project, url)
+        _, built = one_task(root, project, project.repo, ".venv")
+        _, restored = one_task(root, project, project.repo, ".venv")
+        if built.get("outcome") != "built" or restored.get("outcome") != "restored":
+            raise RuntimeError(
+                f"environments: expected built then restored, got {built.get('outcome')}, {restored.get('outcome')}"
+            )
+        setup_s, restore_s = float(built["duration_s"]), float(restored["duration_s"])
+        ratio = restore_s / setup_s
+        print(
+            f"environments: {name}: first task's setup {setup_s:.2f} s, second task's restore {restore_s:.2f} s, "
+            f"ratio {ratio:.3f}",
+            flush=True,
+        )
+
+        outcomes: list[str] = []
+        together = clone_as(project, "together", root)
+        threads = [
+            threading.Thread(
+                target=lambda: outcomes.append(str(one_task(root, project, together, ".venv")[1].get("outcome")))
+            )
+            for _ in range(TOGETHER)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        builds = outcomes.count("built")
+        print(
+            f"environments: {TOGETHER} tasks of one key started together: {builds} built, "
+            f"{outcomes.count('restored')} restored",
+            flush=True,
+        )
+
+        in_place = host_venv(root, project, url)
+        plain = clone_as(project, "plain", root, declared=False)  # nothing declared, nothing detected: no setup
+        rounds = 1 if quick else 5
+        times: dict[str, list[float]] = {"restored": [], "in place": []}
+        for _ in range(rounds):
+            times["restored"].append(one_task(root, project, project.repo, ".venv")[0])
+            times["in place"].append(one_task(root, project, plain, str(in_place), (str(in_place.parent),))[0])
+        restored_task, in_place_task = statistics.median(times["restored"]), statistics.median(times["in place"])
+        whole = restored_task / in_place_task
+        print(
+            f"environments: whole task, environment restored {restored_task:.2f} s vs already in place "
+            f"{in_place_task:.2f} s, ratio {whole:.2f} (median of {rounds}, alternating)",
+            flush=True,
+        )
+    snapshots = list((root / "environments").rglob("manifest.json"))
+    sizes = [disk_bytes(p.parent) for p in snapshots]
+    size = statistics.median(sizes) / 2**20 if sizes else 0.0
+    print(f"environments: {len(sizes)} snapshots on disk, {size:.1f} MiB each (median)", flush=True)
+    return [
+        Result(f"environment restore vs setup ({name})", f"{ratio:.3f}", f"<= {SETUP_TARGET}", ratio <= SETUP_TARGET),
+        Result(f"builds of {TOGETHER} tasks of one key started together", str(builds), "1", builds == 1),
+        Result(
+            "whole task, restored vs environment in place",
+            f"{whole:.2f}",
+            f"<= {WHOLE_TASK_TARGET}",
+            whole <= WHOLE_TASK_TARGET,
+        ),
+        Result("disk per snapshot (MiB)", f"{size:.1f}", "", None),
+    ]
+
+
+if __name__ == "__main__":
+    standalone(run, __doc__)
