@@ -53,6 +53,7 @@ SERVICES_DIR = ".services"  # under the task's home
 LOG_NAME = "service.log"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a service is stopped
 READY_POLL_S = 0.2  # between two runs of a readiness check
+READY_CHECK_S = 10.0  # a check started before the deadline may take this long (a sandbox starts slowly under load)
 TAIL_LINES = 20  # lines of a failed service's log the agent is shown
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _DECLARED = TypeAdapter(dict[str, ServiceSettings])
@@ -218,7 +219,7 @@ class Services:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return f"not ready after {service.ready_timeout_s} s (its ready check: {last})"
-            last = self._check(name, service.ready, remaining)
+            last = self._check(name, service.ready, max(remaining, READY_CHECK_S))
             if not last:
                 return None
             time.sleep(min(READY_POLL_S, max(deadline - time.monotonic(), 0)))
