@@ -42,6 +42,7 @@ from worker.inbox import Inbox
 from worker.leftout import LeftOut, NeverCommitted, with_note
 from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, task_message
+from worker.services import services_for
 from worker.settings_models import Settings
 from worker.threads import thread_history
 from worker.workcopy import GitCache
@@ -358,20 +359,21 @@ class TaskRun:
             ctx.stage_state(base=base)
         repository = repository_of(self.request.task_key, self.request.repo_path)
         environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment).prepare(ctx, checkout)
-        roles = {record.get("role") for record in ctx.pinned}
-        if "user" not in roles:  # a new task, or one whose first worker died between these two writes
-            if "system" not in roles:
-                ctx.append_message("system", SYSTEM_PROMPT)
-            task = task_message(self.request.prompt, workplace.issue, self._history())
-            if environment.first_message():
-                task = f"{task}\n\n{environment.first_message()}"
-            remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
-            ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
-            ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
-        # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-        with self._egress(ctx) as egress:  # the allow-list's proxy lives as long as the agent's commands
-            agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
-            summary = mask(agent.run())
+        # Started again on a resume; stopped when the loop ends, however it ends (a hand-back, a failure).
+        with services_for(checkout, repository, self.settings) as services:
+            roles = {record.get("role") for record in ctx.pinned}
+            if "user" not in roles:  # a new task, or one whose first worker died between these two writes
+                if "system" not in roles:
+                    ctx.append_message("system", SYSTEM_PROMPT)
+                task = task_message(self.request.prompt, workplace.issue, self._history())
+                task = "\n\n".join(part for part in (task, environment.first_message(), services) if part)
+                remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
+                ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
+                ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
+            # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
+            with self._egress(ctx) as egress:  # the allow-list's proxy lives as long as the agent's commands
+                agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
+                summary = mask(agent.run())
         left_out = LeftOut()
         if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
             checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
