@@ -43,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from contexts.errors import TasukiError
 from contexts.masking import mask
-from sandbox.jail import HOME, SANDBOXES, WORKSPACE, Sandbox
+from sandbox.jail import SANDBOXES, WORKSPACE, Sandbox
 from sandbox.settings import EnvironmentsSettings, SandboxSettings, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -128,8 +128,8 @@ class ServiceJail:
         argv, cwd = self.sandbox.command(["bash", "-c", script], self.checkout, self.home)
         if self.sandbox.name != "bubblewrap":
             return argv, cwd
-        # Mounted after the jail's own: the read-only checkout covers its writable one, the home its empty one.
-        extra = ["--ro-bind", str(self.checkout), WORKSPACE, "--bind", str(self.home), HOME]
+        # Mounted after the jail's own: the read-only checkout covers its writable one (the home is bound as always).
+        extra = ["--ro-bind", str(self.checkout), WORKSPACE]
         if os.getuid() == 0:
             extra += ["--uid", str(_nobody()), "--gid", str(_nobody(group=True))]
         end = argv.index("--")

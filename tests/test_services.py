@@ -78,8 +78,6 @@ class Task:
         """``command`` as the agent's bash tool runs it: the jail, the checkout at /workspace, the home at HOME."""
         sandbox = Bubblewrap(SandboxSettings(network=network))  # type: ignore[arg-type]
         argv, cwd = sandbox.command(["bash", "-c", command], self.checkout, self.home)
-        end = argv.index("--")
-        argv = [*argv[:end], "--bind", str(self.home), HOME, *argv[end:]]
         env = {"PATH": os.environ["PATH"], "HOME": HOME, "TMPDIR": HOME, "LANG": "C.UTF-8"}
         return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False)
 
