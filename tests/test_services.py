@@ -245,3 +245,23 @@ def test_the_repository_file_wins_over_the_operators_services(task: Task) -> Non
 def test_no_services_tell_the_agent_nothing(task: Task) -> None:
     with task.services("") as told:
         assert told == ""
+
+
+def test_a_service_started_again_for_a_resumed_task_finds_its_data_in_the_task_home(
+    task: Task, redis_binaries: None
+) -> None:
+    cli = "redis-cli -s $HOME/.services/redis/redis.sock"
+    with task.services(REDIS):
+        assert task.agent(f"{cli} set step 7").stdout.strip() == "OK"
+    with task.services(REDIS) as told:  # the worker's next attempt, on the same host
+        assert "- redis: ready" in told
+        assert task.agent(f"{cli} get step").stdout.strip() == "7"
+
+
+def test_the_documented_example_is_a_valid_services_file() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "environments.md").read_text()
+    section = doc.split("## Services", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    services = parse_services(example, "docs/environments.md")
+    assert list(services) == ["cache", "db"]
+    assert services["db"].command.startswith("{ test -d $TASUKI_SERVICE_DIR/data ||")
