@@ -55,6 +55,7 @@ GRACE_S = 10.0  # between SIGTERM and SIGKILL when a service is stopped
 READY_POLL_S = 0.2  # between two runs of a readiness check
 READY_CHECK_S = 10.0  # a check started before the deadline may take this long (a sandbox starts slowly under load)
 TAIL_LINES = 20  # lines of a failed service's log the agent is shown
+MAX_LOG_BYTES = 10 * 1024 * 1024  # of a service's log
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _DECLARED = TypeAdapter(dict[str, ServiceSettings])
 
@@ -66,6 +67,8 @@ class ServicesError(TasukiError):
 def declared_services(checkout: Path, repository: str, settings: EnvironmentsSettings) -> dict[str, ServiceSettings]:
     """The task's services: ``.tasuki/services.yml`` in the checkout, else the operator's for ``repository``."""
     path = checkout / SERVICES_FILE
+    if path.is_symlink() or path.parent.is_symlink():  # the worker reads it: never a file outside the checkout
+        raise ServicesError(f"{SERVICES_FILE}: a symbolic link; services are declared in a file of the repository")
     if path.is_file():
         return parse_services(path.read_text(encoding="utf-8", errors="replace"), SERVICES_FILE)
     configured = settings.repositories.get(repository)
@@ -264,10 +267,11 @@ class Services:
                         os.kill(pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(self.grace_s)
-        # Its own session: the group of bwrap (whose death kills the PID namespace) or of an unsandboxed service.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if process.returncode is None:  # not reaped yet, so its process group id is still its own
+            # Its own session: the group of bwrap (whose death kills the PID namespace) or of an unsandboxed service.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         running.pump.join(self.grace_s)
         log.info("service stopped", service=name, exit_code=process.returncode)
 
@@ -290,13 +294,23 @@ def _open_log(home: Path, name: str) -> IO[bytes]:
 
 
 def _pump(source: IO[bytes], sink: IO[bytes], tail: collections.deque[str]) -> None:
-    """Copy a service's output to its log, masked line by line, keeping the last lines for a failure report."""
+    """Copy a service's output to its log, masked line by line, keeping the last lines for a failure report; past
+    MAX_LOG_BYTES only the last lines are kept (a chatty service does not fill the disk)."""
+    kept = 0
     with source, sink:
         for raw in source:
             line = mask(raw.decode(errors="replace").rstrip("\n"))
             tail.append(line[:500])
-            sink.write(line.encode() + b"\n")
+            data = line.encode() + b"\n"
+            if kept + len(data) > MAX_LOG_BYTES:
+                if kept <= MAX_LOG_BYTES:  # said once
+                    sink.write(b"[the rest of the output is not kept]\n")
+                    sink.flush()
+                    kept = MAX_LOG_BYTES + 1
+                continue
+            sink.write(data)
             sink.flush()
+            kept += len(data)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -265,3 +265,22 @@ def test_the_documented_example_is_a_valid_services_file() -> None:
     services = parse_services(example, "docs/environments.md")
     assert list(services) == ["cache", "db"]
     assert services["db"].command.startswith("{ test -d $TASUKI_SERVICE_DIR/data ||")
+
+
+def test_a_services_file_that_is_a_link_is_refused_in_one_line(task: Task, tmp_path: Path) -> None:
+    outside = tmp_path / "worker-secrets.yml"
+    outside.write_text("GITHUB_TOKEN: ghp_0123456789abcdefABCDEF0123456789abcd\n")
+    (task.checkout / ".tasuki").mkdir()
+    (task.checkout / ".tasuki" / "services.yml").symlink_to(outside)
+    with pytest.raises(ServicesError, match=r"^\.tasuki/services\.yml: a symbolic link; services are declared"):
+        declared_services(task.checkout, "owner/repo", EnvironmentsSettings())
+
+
+def test_a_chatty_service_log_stops_growing_at_its_cap(task: Task, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sandbox.services.MAX_LOG_BYTES", 1000)
+    log = task.home / ".services" / "chatty" / "service.log"
+    with task.services("chatty:\n  command: seq 1 5000; exec sleep infinity\n") as told:
+        assert "- chatty: ready" in told
+        wait_for(lambda: log.is_file() and log.read_text().endswith("[the rest of the output is not kept]\n"))
+    assert len(log.read_bytes()) <= 1000 + len("[the rest of the output is not kept]\n")
+    assert log.read_text().startswith("1\n2\n3\n")
