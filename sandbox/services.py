@@ -43,6 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from contexts.errors import TasukiError
 from contexts.masking import mask
+from sandbox import envfiles
 from sandbox.jail import SANDBOXES, WORKSPACE, Sandbox
 from sandbox.settings import EnvironmentsSettings, SandboxSettings, ServiceSettings
 
@@ -108,7 +109,6 @@ class ServiceOutcome:
 
 @dataclass
 class _Running:
-    name: str
     process: subprocess.Popen[bytes]
     pump: threading.Thread
     tail: collections.deque[str]
@@ -139,15 +139,11 @@ class ServiceJail:
         return [*argv[:end], *extra, *argv[end:]], cwd
 
     def env(self, name: str) -> dict[str, str]:
-        """The service's whole environment."""
-        return {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "HOME": self.home_inside,
-            "TMPDIR": self.home_inside,
-            "TASUKI_SERVICE_DIR": self.directory(name),
-        }
+        """The service's whole environment: with what the task's env files add (a setup may have installed the
+        service's program in the home and named its directory in $TASUKI_PATH)."""
+        base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        own = {"HOME": self.home_inside, "TMPDIR": self.home_inside, "TASUKI_SERVICE_DIR": self.directory(name)}
+        return {**envfiles.applied(base, self.home, self.home_inside), **own}
 
 
 def _nobody(*, group: bool = False) -> int:
@@ -206,7 +202,7 @@ class Services:
         tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         pump = threading.Thread(target=_pump, args=(process.stdout, output, tail), name=f"service-{name}", daemon=True)
         pump.start()
-        self.running[name] = _Running(name, process, pump, tail)
+        self.running[name] = _Running(process, pump, tail)
         return None
 
     def _wait_ready(self, name: str, service: ServiceSettings, deadline: float) -> str | None:

@@ -284,3 +284,16 @@ def test_a_chatty_service_log_stops_growing_at_its_cap(task: Task, monkeypatch: 
         wait_for(lambda: log.is_file() and log.read_text().endswith("[the rest of the output is not kept]\n"))
     assert len(log.read_bytes()) <= 1000 + len("[the rest of the output is not kept]\n")
     assert log.read_text().startswith("1\n2\n3\n")
+
+
+def test_a_service_program_the_setup_installed_in_the_home_is_found_through_tasuki_path(task: Task) -> None:
+    (task.home / "bin").mkdir()
+    server = task.home / "bin" / "homemade-server"
+    server.write_text('#!/bin/sh\necho "$GREETING" > "$TASUKI_SERVICE_DIR/up"\nexec sleep infinity\n')
+    server.chmod(0o755)
+    (task.home / ".tasuki").mkdir()
+    (task.home / ".tasuki" / "path").write_text(f"{HOME}/bin\n")
+    (task.home / ".tasuki" / "env").write_text("GREETING=made-at-setup\n")
+    with task.services("own:\n  command: exec homemade-server\n  ready: test -s $TASUKI_SERVICE_DIR/up\n") as told:
+        assert "- own: ready" in told
+        assert task.agent("cat $HOME/.services/own/up").stdout == "made-at-setup\n"
