@@ -81,3 +81,18 @@ def _name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def test_a_bad_services_file_starts_none_and_the_task_goes_on_told_in_one_line(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    repo = repo_with_services(tmp_path / "repo", "cache: [redis-server\n")
+    with running_stack(tmp_path, redis_url, [finish_turn("Nothing to do.")]) as (stack, server):
+        stack.start_worker("w1")
+        state = stack.wait_finished(stack.send(local_request(repo)))
+        requests = agent_requests(server.requests)
+
+    assert state["status"] == "completed", state
+    first = requests[0]["body"]["messages"][1]["content"]
+    told = next(line for line in first.splitlines() if "services" in line.lower())
+    assert told.startswith("No services were started for this task: .tasuki/services.yml: not valid YAML at line 2")
