@@ -257,7 +257,7 @@ class Services:
         running = self.running.pop(name)
         process = running.process
         if process.poll() is None:
-            for pid in _descendants(process.pid):  # the service's own processes, not bwrap's (it has no handler)
+            for pid in [process.pid, *_descendants(process.pid)]:  # the service's processes, not bwrap's
                 if _command_name(pid) != "bwrap":
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGTERM)

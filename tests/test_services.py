@@ -297,3 +297,19 @@ def test_a_service_program_the_setup_installed_in_the_home_is_found_through_tasu
     with task.services("own:\n  command: exec homemade-server\n  ready: test -s $TASUKI_SERVICE_DIR/up\n") as told:
         assert "- own: ready" in told
         assert task.agent("cat $HOME/.services/own/up").stdout == "made-at-setup\n"
+
+
+def test_without_a_sandbox_a_service_runs_on_the_host_in_the_same_directory_and_still_stops(
+    task: Task, redis_binaries: None
+) -> None:
+    directory = task.home / ".services" / "redis"
+    declared = parse_services(REDIS, "test")
+    with task_services(declared, SandboxSettings(backend="none"), task.checkout, task.home, grace_s=5) as told:
+        assert f"- redis: ready, in {directory}" in told
+        ping = subprocess.run(
+            ["redis-cli", "-s", str(directory / "redis.sock"), "ping"], check=False, capture_output=True, text=True
+        )
+        assert ping.stdout.strip() == "PONG"
+        assert any(_name(pid) == "redis-server" for pid in _descendants(os.getpid()))
+    assert not any(_name(pid) == "redis-server" for pid in _descendants(os.getpid()))
+    assert "Received SIGTERM" in (directory / "service.log").read_text()
