@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -300,8 +301,19 @@ def test_a_service_program_the_setup_installed_in_the_home_is_found_through_tasu
 
 
 def test_without_a_sandbox_a_service_runs_on_the_host_in_the_same_directory_and_still_stops(
-    task: Task, redis_binaries: None
+    redis_binaries: None,
 ) -> None:
+    # On the host the socket's path is the host's: a unix socket path must be under 108 bytes, which pytest's
+    # temporary directories under xdist are not.
+    short = Path(tempfile.mkdtemp(prefix="svc-", dir="/tmp"))
+    task = Task(short / "task")
+    try:
+        _service_on_the_host(task)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _service_on_the_host(task: Task) -> None:
     directory = task.home / ".services" / "redis"
     declared = parse_services(REDIS, "test")
     with task_services(declared, SandboxSettings(backend="none"), task.checkout, task.home, grace_s=5) as told:
