@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import mmap
 import socket
+import threading
+from collections.abc import Sequence
 
 import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
-from sandbox.jail import SandboxUnavailable, make_sandbox
+from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.toolchains import TOOLCHAINS, Toolchain, probe_toolchains, worker_path
 from worker.compressors import Announcer
 from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE
 from worker.runtime import CLOCK, redis_client, settings
@@ -64,6 +67,15 @@ def _check_sandbox(**_: object) -> None:
         return
     if sandbox.name == "none":
         log.warning("sandbox.backend is none: agent commands run unsandboxed on this host")
+        return
+    # A few seconds of probes: beside the worker, which takes tasks meanwhile.
+    threading.Thread(target=warn_toolchains, args=(sandbox,), name="toolchain-probe", daemon=True).start()
+
+
+def warn_toolchains(sandbox: Sandbox, toolchains: Sequence[Toolchain] = TOOLCHAINS) -> None:
+    """One warning line per toolchain on the agent's PATH that cannot run in the sandbox (SPEC §17)."""
+    for problem in probe_toolchains(sandbox, worker_path(), toolchains):
+        log.warning(str(problem), toolchain=problem.toolchain)
 
 
 @worker_ready.connect
