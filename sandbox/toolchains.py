@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # jail imports this module for its binds
     from sandbox.jail import Sandbox
+    from sandbox.settings import SandboxLimits
 
 PROBE_TIMEOUT_S = 60
 # Installations whose links into /etc are looked for no deeper than this (a JDK's conf/security/java.security).
@@ -173,10 +174,22 @@ def _etc_links(installation: Path) -> list[str]:
     return found
 
 
+def found_toolchains(path: Sequence[str], toolchains: Sequence[Toolchain] = TOOLCHAINS) -> list[str]:
+    """The names of ``toolchains`` whose program is on ``path``."""
+    joined = os.pathsep.join(path)
+    return [toolchain.name for toolchain in toolchains if shutil.which(toolchain.argv[0], path=joined)]
+
+
 def probe_toolchains(
-    sandbox: Sandbox, path: Sequence[str], toolchains: Sequence[Toolchain] = TOOLCHAINS
+    sandbox: Sandbox,
+    path: Sequence[str],
+    limits: SandboxLimits | None = None,
+    toolchains: Sequence[Toolchain] = TOOLCHAINS,
 ) -> list[ToolchainProblem]:
-    """Each toolchain on ``path`` whose tiny command fails inside ``sandbox``: its name, error and fix."""
+    """Each toolchain on ``path`` whose tiny command fails inside ``sandbox`` (under the tool calls' ``limits``):
+    its name, error and fix."""
+    from sandbox.jail import limited  # here: jail imports this module for its binds
+
     problems: list[ToolchainProblem] = []
     joined = os.pathsep.join(path)
     for toolchain in toolchains:
@@ -188,11 +201,13 @@ def probe_toolchains(
             home.mkdir()
             checkout.mkdir()
             argv, cwd = sandbox.command(list(toolchain.argv), checkout, home)
+            if limits is not None:
+                argv = limited(argv, limits, PROBE_TIMEOUT_S)
             inside = sandbox.home_inside(home)
             env = {"PATH": joined, "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8"}
             error = _failure(argv, cwd, env)
         if error is not None:
-            problems.append(ToolchainProblem(toolchain.name, error, _fix(toolchain)))
+            problems.append(ToolchainProblem(toolchain.name, error, _fix(toolchain, error)))
     return problems
 
 
@@ -208,12 +223,21 @@ def _failure(argv: list[str], cwd: Path, env: Mapping[str, str]) -> str | None:
     if done.returncode == 0:
         return None
     lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-    said = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else "no output")
-    return f"exit {done.returncode}: {said}"
+    if not lines:
+        return f"exit {done.returncode}, no output"
+    first = next((n for n, line in enumerate(lines) if "error" in line.lower()), len(lines) - 1)
+    # The error, and the line after it when that says what it was (not a stack frame).
+    said = [line for n, line in enumerate(lines[first : first + 2]) if n == 0 or not line.startswith("at ")]
+    return f"exit {done.returncode}: {': '.join(said)}"
 
 
-def _fix(toolchain: Toolchain) -> str:
+def _fix(toolchain: Toolchain, error: str) -> str:
     """The toolchain's fix, naming the /etc directories of this host where it has them."""
+    if "Could not reserve enough space" in error:  # a JVM sizes its heap and code cache by the host, not RLIMIT_AS
+        return (
+            "its process needs more address space than sandbox.limits.memory_bytes: raise it (null: no limit), "
+            "or cap the JVM's heap (JAVA_TOOL_OPTIONS=-Xmx1g in the repository's environment)"
+        )
     if toolchain.name == "java":
         configs = sorted(str(p) for p in Path("/etc").glob("java-*") if p.is_dir())
         if configs:

@@ -18,7 +18,15 @@ from structlog.testing import capture_logs
 
 from sandbox.jail import Bubblewrap, probe
 from sandbox.settings import SandboxSettings
-from sandbox.toolchains import TOOLCHAINS, Toolchain, agent_path, own_prefixes, probe_toolchains, worker_path
+from sandbox.toolchains import (
+    TOOLCHAINS,
+    Toolchain,
+    agent_path,
+    found_toolchains,
+    own_prefixes,
+    probe_toolchains,
+    worker_path,
+)
 from tests.helpers.ci import cannot_run
 from worker.lifecycle import warn_toolchains
 from worker.tools import Workspace, run_tool
@@ -159,9 +167,7 @@ def test_a_rust_crate_builds_and_its_tests_pass_offline(sandbox: Bubblewrap, che
 
 
 def test_every_toolchain_on_this_machine_passes_its_probe(sandbox: Bubblewrap) -> None:
-    found = [t.name for t in TOOLCHAINS if shutil.which(t.argv[0], path=os.pathsep.join(worker_path()))]
-
-    assert probe_toolchains(sandbox, worker_path()) == [], found
+    assert probe_toolchains(sandbox, worker_path(), SandboxSettings().limits) == [], found_toolchains(worker_path())
 
 
 def test_a_toolchain_that_cannot_run_inside_is_named_at_start_with_its_error_and_fix(
@@ -184,13 +190,30 @@ def test_a_toolchain_that_cannot_run_inside_is_named_at_start_with_its_error_and
         cannot_run(str(probe(boxed)))
 
     with capture_logs() as logs:
-        warn_toolchains(boxed, (sometool, absent))
+        warn_toolchains(boxed, SandboxSettings().limits, (sometool, absent))
 
-    assert [entry["log_level"] for entry in logs] == ["warning"]
+    assert [entry["log_level"] for entry in logs] == ["warning", "info"]
+    assert logs[1] == {
+        "event": "toolchains probed in the sandbox",
+        "log_level": "info",
+        "usable": [],
+        "failing": ["sometool"],
+    }
     line = logs[0]["event"]
     assert line.startswith("sometool cannot run in the sandbox (exit 1: cat: "), line
     assert str(config) in line
     assert line.endswith("fix: add its configuration to sandbox.read_only_paths")
 
     fixed = Bubblewrap(SandboxSettings(read_only_paths=(config.parent,)))
-    assert probe_toolchains(fixed, worker_path(), (sometool,)) == []
+    assert probe_toolchains(fixed, worker_path(), toolchains=(sometool,)) == []
+
+
+def test_a_jvm_above_the_memory_limit_is_named_with_the_limit_to_raise(sandbox: Bubblewrap) -> None:
+    needs("javac")
+    small = SandboxSettings(limits={"memory_bytes": 256 * 1024 * 1024}).limits
+    java = next(t for t in TOOLCHAINS if t.name == "java")
+
+    problems = probe_toolchains(sandbox, worker_path(), small, (java,))
+
+    assert [p.toolchain for p in problems] == ["java"]
+    assert "sandbox.limits.memory_bytes" in problems[0].fix, problems[0]
