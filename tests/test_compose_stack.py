@@ -89,6 +89,7 @@ PROJECTS: dict[str, tuple[dict[str, str], str, str]] = {
     "python": (
         {
             "tiny/__init__.py": "def add(a, b):\n    return a + b\n",
+            "tests/__init__.py": "",
             "tests/test_add.py": "import unittest\nfrom tiny import add\n\n\nclass Add(unittest.TestCase):\n"
                                  "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
         },
