@@ -6,17 +6,41 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# The toolchains the agent's commands can use, from Debian's packages (docs/environments.md "Toolchains"):
+#   docker build --build-arg TOOLCHAINS="python node go java rust build" .
+# python: python3 python3-venv python3-pip; node: nodejs npm; go: golang-go; java: default-jdk-headless maven;
+# rust: rustc cargo; build: build-essential (gcc, make). The image's own Python (/usr/local) is there whatever
+# is chosen; Tasuki runs from a virtualenv of its own (/app/venv) that the agent never sees.
+ARG TOOLCHAINS="python node"
+
 # git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs;
 # bubblewrap: the sandbox every agent command runs in (see docker-compose.yml for what it needs);
 # socat: the bridge from the sandbox's loopback to its egress proxy (sandbox.network: allowlist).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends git ca-certificates bubblewrap socat \
+# /usr/share/man/man1: the JDK's packages install their man pages' alternatives there (slim images lack it).
+RUN set -eu; packages="git ca-certificates bubblewrap socat"; \
+    for toolchain in $TOOLCHAINS; do \
+      case "$toolchain" in \
+        python) packages="$packages python3 python3-venv python3-pip" ;; \
+        node) packages="$packages nodejs npm" ;; \
+        go) packages="$packages golang-go" ;; \
+        java) packages="$packages default-jdk-headless maven"; mkdir -p /usr/share/man/man1 ;; \
+        rust) packages="$packages rustc cargo" ;; \
+        build) packages="$packages build-essential" ;; \
+        *) echo "TOOLCHAINS: unknown toolchain '$toolchain' (known: python node go java rust build)" >&2; exit 1 ;; \
+      esac; \
+    done; \
+    apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --gid 10001 tasuki \
     && useradd --uid 10001 --gid tasuki --create-home --shell /usr/sbin/nologin tasuki
 
 WORKDIR /app
+# Tasuki's own virtualenv: its bin leads PATH for Tasuki's commands, and is left out of the agent's PATH and
+# sandbox (sandbox/toolchains.py), whose python3 is the image's own, without Tasuki's dependencies.
+RUN python -m venv /app/venv
+ENV PATH=/app/venv/bin:$PATH
 # Dependencies first, from pyproject.toml and empty packages, so that a code change does not reinstall them.
 COPY pyproject.toml README.md ./
 RUN for package in contexts memory sandbox worker scheduler webhooks console cli replay; do mkdir "$package" && touch "$package/__init__.py"; done \

@@ -6,10 +6,10 @@ A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line
 - ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
   network's with ``sandbox.network: none``). The checkout (at ``/workspace``) and the task's home (a host
   directory that lasts for the task, at ``HOME``) are the only writable places besides the call's private
-  ``/tmp``; the system directories, and those of the tools on the worker's ``PATH``, are read-only. The worker's
-  processes, its ``/proc``, its files, the contexts root and other tasks' checkouts are not there.
-  ``--die-with-parent``, and the sandbox's init is killed at the end of every call, so nothing the command
-  started outlives it.
+  ``/tmp``; the system directories, and those of the tools on the worker's ``PATH`` (not Tasuki's own
+  virtualenv: ``sandbox.toolchains``), are read-only. The worker's processes, its ``/proc``, its files, the
+  contexts root and other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is
+  killed at the end of every call, so nothing the command started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
 
@@ -35,6 +35,7 @@ import structlog
 from contexts.errors import TasukiError
 from sandbox import envfiles
 from sandbox.settings import SandboxLimits, SandboxSettings
+from sandbox.toolchains import agent_path, toolchain_binds, toolchain_environment, worker_path
 
 log = structlog.get_logger(__name__)
 
@@ -153,8 +154,11 @@ class Bubblewrap:
     def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
         self.network = settings.network
         self.egress: Path | None = None  # the task's egress proxy socket on the host
-        self.read_only = tool_dirs(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
+        # Tasuki's own virtualenv is neither on the agent's PATH nor bound (sandbox.toolchains).
+        entries = agent_path(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
+        self.read_only = tool_dirs(entries) + toolchain_binds(entries)
         self.read_only += tuple(str(p) for p in settings.read_only_paths)
+        self.environment = toolchain_environment(entries)
 
     def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
         """``bwrap OPTIONS -- argv`` with the checkout at /workspace."""
@@ -171,6 +175,8 @@ class Bubblewrap:
             options += _ro_bind(f"/etc/{name}")
         for directory in self.read_only:
             options += _ro_bind(directory)
+        for name, value in self.environment.items():
+            options += ["--setenv", name, value]
         if self.egress is not None:
             options += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
             for name, value in EGRESS_ENV.items():
@@ -296,8 +302,9 @@ def sandbox_env(env: Mapping[str, str], sandbox: Sandbox, home: Path) -> dict[st
 
 def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A command's whole environment on the host's side: an allow-list plus ``extra``, minus secret-looking names."""
-    # PATH is the one variable taken from the worker: it says where the operator installed the tools.
-    env = {"PATH": os.environ.get("PATH", os.defpath), **BASE_ENV}
+    # PATH is the one variable taken from the worker: it says where the operator installed the tools
+    # (all but Tasuki's own virtualenv: the agent's python3 is never the one running Tasuki).
+    env = {"PATH": os.pathsep.join(worker_path()), **BASE_ENV}
     env.update(extra or {})
     env.update({"HOME": str(home), "TMPDIR": str(home)})
     return envfiles.drop_secrets(env)

@@ -10,6 +10,7 @@ Deselect with ``-m "not compose"``; it runs in ``.ci/run``, and elsewhere skips 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -62,6 +63,127 @@ def test_every_service_of_the_stack_becomes_healthy_with_three_workers(fleet: Fl
 
     services = sorted(re.sub(r"^tasukitest\w+?[-_]|[-_]\d+$", "", name) for name in health)
     assert services == ["beat", "flower", "maintenance", "redis", "webhook", "worker", "worker", "worker"]
+
+
+# The agent's bash tool, run inside a worker container (``docker exec``): a tiny project's files are written to
+# a checkout and the command runs there through the same sandbox, environment and limits as the agent's.
+IN_THE_SANDBOX = """
+import json, sys, tempfile
+from pathlib import Path
+from worker.runtime import settings
+from sandbox.jail import make_sandbox
+from worker.tools import Workspace, run_tool
+files, command = json.loads(sys.argv[1]), sys.argv[2]
+with tempfile.TemporaryDirectory(prefix="toolchain-") as root:
+    for name, text in files.items():
+        Path(root, name).parent.mkdir(parents=True, exist_ok=True)
+        Path(root, name).write_text(text)
+    sandbox = settings().sandbox
+    result = run_tool(Workspace(Path(root)), "bash", {"command": command}, bash_timeout_s=600,
+                      max_output_chars=100000, sandbox=make_sandbox(sandbox), limits=sandbox.limits)
+print(result.output)
+"""
+# One tiny project per toolchain of the Dockerfile's TOOLCHAINS: its files, the compile-and-test command, and
+# what its output must say.
+PROJECTS: dict[str, tuple[dict[str, str], str, str]] = {
+    "python": (
+        {
+            "tiny/__init__.py": "def add(a, b):\n    return a + b\n",
+            "tests/__init__.py": "",
+            "tests/test_add.py": "import unittest\nfrom tiny import add\n\n\nclass Add(unittest.TestCase):\n"
+                                 "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+        },
+        "python3 -c 'import sys; print(\"prefix\", sys.prefix)'; python3 -c 'import celery' 2>&1 | tail -1; "
+        "python3 -m venv .venv && .venv/bin/python -m compileall -q tiny && .venv/bin/python -m unittest -v",
+        "test_add (tests.test_add.Add",
+    ),
+    "node": (
+        {
+            "package.json": json.dumps({"name": "tiny", "version": "1.0.0", "scripts": {"test": "node --test"}}),
+            "index.js": "exports.add = (a, b) => a + b;\n",
+            "test/add.test.js": "const test = require('node:test');\nconst assert = require('node:assert');\n"
+                                "const { add } = require('..');\n"
+                                "test('adds', () => assert.strictEqual(add(2, 3), 5));\n",
+        },
+        "npm_config_update_notifier=false npm test",
+        "# pass 1",
+    ),
+    "go": (
+        {
+            "go.mod": "module example.com/tiny\n\ngo 1.19\n",
+            "add.go": "package tiny\n\nfunc Add(a, b int) int { return a + b }\n",
+            "add_test.go": "package tiny\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n"
+                           "\tif Add(2, 3) != 5 {\n\t\tt.Fatal(\"add\")\n\t}\n}\n",
+        },
+        "go vet ./... && go test -v ./...",
+        "--- PASS: TestAdd",
+    ),
+    "java": (
+        {
+            "Main.java": "public class Main {\n  static int add(int a, int b) { return a + b; }\n"
+                         "  public static void main(String[] args) {\n"
+                         "    if (add(2, 3) != 5) throw new AssertionError(\"add\");\n"
+                         "    System.out.println(\"java ok\");\n  }\n}\n",
+        },
+        "mvn --version | head -1 && javac -d out Main.java && java -cp out Main",
+        "java ok",
+    ),
+    "rust": (
+        {
+            "Cargo.toml": '[package]\nname = "tiny"\nversion = "0.1.0"\nedition = "2021"\n',
+            "src/lib.rs": "pub fn add(a: i32, b: i32) -> i32 { a + b }\n\n#[cfg(test)]\nmod tests {\n"
+                          "    #[test]\n    fn adds() { assert_eq!(super::add(2, 3), 5); }\n}\n",
+        },
+        "cargo test --offline 2>&1",
+        "test tests::adds ... ok",
+    ),
+    "build": (
+        {
+            "add.c": "int add(int a, int b) { return a + b; }\n",
+            "test.c": "#include <assert.h>\n#include <stdio.h>\nint add(int, int);\n"
+                      "int main(void) { assert(add(2, 3) == 5); puts(\"c ok\"); return 0; }\n",
+            "Makefile": "test: test_add\n\t./test_add\n\ntest_add: test.c add.c\n\tcc -Wall -o $@ $^\n",
+        },
+        "make test",
+        "c ok",
+    ),
+}
+
+
+def test_the_workers_say_every_toolchain_of_the_image_runs_in_their_sandbox(fleet: Fleet) -> None:
+    workers = fleet.stack.containers("worker")
+
+    def probed() -> list[str] | None:
+        said = []
+        for container in workers:
+            done = fleet.stack.engine.docker("logs", container, check=False)
+            lines = [line for line in (done.stdout + done.stderr).splitlines()
+                     if "toolchains probed in the sandbox" in line or "cannot run in the sandbox" in line]
+            if not any("toolchains probed" in line for line in lines):
+                return None
+            said += lines
+        return said
+
+    lines = fleet.stack.wait(probed, BUSY_DEADLINE_S, "each worker to probe its toolchains", logs_of="worker")
+    assert not [line for line in lines if "cannot run in the sandbox" in line], lines
+    probed_line = next(line for line in lines if "toolchains probed" in line)
+    for name in ("python", "node", "go", "cargo", "rustc", "java", "maven", "gcc", "make"):
+        assert re.search(rf"['\"]{name}['\"]", probed_line), probed_line
+
+
+@pytest.mark.parametrize("toolchain", list(PROJECTS))
+def test_a_tiny_project_compiles_and_passes_its_tests_in_a_workers_sandbox(fleet: Fleet, toolchain: str) -> None:
+    files, command, said = PROJECTS[toolchain]
+    worker = fleet.stack.containers("worker")[0]
+
+    done = fleet.stack.engine.docker("exec", worker, "python", "-c", IN_THE_SANDBOX, json.dumps(files), command,
+                                     timeout_s=900)
+
+    assert said in done.stdout, done.stdout
+    assert done.stdout.rstrip().endswith("exit code: 0"), done.stdout
+    if toolchain == "python":  # the agent's python3 is the image's, never Tasuki's own virtualenv
+        assert "prefix /app/venv" not in done.stdout
+        assert "No module named 'celery'" in done.stdout
 
 
 def test_a_task_through_the_webhook_and_one_through_tasuki_submit_complete_in_the_sandbox(fleet: Fleet) -> None:

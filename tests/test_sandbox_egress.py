@@ -562,7 +562,10 @@ def test_pip_installs_from_an_index_on_an_allowed_host_and_cannot_from_a_refused
     jail: Jail, sites: tuple[Site, Site]
 ) -> None:
     allowed, refused = sites
-    pip = f"{sys.executable} -m pip install --disable-pip-version-check --no-cache-dir --retries 0 --target site"
+    # The interpreter Tasuki's virtualenv was made from (the virtualenv is not in the sandbox: sandbox.toolchains),
+    # by its path: pyenv's shim would fail the install after it, unable to rehash its read-only shims.
+    python = Path(sys.base_prefix) / "bin" / "python3"
+    pip = f"{python} -m pip install --disable-pip-version-check --no-cache-dir --retries 0 --target site"
     output = jail.bash(
         f"{pip} --index-url {allowed.url}/simple {PACKAGE} && "
         f"PYTHONPATH=site python3 -c 'import {MODULE}; print({MODULE}.VALUE)'"

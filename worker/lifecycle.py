@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import mmap
 import socket
+import threading
+from collections.abc import Sequence
 
 import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
-from sandbox.jail import SandboxUnavailable, make_sandbox
+from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.settings import SandboxLimits
+from sandbox.toolchains import TOOLCHAINS, Toolchain, found_toolchains, probe_toolchains, worker_path
 from worker.compressors import Announcer
-from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE
+from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE, TASKS_QUEUE
 from worker.runtime import CLOCK, redis_client, settings
 
 log = structlog.get_logger(__name__)
@@ -55,7 +59,7 @@ def _check_clock(**_: object) -> None:
 
 
 @worker_ready.connect
-def _check_sandbox(**_: object) -> None:
+def _check_sandbox(sender: object = None, **_: object) -> None:
     """Say at start, once, when the agent's commands cannot be sandboxed: tasks will be refused, not run bare."""
     try:
         sandbox = make_sandbox(settings().sandbox)
@@ -64,6 +68,30 @@ def _check_sandbox(**_: object) -> None:
         return
     if sandbox.name == "none":
         log.warning("sandbox.backend is none: agent commands run unsandboxed on this host")
+        return
+    if _runs_agents(sender):  # a few seconds of probes, beside the worker, which takes tasks meanwhile
+        limits = settings().sandbox.limits
+        threading.Thread(target=warn_toolchains, args=(sandbox, limits), name="toolchain-probe", daemon=True).start()
+
+
+def _runs_agents(sender: object) -> bool:
+    """Whether this worker takes tasks (not the compression worker beside it)."""
+    app = getattr(sender, "app", None)
+    consumed = app.amqp.queues.consume_from if app is not None else None
+    return not consumed or TASKS_QUEUE in consumed
+
+
+def warn_toolchains(
+    sandbox: Sandbox, limits: SandboxLimits | None = None, toolchains: Sequence[Toolchain] = TOOLCHAINS
+) -> None:
+    """One warning line per toolchain on the agent's PATH that cannot run in the sandbox (SPEC §17)."""
+    path = worker_path()
+    problems = probe_toolchains(sandbox, path, limits, toolchains)
+    for problem in problems:
+        log.warning(str(problem), toolchain=problem.toolchain)
+    failing = [problem.toolchain for problem in problems]
+    usable = [name for name in found_toolchains(path, toolchains) if name not in failing]
+    log.info("toolchains probed in the sandbox", usable=usable, failing=failing)
 
 
 @worker_ready.connect

@@ -7,7 +7,8 @@ The stand-ins are made from Debian's packages: ``debootstrap`` makes a bookworm 
 machine's CA bundle in it (the machine's own package clients trust it, so the image's pip and apt do too),
 ``docker import`` turns it into a base image, and two small Dockerfiles add Python 3.11 (a virtual
 environment at /usr/local, as the official image has its Python there) and Debian's Redis 7. The project's
-own Dockerfile is then built unchanged, with host networking: no bridge network exists here.
+own Dockerfile is then built unchanged, with host networking (no bridge network exists here) and every
+toolchain it offers (``TOOLCHAINS``; the apt layer comes before the code's, so a code change reuses it).
 
 Run as a module to build everything ahead of the tests (``.ci/run`` does, while the rest of the suite runs):
 
@@ -29,6 +30,8 @@ from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT_IMAGE = "tasuki:latest"  # docker-compose.yml's image for every service built from this repository
+# Every toolchain the Dockerfile's TOOLCHAINS argument offers: the compose tests run a tiny project in each.
+TOOLCHAINS = "python node go java rust build"
 BASE_IMAGE = "tasuki-standin/debian:bookworm"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -205,7 +208,8 @@ def build_images(engine: Engine, *, project: bool = True) -> None:
         for tag in missing:
             _build(engine, tag, STANDINS[tag])
         if project:
-            engine.docker("build", "--network", "host", "-t", PROJECT_IMAGE, str(REPO_ROOT), timeout_s=1200)
+            engine.docker("build", "--network", "host", "--build-arg", f"TOOLCHAINS={TOOLCHAINS}", "-t", PROJECT_IMAGE,
+                          str(REPO_ROOT), timeout_s=1800)
 
 
 def main() -> int:
