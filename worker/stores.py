@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from contexts.clock import utc_now
+from contexts.durable import ONE_HOST, DurableCopy
 from contexts.errors import ContextNotFoundError
 from contexts.names import OUTCOMES_FILE
 from contexts.outcomes import OutcomeStore
@@ -18,6 +21,42 @@ from contexts.store import ContextStore
 from memory.errors import MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
 from worker.settings_models import Settings
+
+if TYPE_CHECKING:
+    from fleet.store import FleetStore
+
+
+def _one_host(settings: Settings) -> DurableCopy:
+    return ONE_HOST
+
+
+def _postgresql(settings: Settings) -> DurableCopy:
+    from fleet.durable import PostgresCopy  # fleet mode only: one host never loads the driver
+    from fleet.store import FleetStore
+
+    config = settings.fleet
+    assert config.store is not None  # noqa: S101 - chosen by its scheme
+    key = (os.getpid(), config.store)
+    if key not in _fleet_stores:  # one pool per process, shared by every store object built from these settings
+        _fleet_stores[key] = FleetStore(  # connected at its first use: a reader that never needs it never waits
+            config.store, lease_s=config.lease_s, connect_timeout_s=config.connect_timeout_s, open=False
+        )
+    return PostgresCopy(_fleet_stores[key])
+
+
+_fleet_stores: dict[tuple[int, str], FleetStore] = {}
+
+DURABLE_COPIES: dict[str, Callable[[Settings], DurableCopy]] = {
+    "": _one_host,  # fleet.store unset: the directories are the only copy (SPEC §12 "One host")
+    "postgresql": _postgresql,
+    "postgres": _postgresql,
+}
+"""Where contexts are kept beside the host's directories, by the scheme of ``fleet.store``'s URL."""
+
+
+def durable_copy(settings: Settings) -> DurableCopy:
+    """The configured durable copy (fleet.store's scheme picks it); FleetUnavailable when its store is unreachable."""
+    return DURABLE_COPIES[urlsplit(settings.fleet.store or "").scheme](settings)
 
 
 def open_store(
@@ -40,6 +79,7 @@ def open_store(
         fsync=config.fsync,
         on_heartbeat=on_heartbeat,
         clock=clock or utc_now,
+        durable=durable_copy(settings),
     )
 
 
