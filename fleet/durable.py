@@ -22,6 +22,7 @@ from contexts.atomic import fsync_dir, write_json_atomic
 from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
 from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
 from fleet import lease
+from fleet.errors import FleetUnavailable
 from fleet.lease import Conn
 from fleet.store import FleetStore
 
@@ -117,12 +118,17 @@ class PostgresWriter:
         return True
 
     def release(self) -> None:
-        """Free the lease for the next taker (nothing more is written under this epoch)."""
+        """Free the lease for the next taker (nothing more is written under this epoch). Best effort: a store out
+        of reach lets the lease run out instead, and the next taker waits ``lease_s``."""
         with self._guard:
             self._staged.clear()
-            if not self.fenced:
-                self.store.release(self.uuid, self.epoch, self.holder)
-            self.fenced = True  # released: any later write is refused here, before the database
+            try:
+                if not self.fenced:
+                    self.store.release(self.uuid, self.epoch, self.holder)
+            except FleetUnavailable as exc:
+                log.warning("lease not released; it runs out instead", uuid=self.uuid, error=str(exc)[:300])
+            finally:
+                self.fenced = True  # released: any later write is refused here, before the database
 
 
 class PostgresCopy:

@@ -20,6 +20,7 @@ from contexts.errors import ContextCompletedError, FencedError, LockHeldError
 from contexts.names import JSONL_FILES
 from contexts.state import read_state
 from contexts.store import ContextStore
+from fleet import lease
 from fleet.durable import PostgresCopy
 from fleet.errors import FleetUnavailable
 from fleet.store import FleetStore
@@ -252,3 +253,33 @@ def test_an_unreachable_store_is_one_line_when_a_task_starts_and_leaves_nothing_
     assert ":pw@" not in str(caught.value)
     assert store.running_uuids() == []
     assert list((store.base_dir / ".staging").iterdir()) == []
+
+
+def lease_expires_at(dsn: str, uuid: str) -> object:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT expires_at FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_the_heartbeat_keeps_a_live_holders_lease_and_fences_it_once_another_host_took_it(
+    host: HostFactory, fleet_dsn: str
+) -> None:
+    a_store = host("a", lease_s=5, heartbeat_interval_s=0.2)
+    a = a_store.create(TASK_KEY, CONFIG)  # its heartbeat thread renews the lease every 0.2 s
+    try:
+        first = lease_expires_at(fleet_dsn, a.uuid)
+        wait_for(lambda: lease_expires_at(fleet_dsn, a.uuid) != first, timeout=30, what="a renewal")
+        with pytest.raises(LockHeldError):
+            host("b").open(a.uuid, heartbeat=False)
+        # Another host takes the task as if a's lease had run out (a paused past it, say): expired and taken in one
+        # transaction, so a's heartbeat cannot renew in between.
+        with psycopg.connect(fleet_dsn) as conn:
+            conn.execute("UPDATE tasuki_leases SET expires_at = now() - interval '1 second' WHERE uuid = %s", (a.uuid,))
+            assert lease.take(conn, a.uuid, "host-b:1", 60) == 2
+        wait_for(lambda: a.fenced, timeout=30, what="a's heartbeat to find the lease taken")
+        with pytest.raises(FencedError):
+            a.append_message("assistant", "from a, fenced by its heartbeat")
+        assert "from a, fenced" not in (a.home / "messages.jsonl").read_text()
+    finally:
+        a.detach()
