@@ -8,10 +8,11 @@ epoch, so whatever a previous holder still tries under its old epoch fails (:mod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
-Conn = psycopg.Connection[tuple[object, ...]]
+Conn = psycopg.Connection[tuple[Any, ...]]  # rows as tuples of whatever the columns hold
 
 _TAKE = """
 INSERT INTO tasuki_leases AS lease (uuid, epoch, holder, expires_at)
@@ -48,7 +49,7 @@ def take(conn: Conn, uuid: str, holder: str, lease_s: float) -> int | None:
 
     Concurrent takers serialize on the row: the loser re-reads it after the winner's commit and finds it live."""
     row = conn.execute(_TAKE, {"uuid": uuid, "holder": holder, "lease_s": lease_s}).fetchone()
-    return int(row[0]) if row else None  # type: ignore[call-overload]
+    return int(row[0]) if row else None
 
 
 def renew(conn: Conn, uuid: str, epoch: int, holder: str, lease_s: float) -> bool:
@@ -70,4 +71,4 @@ def read(conn: Conn, uuid: str) -> LeaseRow | None:
     if row is None:
         return None
     epoch, holder, _expires_at, expired = row
-    return LeaseRow(int(epoch), None if holder is None else str(holder), bool(expired))  # type: ignore[call-overload]
+    return LeaseRow(int(epoch), None if holder is None else str(holder), bool(expired))

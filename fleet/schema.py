@@ -7,9 +7,8 @@ migrated by a newer Tasuki is refused with one line, never written to.
 
 from __future__ import annotations
 
-import psycopg
-
 from fleet.errors import SchemaTooNew
+from fleet.lease import Conn
 
 # pg_advisory_xact_lock's key for "migrating": any constant of our own ("tasuki" in ASCII, as a bigint).
 MIGRATION_LOCK = 0x746173756B69
@@ -48,19 +47,52 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (uuid, file, id)
         )""",
     ),
+    # 2: memory (SPEC §13) on pgvector and the full-text index: fleet/memory.py.
+    (
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        """CREATE TABLE tasuki_episodes (
+            id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            uuid       text NOT NULL UNIQUE,
+            repository text NOT NULL,
+            thread     text NOT NULL,
+            ended_at   timestamptz NOT NULL,
+            data       jsonb NOT NULL,
+            terms      jsonb NOT NULL,
+            length     integer NOT NULL,
+            words      tsvector NOT NULL,
+            embedding  vector
+        )""",
+        "CREATE INDEX tasuki_episodes_by_repository ON tasuki_episodes (repository, ended_at)",
+        "CREATE INDEX tasuki_episodes_by_repository_id ON tasuki_episodes (repository, id)",
+        "CREATE INDEX tasuki_episodes_by_thread ON tasuki_episodes (thread)",
+        "CREATE INDEX tasuki_episodes_by_age ON tasuki_episodes (ended_at)",
+        "CREATE INDEX tasuki_episodes_words ON tasuki_episodes USING gin (words)",
+        "CREATE TABLE tasuki_memory_terms (term text PRIMARY KEY, docs integer NOT NULL)",
+        """CREATE TABLE tasuki_memories (
+            scope      text NOT NULL,
+            key        text NOT NULL,
+            repository text NOT NULL,
+            text       text NOT NULL,
+            updated_at timestamptz NOT NULL,
+            sources    jsonb NOT NULL,
+            PRIMARY KEY (scope, key)
+        )""",
+        "CREATE INDEX tasuki_memories_by_repository ON tasuki_memories (repository)",
+        "CREATE TABLE tasuki_memory_meta (key text PRIMARY KEY, value text NOT NULL)",
+    ),
 )
 
 LATEST = len(MIGRATIONS)
 
 
-def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def schema_version(conn: Conn) -> int:
     """The version the database is at (0: never migrated)."""
     conn.execute(VERSION_TABLE)
     row = conn.execute("SELECT coalesce(max(version), 0) FROM tasuki_schema").fetchone()
-    return int(row[0]) if row else 0  # type: ignore[call-overload]
+    return int(row[0]) if row else 0
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+def migrate(conn: Conn) -> int:
     """Bring the database to :data:`LATEST`; returns the version found before. Safe to run by every host at once."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
