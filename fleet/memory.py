@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from contexts.masking import mask
+from fleet.errors import FleetError
 from fleet.lease import Conn
 from fleet.store import FleetStore
-from memory.errors import EmbeddingError
+from memory.errors import EmbeddingError, MemoryUnavailable
 from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
 from memory.sqlite import _WORD, COMMON_WINDOW, RARE_DOCS, query_words
 
@@ -47,6 +49,16 @@ class PostgresMemoryStore:
     def __init__(self, store: FleetStore) -> None:
         self.store = store
 
+    @contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        """One transaction; the fleet's store out of reach is :class:`MemoryUnavailable`, as a damaged SQLite file
+        is: recall and recording go on without memory, never fail the task."""
+        try:
+            with self.store.connection() as conn:
+                yield conn
+        except FleetError as exc:
+            raise MemoryUnavailable(f"memory store: {exc}") from None
+
     # -- meta ------------------------------------------------------------------------------------
 
     def _meta(self, conn: Conn, key: str) -> str | None:
@@ -65,7 +77,7 @@ class PostgresMemoryStore:
 
     def vector_dimension(self) -> int | None:
         """The dimension of the stored vectors (fixed by the first one), or None before any."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             value = self._meta(conn, "vector_dimension")
         return int(value) if value else None
 
@@ -75,7 +87,7 @@ class PostgresMemoryStore:
         """Record (or replace) an episode with its words and, when given, its vector: one transaction."""
         text = episode.text()
         words = words_of(text)
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             if vector is not None:
                 self._check_dimension(conn, len(vector))
             self._delete(conn, "uuid = %s", (episode.uuid,))
@@ -120,13 +132,13 @@ class PostgresMemoryStore:
 
     def episode(self, uuid: str) -> Episode | None:
         """One episode by UUID."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute("SELECT data FROM tasuki_episodes WHERE uuid = %s", (uuid,)).fetchone()
         return None if row is None else Episode.from_json(row[0])
 
     def episodes(self, repository: str, limit: int = 100) -> list[Episode]:
         """A repository's episodes, newest first."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 "SELECT data FROM tasuki_episodes WHERE repository = %s ORDER BY ended_at DESC, id DESC LIMIT %s",
                 (repository, limit),
@@ -137,7 +149,7 @@ class PostgresMemoryStore:
         """The episodes of ``uuids`` that belong to ``repository`` (never another repository's)."""
         if not uuids:
             return {}
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 "SELECT uuid, data FROM tasuki_episodes WHERE uuid = ANY(%s) AND repository = %s",
                 (list(uuids), repository),
@@ -156,7 +168,7 @@ class PostgresMemoryStore:
         words = query_words(query)
         if not words:
             return []
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             frequency = dict(
                 conn.execute(
                     "SELECT term, docs FROM tasuki_memory_terms WHERE term = ANY(%s) AND docs > 0", (words,)
@@ -206,7 +218,7 @@ class PostgresMemoryStore:
             return []
         if len(vector) != known:
             raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 "SELECT uuid, embedding <=> %(v)s::vector AS distance FROM tasuki_episodes "
                 "WHERE repository = %(r)s AND embedding IS NOT NULL ORDER BY distance, id DESC LIMIT %(k)s",
@@ -218,7 +230,7 @@ class PostgresMemoryStore:
 
     def memory(self, scope: str, key: str) -> Memory | None:
         """A thread or repository memory."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 "SELECT text, updated_at, sources FROM tasuki_memories WHERE scope = %s AND key = %s", (scope, key)
             ).fetchone()
@@ -229,7 +241,7 @@ class PostgresMemoryStore:
 
     def thread_memories(self, repository: str) -> list[Memory]:
         """A repository's thread memories, newest first."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             rows = conn.execute(
                 "SELECT key, text, updated_at, sources FROM tasuki_memories WHERE scope = 'thread' "
                 "AND repository = %s ORDER BY updated_at DESC",
@@ -239,7 +251,7 @@ class PostgresMemoryStore:
 
     def put_memory(self, memory: Memory, repository: str) -> None:
         """Replace a thread or repository memory."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             conn.execute(
                 "INSERT INTO tasuki_memories (scope, key, repository, text, updated_at, sources) "
                 "VALUES (%s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (scope, key) DO UPDATE SET "
@@ -259,7 +271,7 @@ class PostgresMemoryStore:
 
     def repositories(self) -> list[RepositoryCount]:
         """Repositories with episodes or memories, by name."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             counts = {
                 str(repo): (int(n), int(threads), last)
                 for repo, n, threads, last in conn.execute(
@@ -281,26 +293,26 @@ class PostgresMemoryStore:
 
     def forget_episode(self, uuid: str) -> int:
         """Delete one episode."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             return len(self._delete(conn, "uuid = %s", (uuid,)))
 
     def forget_thread(self, thread: str) -> int:
         """Delete a thread's episodes and its memory."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             gone = self._delete(conn, "thread = %s", (thread,))
             conn.execute("DELETE FROM tasuki_memories WHERE scope = 'thread' AND key = %s", (thread,))
         return len(gone)
 
     def forget_repository(self, repository: str) -> int:
         """Delete a repository's episodes, thread memories and repository memory."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             gone = self._delete(conn, "repository = %s", (repository,))
             conn.execute("DELETE FROM tasuki_memories WHERE repository = %s", (repository,))
         return len(gone)
 
     def prune(self, before: datetime, *, dry_run: bool = False) -> list[str]:
         """Episodes that ended before ``before``: listed, and deleted unless ``dry_run``."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             if dry_run:
                 rows = conn.execute("SELECT uuid FROM tasuki_episodes WHERE ended_at < %s", (before,)).fetchall()
                 return [str(row[0]) for row in rows]
@@ -310,12 +322,12 @@ class PostgresMemoryStore:
 
     def note_problem(self, problem: str | None) -> None:
         """Remember the latest problem (None clears it)."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             self._set_meta(conn, "last_error", problem)
 
     def status(self) -> StoreStatus:
         """Counts and the latest problem."""
-        with self.store.connection() as conn:
+        with self._connection() as conn:
             row = conn.execute(
                 "SELECT count(*), count(DISTINCT repository), count(DISTINCT thread), count(embedding) "
                 "FROM tasuki_episodes"

@@ -3,7 +3,7 @@ index, and recall@5 equal to the SQLite store's on the same labelled data."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,11 +13,13 @@ import pytest
 from bench.bench_recall_quality import SETS, HashEmbedder, load, scores
 from fleet.memory import PostgresMemoryStore
 from fleet.store import FleetStore
-from memory import EmbeddingError, Memory
+from memory import EmbeddingError, Memory, MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
 from memory.store import MemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.memory_support import NOW, episode
+from worker.settings import Settings
+from worker.stores import kept_memory, open_memory
 
 
 @pytest.fixture
@@ -178,3 +180,30 @@ def test_recall_at_5_equals_the_sqlite_stores_on_the_same_labelled_set(
                 assert got == expected, (name, kind)
         finally:
             sqlite.close()
+
+
+def test_fleet_mode_keeps_memory_in_postgresql_and_one_host_in_sqlite(
+    make_settings: Callable[..., Settings], fleet_dsn: str
+) -> None:
+    settings = make_settings({"TASUKI__FLEET__STORE": fleet_dsn})
+    with kept_memory(settings) as kept:
+        assert isinstance(kept, PostgresMemoryStore)
+        kept.add_episode(episode("u1", task="Fix the login bug"))
+    assert open_memory(settings, must_exist=True).bm25("github:acme/web", "login", 5) == ["u1"]
+    assert not (Path(settings.contexts.base_dir).parent / "memory.db").exists()  # no SQLite file beside it
+    one_host = open_memory(make_settings())
+    assert isinstance(one_host, SQLiteMemoryStore)
+    one_host.close()
+
+
+def test_an_unreachable_fleet_store_is_memory_unavailable_so_tasks_go_on_without_memory(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(
+        {"TASUKI__FLEET__STORE": "postgresql://tasuki:pw@127.0.0.1:1/tasuki", "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1"}
+    )
+    store = open_memory(settings)
+    with pytest.raises(MemoryUnavailable) as caught:
+        store.bm25("github:acme/web", "login", 5)
+    assert "unreachable" in str(caught.value)
+    assert ":pw@" not in str(caught.value)

@@ -20,6 +20,7 @@ from contexts.outcomes_sqlite import SQLiteOutcomeStore
 from contexts.store import ContextStore
 from memory.errors import MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
+from memory.store import MemoryStore
 from worker.settings_models import Settings
 
 if TYPE_CHECKING:
@@ -30,18 +31,25 @@ def _one_host(settings: Settings) -> DurableCopy:
     return ONE_HOST
 
 
-def _postgresql(settings: Settings) -> DurableCopy:
-    from fleet.durable import PostgresCopy  # fleet mode only: one host never loads the driver
-    from fleet.store import FleetStore
+def _fleet_store(settings: Settings) -> FleetStore:
+    """The process's one pool on the fleet's PostgreSQL, shared by every store built from these settings; connected
+    at its first use, so a reader that never needs it never waits for it."""
+    from fleet.store import FleetStore  # fleet mode only: one host never loads the driver
 
     config = settings.fleet
     assert config.store is not None  # noqa: S101 - chosen by its scheme
-    key = (os.getpid(), config.store)
-    if key not in _fleet_stores:  # one pool per process, shared by every store object built from these settings
-        _fleet_stores[key] = FleetStore(  # connected at its first use: a reader that never needs it never waits
+    key = (os.getpid(), config.store)  # a forked child makes its own: a pool's connections are not shared
+    if key not in _fleet_stores:
+        _fleet_stores[key] = FleetStore(
             config.store, lease_s=config.lease_s, connect_timeout_s=config.connect_timeout_s, open=False
         )
-    return PostgresCopy(_fleet_stores[key])
+    return _fleet_stores[key]
+
+
+def _postgresql(settings: Settings) -> DurableCopy:
+    from fleet.durable import PostgresCopy
+
+    return PostgresCopy(_fleet_store(settings))
 
 
 _fleet_stores: dict[tuple[int, str], FleetStore] = {}
@@ -97,21 +105,42 @@ def find_outcomes(settings: Settings) -> OutcomeStore | None:
     return open_outcomes(settings)
 
 
-def open_memory(settings: Settings, *, must_exist: bool = False) -> SQLiteMemoryStore:
-    """The configured memory store (SPEC §13); MemoryUnavailable when it cannot be opened. Readers pass
-    ``must_exist`` so that looking never creates a database."""
+def _sqlite_memory(settings: Settings, must_exist: bool) -> SQLiteMemoryStore:
     path = settings.memory.database(settings.contexts)
     if must_exist and not path.is_file():
         raise MemoryUnavailable(f"no memory store at {path} (memory.path)")
     return SQLiteMemoryStore(path)
 
 
+def _postgresql_memory(settings: Settings, must_exist: bool) -> MemoryStore:
+    from fleet.memory import PostgresMemoryStore
+
+    return PostgresMemoryStore(_fleet_store(settings))  # the fleet's schema is made by whoever connects first
+
+
+MEMORY_STORES: dict[str, Callable[[Settings, bool], MemoryStore]] = {
+    "": _sqlite_memory,  # one host: memory.db beside the contexts root
+    "postgresql": _postgresql_memory,
+    "postgres": _postgresql_memory,
+}
+"""Where memory is kept, by the scheme of ``fleet.store``'s URL (SPEC §12: no host writes SQLite on a shared disk)."""
+
+
+def open_memory(settings: Settings, *, must_exist: bool = False) -> MemoryStore:
+    """The configured memory store (SPEC §13); MemoryUnavailable when it cannot be opened. Readers pass
+    ``must_exist`` so that looking never creates a database."""
+    return MEMORY_STORES[urlsplit(settings.fleet.store or "").scheme](settings, must_exist)
+
+
 @contextmanager
-def kept_memory(settings: Settings) -> Iterator[SQLiteMemoryStore]:
+def kept_memory(settings: Settings) -> Iterator[MemoryStore]:
     """The process's own connection to the memory store, kept from task to task: opening one loads sqlite-vec and
     checks the schema, and closing the last one checkpoints the WAL, at every task otherwise. Made again when the
     file was replaced or removed meanwhile, and after any error (a store damaged since is found at the next open).
     Not shared: a nested use, another thread's or a forked child's opens a connection of its own."""
+    if settings.fleet.store:  # the fleet's store keeps its own pool per process
+        yield open_memory(settings)
+        return
     path = settings.memory.database(settings.contexts)
     key = (os.getpid(), str(path))
     kept = _kept.pop(key, None)
@@ -120,7 +149,7 @@ def kept_memory(settings: Settings) -> Iterator[SQLiteMemoryStore]:
             kept[0].close()
         kept = None
     if kept is None:
-        store = open_memory(settings)
+        store = _sqlite_memory(settings, must_exist=False)
         kept = (store, _identity(path))
     try:
         yield kept[0]
