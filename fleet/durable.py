@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,27 @@ from fleet.store import FleetStore
 
 log = structlog.get_logger(__name__)
 
+RETRY_FIRST_S = 0.1  # a commit that found the database out of reach waits this long, then twice that, ...
+RETRY_MAX_S = 2.0
+
 # Each write is conditional on the lease this writer took, and locks its row against a taker until the commit.
 _INSERT_LINES = """
 INSERT INTO tasuki_records (uuid, file, id, epoch, line)
 SELECT %(uuid)s, r.file, r.id, %(epoch)s, r.line::json
 FROM unnest(%(files)s::text[], %(ids)s::bigint[], %(lines)s::text[]) AS r(file, id, line)
 WHERE EXISTS (
+    SELECT 1 FROM tasuki_leases
+    WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
+    FOR SHARE)
+ON CONFLICT (uuid, file, id) DO NOTHING"""
+
+# When fewer lines went in than were sent: the batch is whole when every line is there, the same text under this
+# epoch (an earlier try committed it), and the lease is still this writer's.
+_MINE_ALREADY = """
+SELECT count(*) FROM tasuki_records AS r
+JOIN unnest(%(files)s::text[], %(ids)s::bigint[], %(lines)s::text[]) AS b(file, id, line)
+    ON r.file = b.file AND r.id = b.id AND r.line::text = b.line
+WHERE r.uuid = %(uuid)s AND r.epoch = %(epoch)s AND EXISTS (
     SELECT 1 FROM tasuki_leases
     WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
     FOR SHARE)"""
@@ -64,6 +80,7 @@ class PostgresWriter:
         self.holder = holder
         self.epoch = epoch
         self.fenced = False
+        self.retries = 0  # commits tried again after the database was out of reach
         self._staged: list[tuple[str, int, str]] = []
         self._guard = threading.Lock()  # the heartbeat's renewal runs beside the task's commits
 
@@ -94,25 +111,42 @@ class PostgresWriter:
         self._staged.append((file, record_id, line))
 
     def commit(self, state: Mapping[str, Any] | None) -> None:
-        """The staged lines and ``state`` in one transaction under this epoch, or nothing and :class:`FencedError`."""
+        """The staged lines and ``state`` in one transaction under this epoch, or nothing and :class:`FencedError`.
+
+        A database out of reach (restarting, a network blip) is tried again until ``lease_s`` has passed: past
+        that another host may have taken the task, and :class:`FleetUnavailable` reaches the step. A try whose
+        commit landed but whose answer was lost is found by the next one (its own lines, under its own epoch)."""
         self.check()
         with self._guard:
             staged = list(self._staged)
             if not staged and state is None:
                 return
-            with self.store.connection() as conn:
-                if not self._write(conn, staged, state):
-                    conn.rollback()
-                    raise self._fence("commit")
+            deadline = time.monotonic() + self.store.lease_s
+            delay = RETRY_FIRST_S
+            while True:
+                try:
+                    with self.store.connection() as conn:
+                        if not self._write(conn, staged, state):
+                            conn.rollback()
+                            raise self._fence("commit")
+                    break
+                except FleetUnavailable as exc:
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    self.retries += 1
+                    log.warning("fleet store unreachable; committing again", uuid=self.uuid, error=str(exc)[:200])
+                    time.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
             del self._staged[: len(staged)]
 
     def _write(self, conn: Conn, staged: list[tuple[str, int, str]], state: Mapping[str, Any] | None) -> bool:
         params = self._params()
         if staged:
             files, ids, lines = (list(column) for column in zip(*staged, strict=True))
-            inserted = conn.execute(_INSERT_LINES, {**params, "files": files, "ids": ids, "lines": lines}).rowcount
-            if inserted != len(staged):
-                return False
+            batch = {**params, "files": files, "ids": ids, "lines": lines}
+            inserted = conn.execute(_INSERT_LINES, batch).rowcount
+            if inserted != len(staged) and conn.execute(_MINE_ALREADY, batch).fetchone() != (len(staged),):
+                return False  # fenced, or a line of another epoch where this one's belongs
         if state is not None:
             return conn.execute(_WRITE_STATE, {**params, "state": _json(state)}).rowcount == 1
         return True

@@ -48,6 +48,7 @@ class FleetStore:
                 max_size=POOL_MAX,
                 open=False,
                 timeout=self.connect_timeout_s,
+                check=psycopg_pool.ConnectionPool.check_connection,  # a restarted server leaves dead connections
                 kwargs={"connect_timeout": max(1, round(self.connect_timeout_s))},
                 name="tasuki-fleet",
             )

@@ -25,6 +25,7 @@ from fleet.durable import PostgresCopy
 from fleet.errors import FleetUnavailable
 from fleet.store import FleetStore
 from tests.helpers.context_support import CONFIG, TASK_KEY, wait_for
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
 from worker.settings import Settings
 from worker.stores import open_store
@@ -283,3 +284,46 @@ def test_the_heartbeat_keeps_a_live_holders_lease_and_fences_it_once_another_hos
         assert "from a, fenced" not in (a.home / "messages.jsonl").read_text()
     finally:
         a.detach()
+
+
+def test_a_commit_sent_again_after_its_answer_was_lost_lands_once(fleet_dsn: str) -> None:
+    with FleetStore(fleet_dsn) as fleet:
+        writer = PostgresCopy(fleet).create(
+            "6f1c3f5e-8a0e-4c1e-9a53-2f4d1c0b7a11", "host-a:1", {"uuid": "x"}, {"status": "initializing"}
+        )
+        line = '{"seq":1,"role":"user","content":"Fix the bug."}'
+        writer.record("messages.jsonl", 1, line)
+        writer.commit({"status": "processing"})
+        writer.record("messages.jsonl", 1, line)  # the same batch again: its first commit landed, its answer did not
+        writer.commit({"status": "processing"})
+        assert rows(fleet_dsn, writer.uuid) == [("messages.jsonl", 1, 1, "Fix the bug.")]
+        writer.record("messages.jsonl", 1, '{"seq":1,"role":"user","content":"something else"}')
+        with pytest.raises(FencedError):
+            writer.commit(None)  # another text at a seq that has one: this writer's numbering went astray; it stops
+        assert rows(fleet_dsn, writer.uuid) == [("messages.jsonl", 1, 1, "Fix the bug.")]
+
+
+def test_a_commit_waits_for_a_restarting_database_and_lands_once(private_postgres: PostgresServer) -> None:
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    with FleetStore(dsn, connect_timeout_s=1, lease_s=120) as fleet:
+        writer = PostgresCopy(fleet).create(
+            "0b7d0c55-4a0b-4f44-8f5e-5e6c2f1f9d21", "host-a:1", {"uuid": "x"}, {"status": "initializing"}
+        )
+        writer.record("messages.jsonl", 1, '{"seq":1,"role":"user","content":"Fix the bug."}')
+        private_postgres.stop()
+        errors: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                writer.commit({"status": "processing"})
+            except BaseException as exc:
+                errors.append(exc)
+
+        committing = threading.Thread(target=commit)
+        committing.start()
+        wait_for(lambda: writer.retries > 0, timeout=60, what="a commit that found the database gone")
+        private_postgres.start()
+        committing.join(timeout=120)
+        assert errors == []
+        assert rows(dsn, writer.uuid) == [("messages.jsonl", 1, 1, "Fix the bug.")]
+        assert committed_state(dsn, writer.uuid)["status"] == "processing"
