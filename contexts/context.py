@@ -95,7 +95,12 @@ class Context:
     def beat(self) -> None:
         """One heartbeat: the fleet's lease, the lock, ``state.json.updated_at`` and the store's hook (the Redis
         index). A lease found taken over raises :class:`FencedError` before anything local is refreshed."""
-        self._durable.renew()
+        try:
+            self._durable.renew()
+        except FencedError:
+            raise
+        except TasukiError as exc:  # the fleet's store out of reach: the lease runs on, the host's own beat goes on
+            log.warning("lease not renewed", uuid=self.uuid, error=str(exc)[:200])
         now = self.store.clock()
         self._lock.refresh(now)
         try:

@@ -82,7 +82,7 @@ class PostgresWriter:
         self.fenced = False
         self.retries = 0  # commits tried again after the database was out of reach
         self._staged: list[tuple[str, int, str]] = []
-        self._guard = threading.Lock()  # the heartbeat's renewal runs beside the task's commits
+        self._guard = threading.Lock()  # one commit at a time (the task's, a compression's, a release's)
 
     def _fence(self, what: str) -> FencedError:
         self.fenced = True
@@ -101,9 +101,10 @@ class PostgresWriter:
     def renew(self) -> None:
         """Extend the lease; :class:`FencedError` when another epoch took the task."""
         self.check()
-        with self._guard:
-            if not self.store.renew(self.uuid, self.epoch, self.holder):
-                raise self._fence("renew")
+        # Not under the commit's guard: a commit waiting for the database must not hold up the heartbeat (which
+        # refreshes the host's lock and the Redis index after this).
+        if not self.store.renew(self.uuid, self.epoch, self.holder):
+            raise self._fence("renew")
 
     def record(self, file: str, record_id: int, line: str) -> None:
         """Stage one appended line for the next commit."""

@@ -327,3 +327,38 @@ def test_a_commit_waits_for_a_restarting_database_and_lands_once(private_postgre
         assert errors == []
         assert rows(dsn, writer.uuid) == [("messages.jsonl", 1, 1, "Fix the bug.")]
         assert committed_state(dsn, writer.uuid)["status"] == "processing"
+
+
+def test_the_hosts_heartbeat_goes_on_while_the_database_is_out_of_reach(
+    private_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    with FleetStore(dsn, connect_timeout_s=1, lease_s=120) as fleet:
+        store = ContextStore(
+            tmp_path / "contexts",
+            hostname="host-a",
+            fsync="never",
+            heartbeat_interval_s=0.2,
+            durable=PostgresCopy(fleet),
+        )
+        ctx = store.create(TASK_KEY, CONFIG)
+        try:
+            private_postgres.stop()
+            lock = store.read_lock(ctx.uuid)
+            assert lock is not None
+            stopped_at = lock.heartbeat_at
+            wait_for(
+                lambda: (store.read_lock(ctx.uuid) or lock).heartbeat_at > stopped_at,
+                timeout=30,
+                what="the host's lock refreshed with the database down",
+            )
+            assert not ctx.fenced
+            private_postgres.start()
+            renewed_from = lease_expires_at(dsn, ctx.uuid)
+            wait_for(
+                lambda: lease_expires_at(dsn, ctx.uuid) != renewed_from, timeout=30, what="the lease renewed again"
+            )
+            one_step(ctx, "after the database came back")
+            assert any(r[3] == "after the database came back" for r in rows(dsn, ctx.uuid))
+        finally:
+            ctx.detach()
