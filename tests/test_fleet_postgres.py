@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 import pytest
 
+from tests.helpers import postgres
 from tests.helpers.postgres import PostgresServer, running_postgres
 
 
@@ -57,3 +60,18 @@ def test_a_restarted_server_keeps_its_data_and_its_address(private_postgres: Pos
     private_postgres.restart()
     with psycopg.connect(private_postgres.dsn(name)) as conn:
         assert conn.execute("SELECT id FROM kept").fetchall() == [(7,)]
+
+
+def test_a_server_starts_from_a_shared_copy_when_its_user_cannot_reach_the_checkout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As root the server runs as ``nobody``, which cannot enter a checkout under /root: the binaries are copied
+    (with the libraries they load by a relative path) to the temporary directory once, and run from there."""
+    if os.geteuid() != 0:
+        pytest.skip("only root runs the server as another user")  # a developer's own account reaches its checkout
+    monkeypatch.setattr(postgres, "_others_can_reach", lambda path: False)
+    with running_postgres() as server:
+        assert not server.bin.is_relative_to(postgres.binaries().parents[2])  # not from site-packages
+        name = server.create_database()
+        with psycopg.connect(server.dsn(name)) as conn:
+            assert conn.execute("SELECT '[1,0]'::vector <=> '[1,0]'").fetchone() == (0.0,)

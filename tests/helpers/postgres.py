@@ -4,7 +4,8 @@ The machine's own PostgreSQL has no pgvector, so the tests run the server the wh
 directory of their own: ``initdb`` there, ``postgres`` listening on 127.0.0.1 at a free port (and on a socket in
 that directory), stopped and removed when the test ends, also when it fails. pgserver's own ``get_server`` is not
 used: as root it adds a system user and widens the permissions of every parent directory; this helper only runs
-the binaries, as ``nobody`` when the tests run as root (PostgreSQL refuses to run as root).
+the binaries, as ``nobody`` when the tests run as root (PostgreSQL refuses to run as root) — from a copy kept in
+the temporary directory when ``nobody`` cannot reach the checkout (:func:`binaries_for`).
 
 Fixtures (registered in tests/conftest.py):
 
@@ -16,6 +17,7 @@ Fixtures (registered in tests/conftest.py):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -55,6 +57,35 @@ def binaries() -> Path:
     return found
 
 
+def _others_can_reach(path: Path) -> bool:
+    """Whether a user of no group of ours can reach ``path``: every directory above it searchable by others."""
+    return all(parent.stat().st_mode & 0o001 for parent in (path, *path.parents))
+
+
+def binaries_for(user: str | None) -> Path:
+    """:func:`binaries`, or a copy of the whole installation in the temporary directory when ``user`` (the server's
+    unprivileged user, when the tests run as root) cannot reach the checkout's (a clone under /root, say). The copy
+    is made once per installation and renamed into place whole, so concurrent test processes share it."""
+    found = binaries()
+    if user is None or _others_can_reach(found):
+        return found
+    install = found.parent  # .../site-packages/pgserver/pginstall; its binaries find their libraries at
+    libs = install.parent.parent / "pgserver.libs"  # $ORIGIN/../../../pgserver.libs: the layout is kept
+    stamp = hashlib.sha256(f"{install}:{(found / 'postgres').stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    shared = Path(tempfile.gettempdir()) / f"tasuki-pgserver-{stamp}"
+    if not shared.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=f"{shared.name}.", dir=shared.parent))
+        shutil.copytree(install, staging / "pgserver" / "pginstall", symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / "pgserver.libs", symlinks=True)
+        for directory in (staging, staging / "pgserver"):
+            directory.chmod(0o755)
+        with contextlib.suppress(OSError):  # another test process made it first
+            os.rename(staging, shared)
+        shutil.rmtree(staging, ignore_errors=True)
+    return shared / "pgserver" / "pginstall" / "bin"
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -71,9 +102,9 @@ class PostgresServer:
         self.log_path = directory / "postgres.log"
         self.host = host
         self.port = _free_port(host)
-        self.bin = binaries()
-        self.process: subprocess.Popen[bytes] | None = None
         self._user = UNPRIVILEGED_USER if os.geteuid() == 0 else None
+        self.bin = binaries_for(self._user)
+        self.process: subprocess.Popen[bytes] | None = None
 
     def _run_as(self) -> dict[str, object]:
         return {"user": self._user, "group": pwd.getpwnam(self._user).pw_gid} if self._user else {}
