@@ -449,8 +449,6 @@ class Context:
             self._close_files(keep_home=True)
         except (ContextError, OSError) as exc:
             log.warning("context files not closed cleanly as it was handed back", uuid=self.uuid, error=str(exc))
-        # After the files are closed (nothing of this holder's can land in this generation any more, which is what
-        # lets the next holder take it as it is), and through the home: never the lock at the public name.
         try:
             self._durable.commit(None)  # lines appended since the last commit point
         except FencedError:
@@ -459,6 +457,8 @@ class Context:
             log.warning("lines not committed as the context was handed back", uuid=self.uuid, error=str(exc)[:300])
         with contextlib.suppress(TasukiError):
             self._durable.release()
+        # After the files are closed (nothing of this holder's can land in this generation any more, which is what
+        # lets the next holder take it as it is), and through the home: never the lock at the public name.
         with contextlib.suppress(FencedError):
             self._lock.release()
         self._lock.close()
