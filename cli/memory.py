@@ -11,7 +11,7 @@ from cli.common import UsageError, out, terminal_width
 from memory import MemoryUnavailable, parse_repository
 
 if TYPE_CHECKING:
-    from memory.sqlite import SQLiteMemoryStore
+    from memory.store import MemoryStore
     from worker.settings_models import Settings
 
 EXIT_OK = 0
@@ -19,7 +19,7 @@ EXIT_PROBLEM = 1
 
 
 @contextmanager
-def opened(settings: Settings) -> Iterator[SQLiteMemoryStore]:
+def opened(settings: Settings) -> Iterator[MemoryStore]:
     """The configured memory store, which must exist already: looking never creates one."""
     from worker.stores import open_memory
 

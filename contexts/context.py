@@ -16,7 +16,8 @@ import structlog
 from contexts import compression, jsonl
 from contexts.atomic import fsync_dir, read_json
 from contexts.clock import iso
-from contexts.errors import ContextError, FencedError
+from contexts.durable import NO_WRITER, DurableWriter
+from contexts.errors import ContextError, FencedError, TasukiError
 from contexts.heartbeat import Heartbeat
 from contexts.lock import ContextLock, LockInfo
 from contexts.masking import mask, mask_value
@@ -47,11 +48,14 @@ UNSUMMARIZED_FIELD = "unsummarized"  # state.json: {after_seq, through_seq, toke
 class Context:
     """A context directory held by this process; obtained from ``ContextStore.create`` or ``.open``."""
 
-    def __init__(self, store: ContextStore, uuid: str, path: Path, lock: ContextLock) -> None:
+    def __init__(
+        self, store: ContextStore, uuid: str, path: Path, lock: ContextLock, durable: DurableWriter = NO_WRITER
+    ) -> None:
         self.store = store
         self.uuid = uuid
         self.path = path
         self._lock = lock
+        self._durable = durable  # the durable copy's writer under this holder's lease (one host: nothing)
         self._fsync = store.fsync
         self.closed = False
         home = self.home  # this holder's own generation of the directory (contexts/generation.py)
@@ -89,7 +93,14 @@ class Context:
         self._heartbeat.start()
 
     def beat(self) -> None:
-        """One heartbeat: the lock, ``state.json.updated_at`` and the store's hook (the Redis index)."""
+        """One heartbeat: the fleet's lease, the lock, ``state.json.updated_at`` and the store's hook (the Redis
+        index). A lease found taken over raises :class:`FencedError` before anything local is refreshed."""
+        try:
+            self._durable.renew()
+        except FencedError:
+            raise
+        except TasukiError as exc:  # the fleet's store out of reach: the lease runs on, the host's own beat goes on
+            log.warning("lease not renewed", uuid=self.uuid, error=str(exc)[:200])
         now = self.store.clock()
         self._lock.refresh(now)
         try:
@@ -114,7 +125,7 @@ class Context:
     def assert_owner(self) -> None:
         """Raise :class:`FencedError` unless this process still holds the context: the one check the worker makes
         before every effect outside the context (a tool run, a model call, a push, a forge write). One ``fstat``
-        of the held ``.lock``; a lease epoch in PostgreSQL (SPEC §12) can take its place behind this name."""
+        of the held ``.lock``, and in fleet mode what the last renewal or commit learned of the lease (SPEC §12)."""
         self._check()
 
     def _check(self) -> None:
@@ -123,6 +134,7 @@ class Context:
         if self._heartbeat is not None and self._heartbeat.fenced:
             self._lock.fenced = True
         self._lock.check()
+        self._durable.check()
 
     # -- records -------------------------------------------------------------------------------
 
@@ -199,6 +211,7 @@ class Context:
         with self._write_guard:
             self._check()
             seq = self._messages.append(record)
+            self._durable.record(MESSAGES_FILE, seq, self._messages.last_line)
         if not self._pinned_complete:
             self._pin({"seq": seq, **record})
         else:
@@ -231,7 +244,9 @@ class Context:
         )
         with self._write_guard:
             self._check()
-            return self._tools.append(record)  # type: ignore[arg-type]
+            seq = self._tools.append(record)  # type: ignore[arg-type]
+            self._durable.record(TOOLS_FILE, seq, self._tools.last_line)
+            return seq
 
     def step_done(self, *, write_state: bool = True, **fields: Any) -> None:
         """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
@@ -241,7 +256,9 @@ class Context:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.sync()
         if write_state and (self._staged_fields or self._staged_add or self._staged_usage or fields):
-            self.update_state(**fields)
+            self.update_state(**fields)  # the step's commit point, its lines with its state
+        else:
+            self._durable.commit(None)  # the step's lines, its state left staged
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
@@ -306,6 +323,7 @@ class Context:
             except FileNotFoundError:
                 self._lock.check()  # the old generation was deleted under a holder paused after its check
                 raise
+            self._durable.commit(state)  # the commit point: the lines since the last one, and this state
             self._staged_fields.clear()
             self._staged_add.clear()
             self._staged_usage.clear()
@@ -375,6 +393,7 @@ class Context:
             self._check()
             summary_id = self._summaries.append(record)
             self._summaries.sync()
+            self._durable.record(SUMMARIES_FILE, summary_id, self._summaries.last_line)
         self.latest_summary = {"summary_id": summary_id, **record}
         self.unsummarized_tokens -= sum(int(r.get("token_count", 0)) for r in span)
         self.unsummarized_count -= len(span)
@@ -404,7 +423,11 @@ class Context:
             os.rename(self.path, target)
         fsync_dir(target.parent)
         self.path = target
-        update_state(target, self.store.clock(), fsync=self._fsync != "never", set_fields={"status": status})
+        finished = update_state(target, self.store.clock(), fsync=self._fsync != "never", set_fields={"status": status})
+        try:
+            self._durable.commit(finished)
+        finally:
+            self._durable.release()
         self.store.mirror(lambda index: index.record(target))
         log.info("context finished", uuid=self.uuid, status=status)
         return target
@@ -419,13 +442,21 @@ class Context:
                 self.update_state()
             except FencedError:
                 pass
-            except (ContextError, OSError) as exc:  # a full disk: the state on disk stays the previous, whole one
+            except (TasukiError, OSError) as exc:  # a full disk: the state on disk stays the previous, whole one
                 log.warning("staged state not written as the context was handed back", uuid=self.uuid,
                             error=mask(str(exc))[:300])
         try:
             self._close_files(keep_home=True)
         except (ContextError, OSError) as exc:
             log.warning("context files not closed cleanly as it was handed back", uuid=self.uuid, error=str(exc))
+        try:
+            self._durable.commit(None)  # lines appended since the last commit point
+        except FencedError:
+            pass
+        except TasukiError as exc:  # the fleet's store unreachable: the next holder resumes from its last commit
+            log.warning("lines not committed as the context was handed back", uuid=self.uuid, error=str(exc)[:300])
+        with contextlib.suppress(TasukiError):
+            self._durable.release()
         # After the files are closed (nothing of this holder's can land in this generation any more, which is what
         # lets the next holder take it as it is), and through the home: never the lock at the public name.
         with contextlib.suppress(FencedError):

@@ -35,6 +35,7 @@ class JsonlWriter:
         self.id_field = id_field
         self.fsync = fsync
         self._dirty = False
+        self.last_line = ""
         self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
         self.last_id = self._repair_and_find_last_id()
 
@@ -58,6 +59,7 @@ class JsonlWriter:
         line = f'{{"{self.id_field}":{next_id}' + ("," + body[1:] if len(body) > 2 else "}")
         self.write_line(line.encode() + b"\n")
         self.last_id = next_id
+        self.last_line = line  # what a durable copy keeps of it, byte for byte (contexts/durable.py)
         return next_id
 
     def write_line(self, data: bytes) -> None:

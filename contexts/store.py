@@ -17,6 +17,7 @@ import structlog
 from contexts.atomic import fsync_dir, write_json_atomic
 from contexts.clock import iso, utc_now
 from contexts.context import Context, HeartbeatHook
+from contexts.durable import NO_WRITER, ONE_HOST, DurableCopy, DurableWriter
 from contexts.errors import (
     ContextCompletedError,
     ContextError,
@@ -76,6 +77,7 @@ class ContextStore:
         on_heartbeat: HeartbeatHook | None = None,
         clock: Callable[[], datetime] = utc_now,
         hung_after_s: float | None = None,
+        durable: DurableCopy = ONE_HOST,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
@@ -87,6 +89,7 @@ class ContextStore:
         self.hostname = hostname or socket.gethostname()
         self.on_heartbeat = on_heartbeat
         self.clock = clock
+        self.durable = durable  # fleet mode: every context's copy and lease beside the directories (SPEC §12)
         # The base itself too: as a mere parent of running/ it would get the umask's 0755 (SPEC §3 rule 6).
         self.base_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         for name in STORE_DIRS:
@@ -195,8 +198,10 @@ class ContextStore:
             if clashing:
                 raise ValueError(f"extra_metadata may not replace {', '.join(clashing)}")
             metadata.update(extra_metadata or {})
-            write_json_atomic(staging / METADATA_FILE, mask_value(metadata))
-            write_json_atomic(staging / STATE_FILE, initial_state(now, f"{self.hostname}:{os.getpid()}"))
+            metadata = mask_value(metadata)  # type: ignore[assignment]
+            state = initial_state(now, self.holder)
+            write_json_atomic(staging / METADATA_FILE, metadata)
+            write_json_atomic(staging / STATE_FILE, state)
             for name in JSONL_FILES:
                 os.close(os.open(staging / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
             target = self.running_path(uuid)
@@ -204,6 +209,8 @@ class ContextStore:
                 with lock.mutex():
                     if target.exists() or self.completed_path(uuid).exists():
                         raise ContextExistsError(f"context {uuid} already exists")
+                    # Known to the fleet before it appears here: a UUID another host created is refused.
+                    writer = self.durable.create(uuid, self.holder, metadata, state)
                     # Stamped under the mutex, right before the rename: the lock appears fresh however long
                     # the staging writes and the wait for the mutex took.
                     lock.acquire_new(self.clock())
@@ -211,6 +218,7 @@ class ContextStore:
                     try:
                         os.rename(staging, target)
                     except OSError as exc:  # another creator won the race for the same UUID
+                        writer.release()
                         raise ContextExistsError(f"context {uuid} already exists") from exc
             except filelock.Timeout as exc:
                 raise LockHeldError(f"context {uuid}: lock mutex busy for {MUTEX_TIMEOUT_S}s") from exc
@@ -220,7 +228,7 @@ class ContextStore:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         self.mirror(lambda index: index.record(target))
-        return self._hold(uuid, target, lock, heartbeat)
+        return self._hold(uuid, target, lock, heartbeat, writer)
 
     def open(self, uuid: str, *, resume: bool = True, heartbeat: bool = True) -> Context:
         """Hold a running context: free, or stale and taken over.  ``resume`` counts a new ``attempt``.
@@ -229,27 +237,60 @@ class ContextStore:
         is finished (or finishing), :class:`ContextNotFoundError` when it never existed.
         """
         directory = self.running_path(uuid)
-        if not directory.is_dir():
-            self._raise_missing(uuid)
-        lock = self._new_lock(directory, uuid)
+        # Fleet mode: the lease first (a new epoch fences the previous holder wherever it runs), then this host's
+        # directory as the durable copy has it — a host that never held the task, or held it before another did,
+        # starts from the last committed step (SPEC §12). One host: NO_WRITER, and the directory as it is.
+        writer = self.durable.take(uuid, self.holder)
         try:
-            previous = lock.acquire(
-                self.clock, self.stale_after_s, hung_after_s=self.hung_after_s, admit=_not_completing
-            )
-        except FileNotFoundError:
-            self._raise_missing(uuid)
-        # From here on every write goes to this holder's own generation (lock.home), never by the public name.
-        state = read_state(lock.home)
-        fields: dict[str, Any] = {"worker": lock.info.worker if lock.info else None}
-        if resume:
-            fields["attempt"] = int(state.get("attempt", 1)) + 1
-        update_state(lock.home, self.clock(), fsync=self.fsync != "never", set_fields=fields)
-        ctx = self._hold(uuid, directory, lock, heartbeat)
+            rebuilt = writer.epoch > 0 and not directory.is_dir() and self._rebuild_into_running(uuid, directory)
+            if not directory.is_dir():
+                self._raise_missing(uuid)
+            lock = self._new_lock(directory, uuid)
+            try:
+                previous = lock.acquire(
+                    self.clock, self.stale_after_s, hung_after_s=self.hung_after_s, admit=_not_completing
+                )
+            except FileNotFoundError:
+                self._raise_missing(uuid)
+            # From here on every write goes to this holder's own generation (lock.home), never by the public name.
+            if writer.epoch > 0 and not rebuilt:
+                self.durable.rebuild(uuid, lock.home)
+            state = read_state(lock.home)
+            fields: dict[str, Any] = {"worker": lock.info.worker if lock.info else None}
+            if resume:
+                fields["attempt"] = int(state.get("attempt", 1)) + 1
+            writer.commit(update_state(lock.home, self.clock(), fsync=self.fsync != "never", set_fields=fields))
+        except BaseException:
+            writer.release()
+            raise
+        ctx = self._hold(uuid, directory, lock, heartbeat, writer)
         ctx.previous_holder = previous
         return ctx
 
-    def _hold(self, uuid: str, directory: Path, lock: ContextLock, heartbeat: bool) -> Context:
-        ctx = Context(self, uuid, directory, lock)
+    def _rebuild_into_running(self, uuid: str, directory: Path) -> bool:
+        """Rebuild a context this host has no directory of into ``running/`` whole (built in staging, renamed)."""
+        staging = self.base_dir / STAGING_DIR / f"{uuid}.rebuild.{os.getpid()}.{uuid_module.uuid4().hex[:8]}"
+        try:
+            self.durable.rebuild(uuid, staging)
+            with self._new_lock(directory, uuid).mutex():
+                if directory.exists() or self.completed_path(uuid).exists():
+                    return False
+                os.rename(staging, directory)
+            fsync_dir(directory.parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.mirror(lambda index: index.record(directory))
+        return True
+
+    @property
+    def holder(self) -> str:
+        """This process as a holder: ``hostname:pid`` (state.json's ``worker``, the fleet lease's ``holder``)."""
+        return f"{self.hostname}:{os.getpid()}"
+
+    def _hold(
+        self, uuid: str, directory: Path, lock: ContextLock, heartbeat: bool, writer: DurableWriter = NO_WRITER
+    ) -> Context:
+        ctx = Context(self, uuid, directory, lock, writer)
         if self.on_heartbeat is not None:
             self.on_heartbeat(uuid, self.clock(), ctx.status)
         if heartbeat:

@@ -21,6 +21,8 @@ from tests.helpers.redis_server import (
 from worker import names
 from worker.settings import Settings, load_settings
 
+pytest_plugins = ("tests.helpers.postgres",)  # postgres_server, fleet_dsn, private_postgres (PostgreSQL + pgvector)
+
 SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 # Keys a test may leave behind; Celery's bindings (_kombu.*) stay until the session ends, because a
 # publisher that already declared its queue would not declare it again and its messages would vanish.

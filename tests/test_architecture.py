@@ -1,4 +1,5 @@
-"""The dependency arrows point one way: contexts, memory <- sandbox <- worker <- scheduler, webhooks, console <- cli.
+"""The dependency arrows point one way: contexts, memory <- fleet, sandbox <- worker <- scheduler, webhooks,
+console <- cli.
 
 No exemptions: the roof (``cli/``) may import every package and nothing imports it.
 """
@@ -13,14 +14,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contexts", "memory", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli")
+PACKAGES = ("contexts", "memory", "fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli")
 BROKERS = {"celery", "kombu", "redis", "billiard"}
+DRIVERS = {"psycopg", "psycopg_pool", "pgvector"}  # the fleet store's (fleet/): the pure rooms name no database
 
 # What each package must not import (top-level names). A package absent from the tree checks nothing.
 FORBIDDEN: dict[str, set[str]] = {
-    "contexts": BROKERS | {"memory", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "memory": BROKERS | {"sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "sandbox": BROKERS | {"worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "contexts": BROKERS
+    | DRIVERS
+    | {"memory", "fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "memory": BROKERS | DRIVERS | {"fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "fleet": BROKERS | {"sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "sandbox": BROKERS | DRIVERS | {"fleet", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
     "worker": {"scheduler", "webhooks", "console", "replay", "cli"},
     "scheduler": {"webhooks", "console", "replay", "cli"},
     "webhooks": {"scheduler", "replay", "cli"},  # the intake may mount the console
@@ -67,6 +72,7 @@ def test_every_package_is_checked() -> None:
     [
         "contexts, contexts.queries, contexts.retention, contexts.schemas",
         "memory, memory.sqlite, memory.search",
+        "fleet, fleet.store",
         "replay",
     ],
 )

@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
 from contexts.sections import HashableDict, PositiveInt, Section
+from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -482,6 +483,8 @@ class Settings(Section):
     """Files kept on this machine."""
     memory: MemorySettings = MemorySettings()
     """Memory that outlives a task: episodes, thread and repository memories, recall."""
+    fleet: FleetSettings = FleetSettings()
+    """Many hosts (SPEC §12): leases and the durable copy of every context in PostgreSQL; unset, one host."""
     pricing: Pricing = Field(default_factory=PriceTable)
     """USD per million tokens by model name: {MODEL: {input, cached_input, output}}; empty: tokens only."""
     limits: LimitSettings = LimitSettings()

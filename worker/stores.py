@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from contexts.clock import utc_now
+from contexts.durable import ONE_HOST, DurableCopy
 from contexts.errors import ContextNotFoundError
 from contexts.names import OUTCOMES_FILE
 from contexts.outcomes import OutcomeStore
@@ -17,7 +20,51 @@ from contexts.outcomes_sqlite import SQLiteOutcomeStore
 from contexts.store import ContextStore
 from memory.errors import MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
+from memory.store import MemoryStore
 from worker.settings_models import Settings
+
+if TYPE_CHECKING:
+    from fleet.store import FleetStore
+
+
+def _one_host(settings: Settings) -> DurableCopy:
+    return ONE_HOST
+
+
+def _fleet_store(settings: Settings) -> FleetStore:
+    """The process's one pool on the fleet's PostgreSQL, shared by every store built from these settings; connected
+    at its first use, so a reader that never needs it never waits for it."""
+    from fleet.store import FleetStore  # fleet mode only: one host never loads the driver
+
+    config = settings.fleet
+    assert config.store is not None  # noqa: S101 - chosen by its scheme
+    key = (os.getpid(), config.store)  # a forked child makes its own: a pool's connections are not shared
+    if key not in _fleet_stores:
+        _fleet_stores[key] = FleetStore(
+            config.store, lease_s=config.lease_s, connect_timeout_s=config.connect_timeout_s, open=False
+        )
+    return _fleet_stores[key]
+
+
+def _postgresql(settings: Settings) -> DurableCopy:
+    from fleet.durable import PostgresCopy
+
+    return PostgresCopy(_fleet_store(settings))
+
+
+_fleet_stores: dict[tuple[int, str], FleetStore] = {}
+
+DURABLE_COPIES: dict[str, Callable[[Settings], DurableCopy]] = {
+    "": _one_host,  # fleet.store unset: the directories are the only copy (SPEC §12 "One host")
+    "postgresql": _postgresql,
+    "postgres": _postgresql,
+}
+"""Where contexts are kept beside the host's directories, by the scheme of ``fleet.store``'s URL."""
+
+
+def durable_copy(settings: Settings) -> DurableCopy:
+    """The configured durable copy (fleet.store's scheme picks it); FleetUnavailable when its store is unreachable."""
+    return DURABLE_COPIES[urlsplit(settings.fleet.store or "").scheme](settings)
 
 
 def open_store(
@@ -40,6 +87,7 @@ def open_store(
         fsync=config.fsync,
         on_heartbeat=on_heartbeat,
         clock=clock or utc_now,
+        durable=durable_copy(settings),
     )
 
 
@@ -57,21 +105,42 @@ def find_outcomes(settings: Settings) -> OutcomeStore | None:
     return open_outcomes(settings)
 
 
-def open_memory(settings: Settings, *, must_exist: bool = False) -> SQLiteMemoryStore:
-    """The configured memory store (SPEC §13); MemoryUnavailable when it cannot be opened. Readers pass
-    ``must_exist`` so that looking never creates a database."""
+def _sqlite_memory(settings: Settings, must_exist: bool) -> SQLiteMemoryStore:
     path = settings.memory.database(settings.contexts)
     if must_exist and not path.is_file():
         raise MemoryUnavailable(f"no memory store at {path} (memory.path)")
     return SQLiteMemoryStore(path)
 
 
+def _postgresql_memory(settings: Settings, must_exist: bool) -> MemoryStore:
+    from fleet.memory import PostgresMemoryStore
+
+    return PostgresMemoryStore(_fleet_store(settings))  # the fleet's schema is made by whoever connects first
+
+
+MEMORY_STORES: dict[str, Callable[[Settings, bool], MemoryStore]] = {
+    "": _sqlite_memory,  # one host: memory.db beside the contexts root
+    "postgresql": _postgresql_memory,
+    "postgres": _postgresql_memory,
+}
+"""Where memory is kept, by the scheme of ``fleet.store``'s URL (SPEC §12: no host writes SQLite on a shared disk)."""
+
+
+def open_memory(settings: Settings, *, must_exist: bool = False) -> MemoryStore:
+    """The configured memory store (SPEC §13); MemoryUnavailable when it cannot be opened. Readers pass
+    ``must_exist`` so that looking never creates a database."""
+    return MEMORY_STORES[urlsplit(settings.fleet.store or "").scheme](settings, must_exist)
+
+
 @contextmanager
-def kept_memory(settings: Settings) -> Iterator[SQLiteMemoryStore]:
+def kept_memory(settings: Settings) -> Iterator[MemoryStore]:
     """The process's own connection to the memory store, kept from task to task: opening one loads sqlite-vec and
     checks the schema, and closing the last one checkpoints the WAL, at every task otherwise. Made again when the
     file was replaced or removed meanwhile, and after any error (a store damaged since is found at the next open).
     Not shared: a nested use, another thread's or a forked child's opens a connection of its own."""
+    if settings.fleet.store:  # the fleet's store keeps its own pool per process
+        yield open_memory(settings)
+        return
     path = settings.memory.database(settings.contexts)
     key = (os.getpid(), str(path))
     kept = _kept.pop(key, None)
@@ -80,7 +149,7 @@ def kept_memory(settings: Settings) -> Iterator[SQLiteMemoryStore]:
             kept[0].close()
         kept = None
     if kept is None:
-        store = open_memory(settings)
+        store = _sqlite_memory(settings, must_exist=False)
         kept = (store, _identity(path))
     try:
         yield kept[0]

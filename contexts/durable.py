@@ -1,0 +1,99 @@
+"""The seam between a context and its durable copy beside the host's directory (SPEC §12).
+
+One host keeps nothing beside the directory: :data:`ONE_HOST` does nothing and costs nothing. Many hosts keep every
+context in a store that each host reaches (``fleet/``, PostgreSQL), behind these Protocols: the store takes the
+task's lease when it creates or opens a context, the context hands every appended line and every state change to
+its :class:`DurableWriter`, and the step's :meth:`~DurableWriter.commit` lands them all or none, and only while
+this holder's lease is current. ``contexts/`` names no store and imports no driver: the worker picks one by the
+``fleet.store`` URL's scheme (worker/stores.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from contexts.errors import ContextNotFoundError
+
+
+class DurableWriter(Protocol):
+    """One holder's writes to one context's durable copy, under the lease epoch it took."""
+
+    epoch: int
+    """The lease's fencing token this holder writes under (0: no lease, one host)."""
+
+    def check(self) -> None:
+        """Raise :class:`~contexts.errors.FencedError` once this holder knows it lost the lease (no I/O)."""
+
+    def renew(self) -> None:
+        """The heartbeat: extend the lease; :class:`~contexts.errors.FencedError` when another epoch holds it."""
+
+    def record(self, file: str, record_id: int, line: str) -> None:
+        """Stage one line just appended to ``file`` (its ``seq``/``summary_id`` and its text) for the next commit."""
+
+    def commit(self, state: Mapping[str, Any] | None) -> None:
+        """The step's commit point: the staged lines, and ``state`` when given, all or none, only while the epoch is
+        current; :class:`~contexts.errors.FencedError` (nothing written) otherwise."""
+
+    def release(self) -> None:
+        """Give the lease back (the context was finished or handed back); nothing more is written under it."""
+
+
+class DurableCopy(Protocol):
+    """Where a store keeps its contexts beside the host's directories, and whose lease says who holds one."""
+
+    def create(self, uuid: str, holder: str, metadata: Mapping[str, Any], state: Mapping[str, Any]) -> DurableWriter:
+        """Record a new context and take its first lease; :class:`~contexts.errors.ContextExistsError` if known."""
+
+    def take(self, uuid: str, holder: str) -> DurableWriter:
+        """Take the lease of an existing context (a new epoch fences the previous holder);
+        :class:`~contexts.errors.LockHeldError` while another holder's lease is live."""
+
+    def rebuild(self, uuid: str, directory: Path) -> None:
+        """Write the context's files (SPEC §3: metadata, state, the three JSONL files) into the empty ``directory``
+        from the durable copy; :class:`~contexts.errors.ContextNotFoundError` when it has no such context."""
+
+    def knows(self, uuid: str) -> bool:
+        """Whether the durable copy has the context (so a host without its directory can rebuild it)."""
+
+
+class _NoWriter:
+    """One host: the directory is the only copy and the ``.lock`` the only ownership."""
+
+    epoch = 0
+
+    def check(self) -> None:
+        return None
+
+    def renew(self) -> None:
+        return None
+
+    def record(self, file: str, record_id: int, line: str) -> None:
+        return None
+
+    def commit(self, state: Mapping[str, Any] | None) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+
+class _OneHost:
+    """No durable copy beside the directories (``fleet.store`` unset)."""
+
+    def create(self, uuid: str, holder: str, metadata: Mapping[str, Any], state: Mapping[str, Any]) -> DurableWriter:
+        return NO_WRITER
+
+    def take(self, uuid: str, holder: str) -> DurableWriter:
+        return NO_WRITER
+
+    def rebuild(self, uuid: str, directory: Path) -> None:
+        raise ContextNotFoundError(f"no context {uuid}: one host keeps no copy beside its directories")
+
+    def knows(self, uuid: str) -> bool:
+        return False
+
+
+NO_WRITER: DurableWriter = _NoWriter()
+ONE_HOST: DurableCopy = _OneHost()

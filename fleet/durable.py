@@ -1,0 +1,236 @@
+"""The durable copy of every context in PostgreSQL (SPEC §12), behind contexts/durable.py's Protocols.
+
+A context's lines and its ``state.json`` reach the database at its step's commit point, in one transaction whose
+every statement is conditional on the writer's lease: ``EXISTS (its uuid, epoch and holder ... FOR SHARE)``. The
+share lock on the lease row holds until the commit, so a taker's epoch increment waits for a commit in flight and
+a commit after the increment writes nothing; a fenced writer learns it from the row count, rolls back and raises
+:class:`~contexts.errors.FencedError`. Nothing of it reaches the database from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from contexts.atomic import fsync_dir, write_json_atomic
+from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
+from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
+from fleet import lease
+from fleet.errors import FleetUnavailable
+from fleet.lease import Conn
+from fleet.store import FleetStore
+
+log = structlog.get_logger(__name__)
+
+RETRY_FIRST_S = 0.1  # a commit that found the database out of reach waits this long, then twice that, ...
+RETRY_MAX_S = 2.0
+
+# Each write is conditional on the lease this writer took, and locks its row against a taker until the commit.
+_INSERT_LINES = """
+INSERT INTO tasuki_records (uuid, file, id, epoch, line)
+SELECT %(uuid)s, r.file, r.id, %(epoch)s, r.line::json
+FROM unnest(%(files)s::text[], %(ids)s::bigint[], %(lines)s::text[]) AS r(file, id, line)
+WHERE EXISTS (
+    SELECT 1 FROM tasuki_leases
+    WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
+    FOR SHARE)
+ON CONFLICT (uuid, file, id) DO NOTHING"""
+
+# When fewer lines went in than were sent: the batch is whole when every line is there, the same text under this
+# epoch (an earlier try committed it), and the lease is still this writer's.
+_MINE_ALREADY = """
+SELECT count(*) FROM tasuki_records AS r
+JOIN unnest(%(files)s::text[], %(ids)s::bigint[], %(lines)s::text[]) AS b(file, id, line)
+    ON r.file = b.file AND r.id = b.id AND r.line::text = b.line
+WHERE r.uuid = %(uuid)s AND r.epoch = %(epoch)s AND EXISTS (
+    SELECT 1 FROM tasuki_leases
+    WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
+    FOR SHARE)"""
+
+_WRITE_STATE = """
+UPDATE tasuki_contexts SET state = %(state)s::jsonb, epoch = %(epoch)s, updated_at = now()
+WHERE uuid = %(uuid)s AND EXISTS (
+    SELECT 1 FROM tasuki_leases
+    WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
+    FOR SHARE)"""
+
+_CREATE = """
+INSERT INTO tasuki_contexts (uuid, metadata, state, epoch) VALUES (%(uuid)s, %(metadata)s::jsonb, %(state)s::jsonb, 0)
+ON CONFLICT (uuid) DO NOTHING
+RETURNING uuid"""
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+class PostgresWriter:
+    """One holder's writes to one context under the epoch it took; lines wait in memory for the step's commit."""
+
+    def __init__(self, store: FleetStore, uuid: str, holder: str, epoch: int) -> None:
+        self.store = store
+        self.uuid = uuid
+        self.holder = holder
+        self.epoch = epoch
+        self.fenced = False
+        self.retries = 0  # commits tried again after the database was out of reach
+        self._staged: list[tuple[str, int, str]] = []
+        self._guard = threading.Lock()  # one commit at a time (the task's, a compression's, a release's)
+
+    def _fence(self, what: str) -> FencedError:
+        self.fenced = True
+        self._staged.clear()
+        log.error("fenced by the fleet's lease", uuid=self.uuid, epoch=self.epoch, at=what)
+        return FencedError(f"{self.uuid}: lease epoch {self.epoch} was taken over; this holder stops writing")
+
+    def _params(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "epoch": self.epoch, "holder": self.holder}
+
+    def check(self) -> None:
+        """Raise :class:`FencedError` once a renewal or a commit found the lease taken over."""
+        if self.fenced:
+            raise FencedError(f"{self.uuid}: lease epoch {self.epoch} was taken over; this holder stops writing")
+
+    def renew(self) -> None:
+        """Extend the lease; :class:`FencedError` when another epoch took the task."""
+        self.check()
+        # Not under the commit's guard: a commit waiting for the database must not hold up the heartbeat (which
+        # refreshes the host's lock and the Redis index after this).
+        if not self.store.renew(self.uuid, self.epoch, self.holder):
+            raise self._fence("renew")
+
+    def record(self, file: str, record_id: int, line: str) -> None:
+        """Stage one appended line for the next commit."""
+        self.check()
+        self._staged.append((file, record_id, line))
+
+    def commit(self, state: Mapping[str, Any] | None) -> None:
+        """The staged lines and ``state`` in one transaction under this epoch, or nothing and :class:`FencedError`.
+
+        A database out of reach (restarting, a network blip) is tried again until ``lease_s`` has passed: past
+        that another host may have taken the task, and :class:`FleetUnavailable` reaches the step. A try whose
+        commit landed but whose answer was lost is found by the next one (its own lines, under its own epoch)."""
+        self.check()
+        with self._guard:
+            staged = list(self._staged)
+            if not staged and state is None:
+                return
+            deadline = time.monotonic() + self.store.lease_s
+            delay = RETRY_FIRST_S
+            while True:
+                try:
+                    with self.store.connection() as conn:
+                        if not self._write(conn, staged, state):
+                            conn.rollback()
+                            raise self._fence("commit")
+                    break
+                except FleetUnavailable as exc:
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    self.retries += 1
+                    log.warning("fleet store unreachable; committing again", uuid=self.uuid, error=str(exc)[:200])
+                    time.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+            del self._staged[: len(staged)]
+
+    def _write(self, conn: Conn, staged: list[tuple[str, int, str]], state: Mapping[str, Any] | None) -> bool:
+        params = self._params()
+        if staged:
+            files, ids, lines = (list(column) for column in zip(*staged, strict=True))
+            batch = {**params, "files": files, "ids": ids, "lines": lines}
+            inserted = conn.execute(_INSERT_LINES, batch).rowcount
+            if inserted != len(staged) and conn.execute(_MINE_ALREADY, batch).fetchone() != (len(staged),):
+                return False  # fenced, or a line of another epoch where this one's belongs
+        if state is not None:
+            return conn.execute(_WRITE_STATE, {**params, "state": _json(state)}).rowcount == 1
+        return True
+
+    def release(self) -> None:
+        """Free the lease for the next taker (nothing more is written under this epoch). Best effort: a store out
+        of reach lets the lease run out instead, and the next taker waits ``lease_s``."""
+        with self._guard:
+            self._staged.clear()
+            try:
+                if not self.fenced:
+                    self.store.release(self.uuid, self.epoch, self.holder)
+            except FleetUnavailable as exc:
+                log.warning("lease not released; it runs out instead", uuid=self.uuid, error=str(exc)[:300])
+            finally:
+                self.fenced = True  # released: any later write is refused here, before the database
+
+
+class PostgresCopy:
+    """The fleet's contexts in PostgreSQL: :class:`contexts.durable.DurableCopy` for ``fleet.store``."""
+
+    def __init__(self, store: FleetStore) -> None:
+        self.store = store
+
+    def create(self, uuid: str, holder: str, metadata: Mapping[str, Any], state: Mapping[str, Any]) -> PostgresWriter:
+        """Record a new context and take its first lease, in one transaction."""
+        with self.store.connection() as conn:
+            made = conn.execute(_CREATE, {"uuid": uuid, "metadata": _json(metadata), "state": _json(state)}).fetchone()
+            if made is None:
+                raise ContextExistsError(f"context {uuid} already exists in the fleet's store")
+            epoch = lease.take(conn, uuid, holder, self.store.lease_s)
+            if epoch is None:  # a lease without a context: left by a create that failed after taking it
+                raise LockHeldError(f"context {uuid}: its lease is held by another holder")
+            conn.execute("UPDATE tasuki_contexts SET epoch = %s WHERE uuid = %s", (epoch, uuid))
+        return PostgresWriter(self.store, uuid, holder, epoch)
+
+    def take(self, uuid: str, holder: str) -> PostgresWriter:
+        """Take the lease of a known context: a new epoch, which fences whoever held it before."""
+        with self.store.connection() as conn:
+            found = conn.execute("SELECT state->>'status' FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
+            if found is None:
+                raise ContextNotFoundError(f"no context {uuid} in the fleet's store")
+            if found[0] in FINAL_STATUSES:
+                raise ContextCompletedError(f"context {uuid} is already {found[0]}")
+            epoch = lease.take(conn, uuid, holder, self.store.lease_s)
+            if epoch is None:
+                current = lease.read(conn, uuid)
+                raise LockHeldError(f"context {uuid}: leased by {current.holder if current else 'another holder'}")
+        return PostgresWriter(self.store, uuid, holder, epoch)
+
+    def knows(self, uuid: str) -> bool:
+        """Whether the fleet's store has the context."""
+        with self.store.connection() as conn:
+            return conn.execute("SELECT 1 FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone() is not None
+
+    def rebuild(self, uuid: str, directory: Path) -> None:
+        """Write the context's files into ``directory`` (created 0700 if missing) as its committed steps left them:
+        the same names and schemas as on the host that wrote them (SPEC §3), each JSONL line byte for byte."""
+        with self.store.connection() as conn:
+            row = conn.execute("SELECT metadata, state FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
+            if row is None:
+                raise ContextNotFoundError(f"no context {uuid} in the fleet's store")
+            metadata, state = row
+            lines: dict[str, list[str]] = {name: [] for name in JSONL_FILES}
+            for file, line in conn.execute(
+                "SELECT file, line::text FROM tasuki_records WHERE uuid = %s ORDER BY file, id", (uuid,)
+            ):
+                lines[str(file)].append(str(line))
+        directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        write_json_atomic(directory / METADATA_FILE, metadata)
+        write_json_atomic(directory / STATE_FILE, state)
+        for name, text in lines.items():
+            _write_lines(directory / name, text)
+        fsync_dir(directory)
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as handle:
+            for line in lines:
+                handle.write(line.encode() + b"\n")
+            handle.flush()
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,348 @@
+"""Memory on the fleet's PostgreSQL (SPEC §12, §13): :class:`memory.store.MemoryStore` with pgvector for vectors and
+PostgreSQL's full-text index for the lexical side, so that no host writes SQLite on a shared disk.
+
+Recall ranks the same on both stores: the full-text index (``tsvector``, GIN) finds the episodes that contain a
+query's words, and the score is BM25 as SQLite's FTS5 computes it (k1 1.2, b 0.75, its idf floor), from the word
+counts each episode keeps and the document frequencies kept as episodes come and go — PostgreSQL's own
+``ts_rank`` has no idf. The words are those of the embedded store (``memory.sqlite.query_words``), as are the
+rare-word rule and the common-word window. KNN is an exact cosine scan of the repository's vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from contexts.masking import mask
+from fleet.errors import FleetError
+from fleet.lease import Conn
+from fleet.store import FleetStore
+from memory.errors import EmbeddingError, MemoryUnavailable
+from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
+from memory.sqlite import _WORD, COMMON_WINDOW, RARE_DOCS, query_words
+
+K1, B = 1.2, 0.75  # FTS5's bm25() constants
+IDF_FLOOR = 1e-6  # FTS5 clamps a non-positive idf (a word in most documents) to this
+
+
+def words_of(text: str) -> list[str]:
+    """Every word of ``text`` as the embedded store's tokenizer sees it (lower case, in order)."""
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _vector(values: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+def _tsquery(words: Sequence[str]) -> str:
+    return " | ".join(f"'{w}'" for w in words)  # words are letters and digits only: never an operator
+
+
+class PostgresMemoryStore:
+    """Episodes, thread and repository memories in the fleet's PostgreSQL (schema version 2)."""
+
+    def __init__(self, store: FleetStore) -> None:
+        self.store = store
+
+    @contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        """One transaction; the fleet's store out of reach is :class:`MemoryUnavailable`, as a damaged SQLite file
+        is: recall and recording go on without memory, never fail the task."""
+        try:
+            with self.store.connection() as conn:
+                yield conn
+        except FleetError as exc:
+            raise MemoryUnavailable(f"memory store: {exc}") from None
+
+    # -- meta ------------------------------------------------------------------------------------
+
+    def _meta(self, conn: Conn, key: str) -> str | None:
+        row = conn.execute("SELECT value FROM tasuki_memory_meta WHERE key = %s", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _set_meta(self, conn: Conn, key: str, value: str | None) -> None:
+        if value is None:
+            conn.execute("DELETE FROM tasuki_memory_meta WHERE key = %s", (key,))
+        else:
+            conn.execute(
+                "INSERT INTO tasuki_memory_meta (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                (key, value),
+            )
+
+    def vector_dimension(self) -> int | None:
+        """The dimension of the stored vectors (fixed by the first one), or None before any."""
+        with self._connection() as conn:
+            value = self._meta(conn, "vector_dimension")
+        return int(value) if value else None
+
+    # -- episodes --------------------------------------------------------------------------------
+
+    def add_episode(self, episode: Episode, vector: Sequence[float] | None = None) -> None:
+        """Record (or replace) an episode with its words and, when given, its vector: one transaction."""
+        text = episode.text()
+        words = words_of(text)
+        with self._connection() as conn:
+            if vector is not None:
+                self._check_dimension(conn, len(vector))
+            self._delete(conn, "uuid = %s", (episode.uuid,))
+            conn.execute(
+                "INSERT INTO tasuki_episodes (uuid, repository, thread, ended_at, data, terms, length, words, "
+                "embedding) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, to_tsvector('simple', %s), "
+                "%s::vector)",
+                (
+                    episode.uuid, episode.repository, episode.thread, episode.ended_at,
+                    json.dumps(episode.to_json(), ensure_ascii=False), json.dumps(Counter(words)), len(words),
+                    " ".join(words), None if vector is None else _vector(vector),
+                ),
+            )  # fmt: skip
+            self._count_terms(conn, words, +1)
+
+    def _check_dimension(self, conn: Conn, dimension: int) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('tasuki_memory_dimension'))")
+        known = self._meta(conn, "vector_dimension")
+        if known is None:
+            self._set_meta(conn, "vector_dimension", str(dimension))
+        elif int(known) != dimension:
+            raise EmbeddingError(f"embedding has {dimension} dimensions; the memory store holds {known}")
+
+    def _count_terms(self, conn: Conn, words: Sequence[str], change: int) -> None:
+        distinct = sorted(set(words))  # one order for every writer: concurrent upserts never deadlock
+        if distinct:
+            conn.execute(
+                "INSERT INTO tasuki_memory_terms AS t (term, docs) SELECT w, %s FROM unnest(%s::text[]) AS w "
+                "ON CONFLICT (term) DO UPDATE SET docs = t.docs + EXCLUDED.docs",
+                (change, distinct),
+            )
+
+    def _delete(self, conn: Conn, where: str, params: tuple[Any, ...]) -> list[str]:
+        """Delete episodes (rows, words, vectors) and their document frequencies; their UUIDs."""
+        gone = conn.execute(
+            f"DELETE FROM tasuki_episodes WHERE {where} RETURNING uuid, terms",  # noqa: S608 - fixed clauses only
+            params,
+        ).fetchall()
+        for _uuid, terms in gone:
+            self._count_terms(conn, list(terms), -1)
+        return [str(uuid) for uuid, _terms in gone]
+
+    def episode(self, uuid: str) -> Episode | None:
+        """One episode by UUID."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT data FROM tasuki_episodes WHERE uuid = %s", (uuid,)).fetchone()
+        return None if row is None else Episode.from_json(row[0])
+
+    def episodes(self, repository: str, limit: int = 100) -> list[Episode]:
+        """A repository's episodes, newest first."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT data FROM tasuki_episodes WHERE repository = %s ORDER BY ended_at DESC, id DESC LIMIT %s",
+                (repository, limit),
+            ).fetchall()
+        return [Episode.from_json(row[0]) for row in rows]
+
+    def fetch(self, repository: str, uuids: Sequence[str]) -> dict[str, Episode]:
+        """The episodes of ``uuids`` that belong to ``repository`` (never another repository's)."""
+        if not uuids:
+            return {}
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT uuid, data FROM tasuki_episodes WHERE uuid = ANY(%s) AND repository = %s",
+                (list(uuids), repository),
+            ).fetchall()
+        return {str(uuid): Episode.from_json(data) for uuid, data in rows}
+
+    # -- search ----------------------------------------------------------------------------------
+
+    def bm25(self, repository: str, query: str, k: int) -> list[str]:
+        """The UUIDs of :meth:`bm25_scored`."""
+        return [match.uuid for match in self.bm25_scored(repository, query, k)]
+
+    def bm25_scored(self, repository: str, query: str, k: int) -> list[Match]:
+        """The repository's episodes best matching ``query`` by BM25 over its rare words, best first; else the newest
+        matches of its common words, scored 0 (as the embedded store: see ``memory.sqlite.RARE_DOCS``)."""
+        words = query_words(query)
+        if not words:
+            return []
+        with self._connection() as conn:
+            frequency = dict(
+                conn.execute(
+                    "SELECT term, docs FROM tasuki_memory_terms WHERE term = ANY(%s) AND docs > 0", (words,)
+                ).fetchall()
+            )
+            rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
+            if rare:
+                return self._ranked(conn, repository, rare, frequency, k)
+            common = [w for w in words if w in frequency]
+            if not common:
+                return []
+            rows = conn.execute(
+                "SELECT uuid FROM (SELECT uuid, id, words FROM tasuki_episodes WHERE repository = %s "
+                "ORDER BY id DESC LIMIT %s) AS newest WHERE words @@ to_tsquery('simple', %s) "
+                "ORDER BY id DESC LIMIT %s",
+                (repository, COMMON_WINDOW, _tsquery(common), k),
+            ).fetchall()
+        return [Match(str(row[0]), 0.0) for row in rows]
+
+    def _ranked(self, conn: Conn, repository: str, rare: list[str], frequency: dict[str, int], k: int) -> list[Match]:
+        row = conn.execute("SELECT count(*), coalesce(avg(length + 1), 1) FROM tasuki_episodes").fetchone()
+        total, average = (int(row[0]), float(row[1])) if row else (0, 1.0)
+        idf = [max(_idf(total, frequency[w]), IDF_FLOOR) for w in rare]
+        rows = conn.execute(
+            """SELECT e.uuid, sum(q.idf * (tf.n * %(k1)s + tf.n) / (tf.n + %(k1)s * (1 - %(b)s + %(b)s * (e.length + 1)
+                   / %(average)s))) AS score
+               FROM tasuki_episodes AS e
+               CROSS JOIN unnest(%(terms)s::text[], %(idf)s::float8[]) AS q(term, idf)
+               CROSS JOIN LATERAL (SELECT (e.terms ->> q.term)::float8 AS n) AS tf
+               WHERE e.repository = %(repository)s AND e.words @@ to_tsquery('simple', %(query)s) AND tf.n > 0
+               GROUP BY e.uuid, e.id ORDER BY score DESC, e.id DESC LIMIT %(k)s""",
+            {
+                "k1": K1, "b": B, "average": average, "terms": rare, "idf": idf, "repository": repository,
+                "query": _tsquery(rare), "k": k,
+            },
+        ).fetchall()  # fmt: skip
+        return [Match(str(uuid), float(score)) for uuid, score in rows]
+
+    def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
+        """The UUIDs of :meth:`knn_scored`."""
+        return [match.uuid for match in self.knn_scored(repository, vector, k)]
+
+    def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
+        """The repository's episodes nearest to ``vector`` by cosine (pgvector's ``<=>``), each with its similarity."""
+        known = self.vector_dimension()
+        if known is None:
+            return []
+        if len(vector) != known:
+            raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT uuid, embedding <=> %(v)s::vector AS distance FROM tasuki_episodes "
+                "WHERE repository = %(r)s AND embedding IS NOT NULL ORDER BY distance, id DESC LIMIT %(k)s",
+                {"v": _vector(vector), "r": repository, "k": k},
+            ).fetchall()
+        return [Match(str(uuid), 1.0 - float(distance)) for uuid, distance in rows]
+
+    # -- thread and repository memories ----------------------------------------------------------
+
+    def memory(self, scope: str, key: str) -> Memory | None:
+        """A thread or repository memory."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT text, updated_at, sources FROM tasuki_memories WHERE scope = %s AND key = %s", (scope, key)
+            ).fetchone()
+        if row is None:
+            return None
+        text, updated_at, sources = row
+        return Memory(scope, key, str(text), updated_at.astimezone(UTC), tuple(sources))
+
+    def thread_memories(self, repository: str) -> list[Memory]:
+        """A repository's thread memories, newest first."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT key, text, updated_at, sources FROM tasuki_memories WHERE scope = 'thread' "
+                "AND repository = %s ORDER BY updated_at DESC",
+                (repository,),
+            ).fetchall()
+        return [Memory("thread", str(k), str(t), at.astimezone(UTC), tuple(src)) for k, t, at, src in rows]
+
+    def put_memory(self, memory: Memory, repository: str) -> None:
+        """Replace a thread or repository memory."""
+        with self._connection() as conn:
+            conn.execute(
+                "INSERT INTO tasuki_memories (scope, key, repository, text, updated_at, sources) "
+                "VALUES (%s, %s, %s, %s, %s, %s::jsonb) ON CONFLICT (scope, key) DO UPDATE SET "
+                "repository = EXCLUDED.repository, text = EXCLUDED.text, updated_at = EXCLUDED.updated_at, "
+                "sources = EXCLUDED.sources",
+                (
+                    memory.scope,
+                    memory.key,
+                    repository,
+                    memory.text,
+                    memory.updated_at,
+                    json.dumps(list(memory.sources)),
+                ),
+            )
+
+    # -- listing, forgetting, pruning -----------------------------------------------------------
+
+    def repositories(self) -> list[RepositoryCount]:
+        """Repositories with episodes or memories, by name."""
+        with self._connection() as conn:
+            counts = {
+                str(repo): (int(n), int(threads), last)
+                for repo, n, threads, last in conn.execute(
+                    "SELECT repository, count(*), count(DISTINCT thread), max(ended_at) FROM tasuki_episodes "
+                    "GROUP BY repository"
+                )
+            }
+            with_memory = {str(r[0]) for r in conn.execute("SELECT DISTINCT repository FROM tasuki_memories")}
+        return [
+            RepositoryCount(
+                repo,
+                counts.get(repo, (0, 0, None))[0],
+                counts.get(repo, (0, 0, None))[1],
+                repo in with_memory,
+                counts[repo][2].astimezone(UTC) if repo in counts else None,
+            )
+            for repo in sorted(set(counts) | with_memory)
+        ]
+
+    def forget_episode(self, uuid: str) -> int:
+        """Delete one episode."""
+        with self._connection() as conn:
+            return len(self._delete(conn, "uuid = %s", (uuid,)))
+
+    def forget_thread(self, thread: str) -> int:
+        """Delete a thread's episodes and its memory."""
+        with self._connection() as conn:
+            gone = self._delete(conn, "thread = %s", (thread,))
+            conn.execute("DELETE FROM tasuki_memories WHERE scope = 'thread' AND key = %s", (thread,))
+        return len(gone)
+
+    def forget_repository(self, repository: str) -> int:
+        """Delete a repository's episodes, thread memories and repository memory."""
+        with self._connection() as conn:
+            gone = self._delete(conn, "repository = %s", (repository,))
+            conn.execute("DELETE FROM tasuki_memories WHERE repository = %s", (repository,))
+        return len(gone)
+
+    def prune(self, before: datetime, *, dry_run: bool = False) -> list[str]:
+        """Episodes that ended before ``before``: listed, and deleted unless ``dry_run``."""
+        with self._connection() as conn:
+            if dry_run:
+                rows = conn.execute("SELECT uuid FROM tasuki_episodes WHERE ended_at < %s", (before,)).fetchall()
+                return [str(row[0]) for row in rows]
+            return self._delete(conn, "ended_at < %s", (before,))
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def note_problem(self, problem: str | None) -> None:
+        """Remember the latest problem (None clears it)."""
+        with self._connection() as conn:
+            self._set_meta(conn, "last_error", problem)
+
+    def status(self) -> StoreStatus:
+        """Counts and the latest problem."""
+        with self._connection() as conn:
+            row = conn.execute(
+                "SELECT count(*), count(DISTINCT repository), count(DISTINCT thread), count(embedding) "
+                "FROM tasuki_episodes"
+            ).fetchone()
+            problem = self._meta(conn, "last_error")
+            dimension = self._meta(conn, "vector_dimension")
+        episodes, repositories, threads, vectors = row if row else (0, 0, 0, 0)
+        return StoreStatus(
+            mask(self.store.url), int(episodes), int(repositories), int(threads), int(vectors),
+            int(dimension) if dimension else None, None, problem,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Nothing of its own to close: the fleet store's pool is shared (FleetStore.close closes it)."""
+
+
+def _idf(total: int, docs: int) -> float:
+    return math.log((total - docs + 0.5) / (docs + 0.5))

@@ -1,0 +1,108 @@
+"""The fleet store's tables, created and migrated by the store itself: versioned, idempotent, one migrator at a time.
+
+Each entry of :data:`MIGRATIONS` is one version: its statements run in one transaction with the version's row in
+``tasuki_schema``, under a transaction-level advisory lock, so hosts that start together migrate once. A database
+migrated by a newer Tasuki is refused with one line, never written to.
+"""
+
+from __future__ import annotations
+
+from fleet.errors import SchemaTooNew
+from fleet.lease import Conn
+
+# pg_advisory_xact_lock's key for "migrating": any constant of our own ("tasuki" in ASCII, as a bigint).
+MIGRATION_LOCK = 0x746173756B69
+
+VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS tasuki_schema (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: ownership leases and the durable copy of every context (SPEC §12).
+    (
+        """CREATE TABLE tasuki_leases (
+            uuid       uuid PRIMARY KEY,
+            epoch      bigint NOT NULL CHECK (epoch > 0),
+            holder     text,
+            expires_at timestamptz NOT NULL
+        )""",
+        """CREATE TABLE tasuki_contexts (
+            uuid       uuid PRIMARY KEY,
+            metadata   jsonb NOT NULL,
+            state      jsonb NOT NULL,
+            epoch      bigint NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            updated_at timestamptz NOT NULL DEFAULT now()
+        )""",
+        # One row per line of messages.jsonl, summaries.jsonl and tools.jsonl; `line` keeps the line's text as it
+        # was written (json keeps it verbatim), so a rebuilt file is the original byte for byte.
+        """CREATE TABLE tasuki_records (
+            uuid  uuid NOT NULL REFERENCES tasuki_contexts (uuid) ON DELETE CASCADE,
+            file  text NOT NULL CHECK (file IN ('messages.jsonl', 'summaries.jsonl', 'tools.jsonl')),
+            id    bigint NOT NULL CHECK (id > 0),
+            epoch bigint NOT NULL,
+            line  json NOT NULL,
+            PRIMARY KEY (uuid, file, id)
+        )""",
+    ),
+    # 2: memory (SPEC §13) on pgvector and the full-text index: fleet/memory.py.
+    (
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        """CREATE TABLE tasuki_episodes (
+            id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            uuid       text NOT NULL UNIQUE,
+            repository text NOT NULL,
+            thread     text NOT NULL,
+            ended_at   timestamptz NOT NULL,
+            data       jsonb NOT NULL,
+            terms      jsonb NOT NULL,
+            length     integer NOT NULL,
+            words      tsvector NOT NULL,
+            embedding  vector
+        )""",
+        "CREATE INDEX tasuki_episodes_by_repository ON tasuki_episodes (repository, ended_at)",
+        "CREATE INDEX tasuki_episodes_by_repository_id ON tasuki_episodes (repository, id)",
+        "CREATE INDEX tasuki_episodes_by_thread ON tasuki_episodes (thread)",
+        "CREATE INDEX tasuki_episodes_by_age ON tasuki_episodes (ended_at)",
+        "CREATE INDEX tasuki_episodes_words ON tasuki_episodes USING gin (words)",
+        "CREATE TABLE tasuki_memory_terms (term text PRIMARY KEY, docs integer NOT NULL)",
+        """CREATE TABLE tasuki_memories (
+            scope      text NOT NULL,
+            key        text NOT NULL,
+            repository text NOT NULL,
+            text       text NOT NULL,
+            updated_at timestamptz NOT NULL,
+            sources    jsonb NOT NULL,
+            PRIMARY KEY (scope, key)
+        )""",
+        "CREATE INDEX tasuki_memories_by_repository ON tasuki_memories (repository)",
+        "CREATE TABLE tasuki_memory_meta (key text PRIMARY KEY, value text NOT NULL)",
+    ),
+)
+
+LATEST = len(MIGRATIONS)
+
+
+def schema_version(conn: Conn) -> int:
+    """The version the database is at (0: never migrated)."""
+    conn.execute(VERSION_TABLE)
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM tasuki_schema").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: Conn) -> int:
+    """Bring the database to :data:`LATEST`; returns the version found before. Safe to run by every host at once."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        found = schema_version(conn)
+        if found > LATEST:
+            raise SchemaTooNew(
+                f"the fleet store's schema is at version {found}, newer than this Tasuki's {LATEST}: upgrade Tasuki"
+            )
+        for version in range(found + 1, LATEST + 1):
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO tasuki_schema (version) VALUES (%s)", (version,))
+    return found

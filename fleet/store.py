@@ -1,0 +1,131 @@
+"""The fleet's store (``fleet.store: postgresql://...``): a connection pool on one PostgreSQL, its schema migrated on
+open, and the lease operations every host runs (SPEC §12)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import psycopg_pool
+import structlog
+
+from contexts.masking import mask
+from fleet import lease, schema
+from fleet.errors import FleetUnavailable
+from fleet.lease import Conn, LeaseRow
+
+log = structlog.get_logger(__name__)
+
+POOL_MAX = 4  # a worker process: its task's writes, its heartbeat's renewals, and a reader or two
+
+
+class FleetStore:
+    """One PostgreSQL reached by every host. Opening it migrates the schema; every method is one transaction.
+
+    ``open=False`` defers the connection to the first use: a reader that never touches the fleet's store (``tasuki
+    context list`` today) neither waits for nor fails on it."""
+
+    def __init__(self, url: str, *, lease_s: float = 60.0, connect_timeout_s: float = 5.0, open: bool = True) -> None:
+        self.url = url
+        self.lease_s = lease_s
+        self.connect_timeout_s = connect_timeout_s
+        self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
+        self._opening = threading.Lock()
+        if open:
+            self.open()
+
+    def open(self) -> None:
+        """Connect and migrate the schema (once; later calls return at once). :class:`FleetUnavailable` when the
+        database does not answer within ``connect_timeout_s``."""
+        with self._opening:
+            if self._pool is not None:
+                return
+            pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=POOL_MAX,
+                open=False,
+                timeout=self.connect_timeout_s,
+                check=psycopg_pool.ConnectionPool.check_connection,  # a restarted server leaves dead connections
+                kwargs={"connect_timeout": max(1, round(self.connect_timeout_s))},
+                name="tasuki-fleet",
+            )
+            try:
+                pool.open(wait=True, timeout=self.connect_timeout_s)
+                with self._transaction(pool) as conn:
+                    found = schema.migrate(conn)
+            except psycopg_pool.PoolTimeout as exc:
+                pool.close()
+                raise self._unavailable(self._reason(exc)) from None
+            except BaseException:
+                pool.close()
+                raise
+            self._pool = pool
+        if found < schema.LATEST:
+            log.info("fleet store migrated", url=mask(self.url), version=schema.LATEST, previous=found)
+
+    def _reason(self, timeout: BaseException) -> BaseException:
+        """Why the pool got no connection (it only says that it timed out): one direct attempt tells."""
+        try:
+            psycopg.connect(self.url, connect_timeout=max(1, round(self.connect_timeout_s))).close()
+        except psycopg.Error as exc:
+            return exc
+        return timeout
+
+    def _unavailable(self, exc: BaseException) -> FleetUnavailable:
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        return FleetUnavailable(mask(f"fleet store {self.url} unreachable: {detail}"))
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        """A pooled connection whose work is one transaction: committed on the way out, rolled back on an error.
+        A lost or refused connection is :class:`FleetUnavailable`, one line naming the (masked) URL."""
+        self.open()
+        assert self._pool is not None  # noqa: S101 - open() made it
+        with self._transaction(self._pool) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, pool: psycopg_pool.ConnectionPool[Conn]) -> Iterator[Conn]:
+        try:
+            with pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise self._unavailable(exc) from None
+
+    def close(self) -> None:
+        """Close every connection of the pool (a later use opens it again)."""
+        with self._opening:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    # -- leases (fleet/lease.py has the statements) -----------------------------------------------
+
+    def take(self, uuid: str, holder: str, lease_s: float | None = None) -> int | None:
+        """Take the task's lease when free or expired: the new epoch, or None while another holds it."""
+        with self.connection() as conn:
+            return lease.take(conn, uuid, holder, self.lease_s if lease_s is None else lease_s)
+
+    def renew(self, uuid: str, epoch: int, holder: str, lease_s: float | None = None) -> bool:
+        """Extend this holder's lease; False when it was fenced (another epoch took the task)."""
+        with self.connection() as conn:
+            return lease.renew(conn, uuid, epoch, holder, self.lease_s if lease_s is None else lease_s)
+
+    def release(self, uuid: str, epoch: int, holder: str) -> bool:
+        """Free this holder's lease now; False when it was no longer this holder's."""
+        with self.connection() as conn:
+            return lease.release(conn, uuid, epoch, holder)
+
+    def lease(self, uuid: str) -> LeaseRow | None:
+        """The task's lease as the database has it (None: never leased)."""
+        with self.connection() as conn:
+            return lease.read(conn, uuid)
+
+    def __enter__(self) -> FleetStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,209 @@
+"""Memory on the fleet's PostgreSQL (SPEC §12, §13; issue 27): the MemoryStore contract on pgvector and the full-text
+index, and recall@5 equal to the SQLite store's on the same labelled data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bench.bench_recall_quality import SETS, HashEmbedder, load, scores
+from fleet.memory import PostgresMemoryStore
+from fleet.store import FleetStore
+from memory import EmbeddingError, Memory, MemoryUnavailable
+from memory.sqlite import SQLiteMemoryStore
+from memory.store import MemoryStore
+from replay.embeddings import embed_text
+from tests.helpers.memory_support import NOW, episode
+from worker.settings import Settings
+from worker.stores import kept_memory, open_memory
+
+
+@pytest.fixture
+def store(fleet_dsn: str) -> Iterator[PostgresMemoryStore]:
+    with FleetStore(fleet_dsn) as fleet:
+        yield PostgresMemoryStore(fleet)
+
+
+def raw_counts(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*), count(embedding) FROM tasuki_episodes").fetchone()
+        terms = conn.execute("SELECT count(*) FROM tasuki_memory_terms WHERE docs > 0").fetchone()
+    assert row is not None
+    assert terms is not None
+    return {"episodes": row[0], "vectors": row[1], "terms": terms[0]}
+
+
+def test_it_is_a_memory_store(store: PostgresMemoryStore) -> None:
+    typed: MemoryStore = store  # mypy checks the Protocol; this checks every method is there
+    missing = [name for name in dir(MemoryStore) if not name.startswith("_") and not hasattr(typed, name)]
+    assert missing == []
+
+
+def test_episode_round_trips_with_every_field(store: PostgresMemoryStore) -> None:
+    e = episode(
+        "u1", task="Fix the login bug", final_summary="Fixed auth.py", latest_summary="read auth.py",
+        files_changed=("auth.py",), failed_commands=({"command": "pytest", "error": "1 failed"},),
+        result={"branch": "tasuki/1-u1", "pull_request": "https://x/pr/1"}, status="failed", error="boom",
+    )  # fmt: skip
+    store.add_episode(e, embed_text(e.text()))
+    assert store.episode("u1") == e
+    assert store.episodes("github:acme/web") == [e]
+
+
+def test_recording_an_episode_twice_keeps_one_row_and_counts_its_words_once(
+    store: PostgresMemoryStore, fleet_dsn: str
+) -> None:
+    e = episode("u1", task="Fix the login bug")
+    store.add_episode(e, embed_text(e.text()))
+    once = raw_counts(fleet_dsn)
+    store.add_episode(e, embed_text(e.text()))
+    assert raw_counts(fleet_dsn) == once == {"episodes": 1, "vectors": 1, "terms": 4}
+
+
+def test_bm25_and_knn_never_cross_repositories(store: PostgresMemoryStore) -> None:
+    mine = episode("a1", "github:acme/web", task="Fix flaky test_login in tests/test_auth.py")
+    theirs = episode("b1", "github:other/web", task="Fix flaky test_login in tests/test_auth.py")
+    for e in (mine, theirs):
+        store.add_episode(e, embed_text(e.text()))
+    assert store.bm25("github:acme/web", "flaky test_login", 20) == ["a1"]
+    assert store.knn("github:acme/web", embed_text("flaky test_login"), 20) == ["a1"]
+    assert store.fetch("github:acme/web", ["a1", "b1"]).keys() == {"a1"}
+    assert store.bm25("github:nobody/web", "flaky", 20) == []
+
+
+def test_query_words_are_never_full_text_operators(store: PostgresMemoryStore) -> None:
+    store.add_episode(episode("a1", task='NOT a "quoted" AND (odd) query* NEAR it\'s a:b & c | !d <-> e'))
+    assert store.bm25("github:acme/web", 'NOT "quoted" AND ( * NEAR - it\'s & | ! <-> :', 20) == ["a1"]
+    assert store.bm25("github:acme/web", "!!! --- '' &|", 20) == []
+
+
+def test_a_vector_of_another_dimension_is_refused_and_writes_nothing(store: PostgresMemoryStore) -> None:
+    store.add_episode(episode("a1", task="first"), embed_text("first", 64))
+    with pytest.raises(EmbeddingError, match="32 dimensions"):
+        store.add_episode(episode("a2", task="second"), embed_text("second", 32))
+    with pytest.raises(EmbeddingError):
+        store.knn("github:acme/web", [1.0] * 32, 5)
+    assert store.episode("a2") is None
+    store.add_episode(episode("a2", task="second"))  # the recorder's fallback: without its vector
+    assert store.episode("a2") is not None
+
+
+def test_forget_episode_thread_and_repository_delete_rows_words_and_vectors(
+    store: PostgresMemoryStore, fleet_dsn: str
+) -> None:
+    repo = "github:acme/web"
+    for uuid, thread in (("e1", "t1"), ("e2", "t1"), ("e3", "t2"), ("e4", "t3")):
+        e = episode(uuid, repo, task=f"task {uuid}", thread=f"{repo}#issue/{thread}")
+        store.add_episode(e, embed_text(e.text()))
+    store.add_episode(episode("o1", "github:other/x", task="other"), embed_text("other"))
+    store.put_memory(Memory("thread", f"{repo}#issue/t1", "thread facts", NOW), repo)
+    store.put_memory(Memory("repository", repo, "repo facts", NOW), repo)
+
+    assert store.forget_episode("e4") == 1
+    assert raw_counts(fleet_dsn)["episodes"] == 4
+    assert store.forget_thread(f"{repo}#issue/t1") == 2
+    assert store.memory("thread", f"{repo}#issue/t1") is None
+    assert store.forget_repository(repo) == 1
+    assert store.memory("repository", repo) is None
+    assert raw_counts(fleet_dsn) == {"episodes": 1, "vectors": 1, "terms": 1}  # "other" alone is still counted
+    assert store.bm25(repo, "task", 20) == []
+    assert [r.repository for r in store.repositories()] == ["github:other/x"]
+
+
+def test_prune_removes_only_episodes_older_than_the_cut(store: PostgresMemoryStore) -> None:
+    store.add_episode(episode("old", task="old work", days_ago=91), embed_text("old"))
+    store.add_episode(episode("new", task="new work", days_ago=89), embed_text("new"))
+    cut = NOW - timedelta(days=90)
+    assert store.prune(cut, dry_run=True) == ["old"]
+    assert store.episode("old") is not None
+    assert store.prune(cut) == ["old"]
+    assert store.episode("old") is None
+    assert [e.uuid for e in store.episodes("github:acme/web")] == ["new"]
+
+
+def test_memories_and_status(store: PostgresMemoryStore) -> None:
+    repo = "github:acme/web"
+    store.put_memory(Memory("thread", f"{repo}#issue/1", "old", NOW - timedelta(days=1), ("u0",)), repo)
+    store.put_memory(Memory("thread", f"{repo}#issue/1", "new", NOW, ("u0", "u1")), repo)
+    assert store.memory("thread", f"{repo}#issue/1") == Memory("thread", f"{repo}#issue/1", "new", NOW, ("u0", "u1"))
+    assert [m.text for m in store.thread_memories(repo)] == ["new"]
+    store.add_episode(episode("u1", repo, task="x"), embed_text("x"))
+    store.note_problem("embedding failed: timeout")
+    status = store.status()
+    assert (status.episodes, status.repositories, status.threads, status.vectors) == (1, 1, 1, 1)
+    assert status.vector_dimension == 64
+    assert status.last_error == "embedding failed: timeout"
+    [listed] = store.repositories()
+    assert (listed.repository, listed.episodes, listed.has_memory) == (repo, 1, True)
+
+
+def test_bm25_scores_and_order_equal_the_sqlite_stores(store: PostgresMemoryStore, tmp_path: Path) -> None:
+    sqlite = SQLiteMemoryStore(tmp_path / "memory.db")
+    try:
+        tasks = [
+            "Fix the flaky login test in tests/test_auth.py",
+            "Login page renders the wrong error after a timeout",
+            "Speed up the token signer; the signer is slow on long payloads",
+            "Document the serializer's salt and the signer's key derivation",
+            "Timeout handling of the login retry loop",
+        ]
+        for n, task in enumerate(tasks):
+            for target in (store, sqlite):
+                target.add_episode(episode(f"e{n}", task=task, days_ago=10 - n))
+        for query in ("login timeout", "signer salt", "flaky test_auth", "key derivation of the signer"):
+            ours = store.bm25_scored("github:acme/web", query, 5)
+            theirs = sqlite.bm25_scored("github:acme/web", query, 5)
+            assert [m.uuid for m in ours] == [m.uuid for m in theirs], query
+            assert [round(m.score, 6) for m in ours] == [round(m.score, 6) for m in theirs], query
+    finally:
+        sqlite.close()
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_recall_at_5_equals_the_sqlite_stores_on_the_same_labelled_set(
+    fleet_dsn: str, tmp_path: Path, name: str
+) -> None:
+    """bench/bench_recall_quality.py's sets and rankings, the same hash vectors, the two stores."""
+    embedder = HashEmbedder()
+    sqlite = SQLiteMemoryStore(tmp_path / "memory.db")
+    with FleetStore(fleet_dsn) as fleet:
+        postgres = PostgresMemoryStore(fleet)
+        try:
+            on_sqlite, on_postgres = load(sqlite, embedder, name), load(postgres, embedder, name)  # type: ignore[arg-type]
+            for kind in ("keyword", "paraphrase"):
+                expected = scores(sqlite, on_sqlite, kind)
+                got = scores(postgres, on_postgres, kind)  # type: ignore[arg-type]
+                assert got == expected, (name, kind)
+        finally:
+            sqlite.close()
+
+
+def test_fleet_mode_keeps_memory_in_postgresql_and_one_host_in_sqlite(
+    make_settings: Callable[..., Settings], fleet_dsn: str
+) -> None:
+    settings = make_settings({"TASUKI__FLEET__STORE": fleet_dsn})
+    with kept_memory(settings) as kept:
+        assert isinstance(kept, PostgresMemoryStore)
+        kept.add_episode(episode("u1", task="Fix the login bug"))
+    assert open_memory(settings, must_exist=True).bm25("github:acme/web", "login", 5) == ["u1"]
+    assert not (Path(settings.contexts.base_dir).parent / "memory.db").exists()  # no SQLite file beside it
+    one_host = open_memory(make_settings())
+    assert isinstance(one_host, SQLiteMemoryStore)
+    one_host.close()
+
+
+def test_an_unreachable_fleet_store_is_memory_unavailable_so_tasks_go_on_without_memory(
+    make_settings: Callable[..., Settings],
+) -> None:
+    settings = make_settings(
+        {"TASUKI__FLEET__STORE": "postgresql://tasuki:pw@127.0.0.1:1/tasuki", "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1"}
+    )
+    store = open_memory(settings)
+    with pytest.raises(MemoryUnavailable) as caught:
+        store.bm25("github:acme/web", "login", 5)
+    assert "unreachable" in str(caught.value)
+    assert ":pw@" not in str(caught.value)
