@@ -14,19 +14,21 @@ DIMENSIONS = 64
 _WORD = re.compile(r"[^\W_]+")
 
 
-def _bucket(feature: str) -> tuple[int, float]:
+def _bucket(feature: str, dimensions: int) -> tuple[int, float]:
+    """The index (over all ``dimensions``) and sign a feature adds to: the feature hashing trick."""
     digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
-    return int.from_bytes(digest[:4], "big") % DIMENSIONS, 1.0 if digest[4] & 1 else -1.0
+    return int.from_bytes(digest[:4], "big") % dimensions, 1.0 if digest[4] & 1 else -1.0
 
 
 def embed_text(text: str, dimensions: int = DIMENSIONS) -> list[float]:
-    """A unit vector of ``dimensions`` floats for ``text`` (all zeros but one for an empty text)."""
+    """A unit vector of ``dimensions`` floats for ``text`` (all zeros but one for an empty text). Features spread
+    over every dimension (until issue 29 they fell in the first 64 only, whatever the size asked)."""
     vector = [0.0] * dimensions
     lowered = " ".join(text.lower().split())
     features = [lowered[i : i + 3] for i in range(max(len(lowered) - 2, 0))] + _WORD.findall(lowered)
     for feature in features:
-        index, sign = _bucket(feature)
-        vector[index % dimensions] += sign
+        index, sign = _bucket(feature, dimensions)
+        vector[index] += sign
     norm = math.sqrt(sum(x * x for x in vector))
     if norm == 0.0:
         vector[0] = 1.0

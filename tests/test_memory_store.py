@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from datetime import timedelta
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import sqlite_vec
 
 from memory import EmbeddingError, Memory, MemoryUnavailable, parse_repository, repository_key, thread_key
-from memory.sqlite import SQLiteMemoryStore
+from memory.sqlite import SQLiteMemoryStore, pack, shard_key
 from replay.embeddings import embed_text
 from tests.helpers.memory_support import NOW, episode
 
@@ -29,8 +30,8 @@ def raw_counts(path: Path) -> dict[str, int]:
     db.enable_load_extension(True)
     db.load_extension(sqlite_vec.loadable_path())
     tables = ["episodes", "episode_text"]
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'episode_vectors'").fetchall():
-        tables.append("episode_vectors")
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'episode_embeddings'").fetchall():
+        tables.append("episode_embeddings")
     counts = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchall()[0][0] for t in tables}  # noqa: S608
     db.close()
     return counts
@@ -51,7 +52,7 @@ def test_recording_an_episode_twice_keeps_one_row_one_text_one_vector(store: SQL
     e = episode("u1", task="Fix the login bug")
     store.add_episode(e, embed_text(e.text()))
     store.add_episode(e, embed_text(e.text()))
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_vectors": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
 
 
 def test_files_are_private(store: SQLiteMemoryStore) -> None:
@@ -99,12 +100,12 @@ def test_forget_episode_thread_and_repository_delete_rows_text_and_vectors(store
     store.put_memory(Memory("repository", repo, "repo facts", NOW), repo)
 
     assert store.forget_episode("e4") == 1
-    assert raw_counts(store.path) == {"episodes": 4, "episode_text": 4, "episode_vectors": 4}
+    assert raw_counts(store.path) == {"episodes": 4, "episode_text": 4, "episode_embeddings": 4}
     assert store.forget_thread(f"{repo}#issue/t1") == 2
     assert store.memory("thread", f"{repo}#issue/t1") is None
     assert store.forget_repository(repo) == 1
     assert store.memory("repository", repo) is None
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_vectors": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
     assert store.bm25(repo, "task", 20) == []
     assert [r.repository for r in store.repositories()] == ["github:other/x"]
 
@@ -117,7 +118,7 @@ def test_prune_removes_only_episodes_older_than_the_cut(store: SQLiteMemoryStore
     assert store.episode("old") is not None
     assert store.prune(cut) == ["old"]
     assert store.episode("old") is None
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_vectors": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
 
 
 def test_memories_and_status(store: SQLiteMemoryStore) -> None:
@@ -178,3 +179,47 @@ def test_knn_searches_the_newest_two_shards_and_bm25_still_finds_older_episodes(
     near = store.knn("github:acme/web", embed_text("shared words"), 20)
     assert sorted(near) == ["e6", "e7", "e8", "e9"]
     assert store.bm25("github:acme/web", "unique0", 20) == ["e0"]
+
+
+def test_a_store_with_float_vectors_is_moved_to_the_quantized_index_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    store = SQLiteMemoryStore(path)
+    for n, task in enumerate(("fix the flaky login test", "speed up the build cache", "login page typo")):
+        store.add_episode(episode(f"e{n}", task=task))
+    store.close()
+    # The layout of stores made before the quantized scan: one float32 vec0 table, episode_vectors.
+    db = apsw.Connection(str(path))
+    db.enable_load_extension(True)
+    db.load_extension(sqlite_vec.loadable_path())
+    db.execute("CREATE VIRTUAL TABLE episode_vectors USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
+               "embedding FLOAT[64] distance_metric=cosine)")
+    for rowid, data in db.execute("SELECT id, data FROM episodes").fetchall():
+        db.execute("INSERT INTO episode_vectors (id, shard, embedding) VALUES (?, ?, ?)",
+                   (rowid, shard_key("github:acme/web", 0), pack(embed_text(json.loads(data)["task"]))))
+    db.execute("INSERT INTO meta (key, value) VALUES ('vector_dimension', '64')")
+    db.execute("INSERT INTO vector_counts (repository, recorded) VALUES ('github:acme/web', 3)")
+    db.close()
+
+    store = SQLiteMemoryStore(path)
+    assert store.knn("github:acme/web", embed_text("fix the flaky login test"), 20)[0] == "e0"
+    assert store.status().vectors == 3
+    store.close()
+    assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3}
+    db = apsw.Connection(str(path))
+    assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'episode_vectors'").fetchall() == [(0,)]
+    db.close()
+
+
+def test_the_quantized_scan_finds_the_exact_nearest_of_its_candidates(store: SQLiteMemoryStore) -> None:
+    texts = [f"task {n}: {word} of the parser" for n, word in enumerate(
+        ["rewrite the tokenizer", "fix a crash", "document the grammar", "speed up lexing", "handle unicode",
+         "drop python 3.8", "add a cli flag", "test error messages", "remove dead code", "cache the tables"])]
+    for n, text in enumerate(texts):
+        store.add_episode(episode(f"e{n}", task=text), embed_text(text, 384))
+    query = embed_text("handle unicode in the parser", 384)
+    found = store.knn_scored("github:acme/web", query, 3)
+    exact = sorted(range(len(texts)), key=lambda n: -sum(a * b for a, b in zip(query, embed_text(texts[n], 384),
+                                                                                 strict=True)))
+    assert [m.uuid for m in found] == [f"e{n}" for n in exact[:3]]
+    assert found[0].score == pytest.approx(sum(a * b for a, b in zip(query, embed_text(texts[exact[0]], 384),
+                                                                     strict=True)), abs=1e-5)
