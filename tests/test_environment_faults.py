@@ -177,7 +177,7 @@ def test_a_setup_that_fills_the_disk_fails_the_setup_not_the_task(
     outcome, directory, _ = run_task(
         make_settings,
         repo,
-        ["echo working anyway"],
+        ["echo working anyway; ls"],
         {
             "TASUKI__CONTEXTS__WORKSPACES_DIR": str(small_disk / "workspaces"),
             "TASUKI__ENVIRONMENTS__SNAPSHOTS_DIR": str(small_disk / "environments"),
@@ -188,8 +188,9 @@ def test_a_setup_that_fills_the_disk_fails_the_setup_not_the_task(
     assert record["result"]["outcome"] == "failed"
     told = first_user_message(directory)
     assert "No space left on device" in told
+    assert "What it made was removed: it filled the disk." in told
     assert "working anyway" in bash_outputs(directory)[0]
-    assert "huge.bin" not in git(repo, "ls-tree", "-r", "--name-only", outcome["branch"])
+    assert "huge.bin" not in bash_outputs(directory)[0]  # the agent started with room
     assert store_at(small_disk / "environments").find(record["result"]["key"]) is None
     assert leftovers(small_disk / "environments") == []
     assert used(small_disk) < MIB  # the task's checkout and home are gone with it
