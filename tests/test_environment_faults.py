@@ -19,7 +19,6 @@ from sandbox.jail import Bubblewrap, probe
 from sandbox.settings import SandboxSettings
 from sandbox.snapshots import BUILDING, SnapshotStore
 from tests.helpers.ci import cannot_run
-from tests.helpers.context_support import wait_for
 from tests.helpers.package_index import PackageIndex, make_wheel, package_index
 from tests.helpers.stack import git, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import context_records, finish_turn, tool
@@ -87,7 +86,8 @@ def test_a_worker_killed_during_the_setup_resumes_elsewhere_and_builds_cleanly(
         workspaces = tmp_path / "workspaces"
         stack.wait_until(lambda: list(workspaces.glob("*.home/started")), what="the setup running")
         state = running_state(stack, uuid)
-        assert state is not None and state["environment"]["outcome"] == "building"
+        assert state is not None
+        assert state["environment"]["outcome"] == "building"
         key = state["environment"]["key"]
         assert store_at(snapshots).find(key) is None  # nothing published while it builds
         stack.start_worker("w2", queues="tasks")
@@ -155,7 +155,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
@@ -269,7 +272,8 @@ def test_a_declaration_that_does_not_parse_is_one_line_to_the_agent(
     assert record["status"] == "error"
     assert record["result"]["outcome"] == "failed"
     line = record["error"]
-    assert "\n" not in line and error in line
+    assert "\n" not in line
+    assert error in line
     assert "Traceback" not in line
     told = first_user_message(directory)
     assert f"({line})" in told

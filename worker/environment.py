@@ -35,9 +35,9 @@ TOOL_NAME = "setup"  # its record in tools.jsonl
 MARKER = ".tasuki/environment"  # in the task's home: the key of the environment it holds, once it is whole
 MAX_PATHS_IN_STATE = 50
 SWEEP_EVERY_S = 3600  # how often a host sweeps its snapshots (the processes share a stamp file, as warm copies do)
-SWEPT_STAMP = ".swept"
+SWEPT_STAMP = ".swept"  # under the snapshots' root: its mtime is the host's last sweep
 MAX_REASON_CHARS = 600  # a snapshot's "not kept" reason in the record (a copy's error names two long paths)
-FULL_DISK_BYTES = 16 * 1024 * 1024  # a failed setup that left less free than this on its disk filled it  # under the snapshots' root: its mtime is the host's last sweep
+FULL_DISK_BYTES = 16 * 1024 * 1024  # a failed setup that left less free than this on its disk filled it
 
 
 @dataclass(frozen=True)
