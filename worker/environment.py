@@ -36,6 +36,8 @@ MARKER = ".tasuki/environment"  # in the task's home: the key of the environment
 MAX_PATHS_IN_STATE = 50
 SWEEP_EVERY_S = 3600  # how often a host sweeps its snapshots (the processes share a stamp file, as warm copies do)
 SWEPT_STAMP = ".swept"  # under the snapshots' root: its mtime is the host's last sweep
+MAX_REASON_CHARS = 600  # a snapshot's "not kept" reason in the record (a copy's error names two long paths)
+FULL_DISK_BYTES = 16 * 1024 * 1024  # a failed setup that left less free than this on its disk filled it
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class EnvironmentReport:
     created: tuple[str, ...] = ()
     snapshot: str = ""  # why no snapshot was kept or used, when none was ("" otherwise)
     error: str | None = None  # the declaration's error, when it could not be read
+    note: str = ""  # what was done about a failure ("What it made was removed: it filled the disk.")
 
     @property
     def line(self) -> str:
@@ -81,6 +84,7 @@ class EnvironmentReport:
             return f"Note: the repository's environment was not set up ({self.error}). Install what you need yourself."
         return (
             f"Note: the repository's environment setup (declared by {self.source}) failed: {self.why_failed}. "
+            f"{self.note + ' ' if self.note else ''}"
             "The task goes on without it: install what you need yourself. The last lines of its log:\n"
             f"<setup-log>\n{self.log_tail}\n</setup-log>"
         )
@@ -224,6 +228,13 @@ class TaskEnvironment:
             outcome.created,
         )
         if not outcome.succeeded:
+            if _disk_full(checkout.path) or _disk_full(checkout.home):  # it filled the disk: the task could not
+                # even commit; what it made goes, so that the agent starts with room
+                _remove(checkout.path, set(outcome.created))
+                _empty(checkout.home)
+                note = "What it made was removed: it filled the disk."
+                log.warning("environment setup filled the disk; what it made was removed", created=len(outcome.created))
+                return _with(report, created=(), note=note)
             checkout.exclude(outcome.created)  # what it did make is still never committed
             return report
         if store is not None and keep:
@@ -234,6 +245,11 @@ class TaskEnvironment:
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
+            except (OSError, SnapshotError) as exc:  # the store's disk is full, or unwritable: the task has its
+                # environment all the same; publish removed its temporary directory
+                why = mask(f"not kept: {exc}".splitlines()[0])[:MAX_REASON_CHARS]
+                log.warning("environment snapshot not kept", reason=why)
+                report = _with(report, snapshot=why)
         elif store is not None:
             why = "not kept: a resumed task's environment (its declaration or lockfiles changed, or its home was kept)"
             log.info("environment snapshot " + why)
@@ -326,6 +342,14 @@ def _remove(checkout: Path, paths: set[str]) -> None:
             shutil.rmtree(target, ignore_errors=True)
         else:
             target.unlink(missing_ok=True)
+
+
+def _disk_full(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has (almost) no room left."""
+    try:
+        return shutil.disk_usage(path).free < FULL_DISK_BYTES
+    except OSError:
+        return False
 
 
 def _empty(home: Path) -> None:

@@ -349,7 +349,10 @@ class TaskRun:
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
         state = ctx.read_state()
-        resumed = checkout.prepare(fresh=not ctx.pinned, steps=int(state.get("llm_call_count", 0)))
+        # Never run before: no message yet, and no earlier attempt (one killed before its first message, in its
+        # environment's setup, had already pushed its claim).
+        fresh = not ctx.pinned and int(state.get("attempt") or 1) <= 1
+        resumed = checkout.prepare(fresh=fresh, steps=int(state.get("llm_call_count", 0)))
         if checkout.lease.latest:  # the commit this holder leases its checkpoint pushes on
             ctx.stage_state(checkpoint=checkout.lease.latest)
         # What "changed nothing" is measured against: the commit the task's first holder started from (a resumed
