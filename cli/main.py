@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, github, memory, outcomes, reading, usage
+from cli import commands, fleet, github, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -62,6 +62,7 @@ GROUPS: dict[tuple[str, ...], str] = {
     ("context",): "look into the context directories of tasks",
     ("memory",): "memory that outlives a task: episodes, thread and repository memories, recall",
     ("github",): "GitHub: the App manifest",
+    ("fleet",): "many hosts: the fleet's store in PostgreSQL (fleet.store)",
 }
 
 COMMANDS: list[Command] = [
@@ -76,6 +77,12 @@ COMMANDS: list[Command] = [
         "one context: header, statistics, messages, summaries",
         reading.cmd_context_show,
         reading.show_arguments,
+    ),
+    Command(
+        ("fleet", "import"),
+        "copy a one-host store (contexts, their index, memory.db) into the fleet's PostgreSQL; idempotent",
+        fleet.cmd_import,
+        fleet.import_arguments,
     ),
     Command(("github", "app-manifest"), "print the GitHub App manifest (permissions, events, webhook URL)",
             github.cmd_app_manifest, github.manifest_arguments),

@@ -52,7 +52,7 @@ def cmd_context_reindex(_args: argparse.Namespace, settings: Settings) -> int:
     index = open_store(settings).index
     indexed = index.rebuild()
     damaged = index.damaged()
-    out(f"indexed {indexed:,} contexts into {index.path}" + (f"; {len(damaged):,} damaged" if damaged else ""))
+    out(f"indexed {indexed:,} contexts into {index.name}" + (f"; {len(damaged):,} damaged" if damaged else ""))
     warn_damaged([{"uuid": item.uuid, "reason": item.reason} for item in damaged])
     return EXIT_OK
 
@@ -76,24 +76,26 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
     """001 §9.1's viewer of one context, running, completed or gzipped."""
     from cli import viewer
     from contexts.clock import utc_now
-    from contexts.queries import show_context
+    from contexts.queries import readable, show_context
 
     if args.follow and args.json:
         raise UsageError("--follow prints lines as they come; it cannot be combined with --json")
-    store = open_store(settings)
-    store.locate_inside(args.uuid)
     limit = None if args.messages or args.tools else viewer.SHOWN_BY_DEFAULT
-    try:
-        detail = show_context(store, args.uuid, limit=limit)
-    except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
-        raise CorruptRecordError(f"context {args.uuid} cannot be read: {type(exc).__name__}: {exc}") from exc
+    # A context on another host of the fleet is rebuilt from the durable copy into a temporary directory.
+    with readable(open_store(settings), args.uuid) as (store, here):
+        try:
+            detail = show_context(store, args.uuid, limit=limit)
+        except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
+            raise CorruptRecordError(f"context {args.uuid} cannot be read: {type(exc).__name__}: {exc}") from exc
     if args.json:
         out(viewer.to_json(viewer.detail_json(detail)))
         return EXIT_OK
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
     out(viewer.format_detail(detail, now=utc_now(), width=width, priced=bool(settings.pricing), **flags))
-    if args.follow and detail.summary.status not in FINAL_STATUSES:
+    if args.follow and not here:
+        note("the context is on another host of the fleet: --follow follows only this host's contexts")
+    elif args.follow and detail.summary.status not in FINAL_STATUSES:
         out("")
         viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)
     return EXIT_OK

@@ -15,7 +15,7 @@ import redis
 
 from contexts.atomic import read_json
 from contexts.errors import BAD_DATA_ERRORS, ContextError
-from contexts.index import ContextIndex
+from contexts.index import Index
 from contexts.index_schema import repository_name
 from contexts.names import METADATA_FILE, RUNNING_DIR
 from contexts.state import read_state
@@ -118,7 +118,7 @@ class RecentEndings:
         self.counted_at: datetime | None = None
         self.counts: dict[str, int] = {}
 
-    def __call__(self, index: ContextIndex, now: datetime) -> dict[str, int]:
+    def __call__(self, index: Index, now: datetime) -> dict[str, int]:
         with self.lock:
             if self.counted_at is None or not 0 <= (now - self.counted_at).total_seconds() < self.ttl_s:
                 self.counts = index.ended_since(now - timedelta(hours=24))
@@ -128,7 +128,7 @@ class RecentEndings:
 
 def read_fleet(
     store: ContextStore,
-    index: ContextIndex,
+    index: Index,
     client: redis.Redis | None,
     now: datetime,
     workers: Callable[[], int | None] = lambda: None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contexts.index import ContextIndex, IndexEntry
+from contexts.index import Index, IndexEntry
 
 PAGE_SIZE = 50
 
@@ -34,7 +34,7 @@ class TaskPage:
     pages: int
 
 
-def read_page(index: ContextIndex, filters: Filters, page: int, size: int = PAGE_SIZE) -> TaskPage:
+def read_page(index: Index, filters: Filters, page: int, size: int = PAGE_SIZE) -> TaskPage:
     """Page ``page`` (from 1) of the entries matching ``filters``, newest first."""
     total = index.count(**filters.as_kwargs())
     pages = max((total + size - 1) // size, 1)

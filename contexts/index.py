@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -40,7 +40,7 @@ from contexts.sqlite_files import create_private, immediate, open_wal
 from contexts.summary import ContextSummary, Damaged, context_uuids, summarize
 from contexts.totals import Tally, Totals, fold, tally_of
 
-__all__ = ["ContextIndex", "IndexEntry", "IndexUnavailable", "Tally", "Totals", "fold", "tally_of"]
+__all__ = ["ContextIndex", "Index", "IndexEntry", "IndexUnavailable", "Tally", "Totals", "fold", "tally_of"]
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +70,74 @@ class IndexEntry:
     location: str = RUNNING_DIR  # running | completed
     task_source: str = ""
     disk_bytes: int = 0
+
+
+class Index(Protocol):
+    """The context index's seam: one row per context, kept by the writers and read by ``context list``, ``stats``,
+    the console, the alerts and retention. :class:`ContextIndex` keeps the host's own contexts in SQLite; in fleet
+    mode (SPEC §12) ``fleet/index.py`` keeps every host's in PostgreSQL. worker/stores.py picks one by the scheme of
+    ``fleet.store``; :class:`~contexts.store.ContextStore` takes the factory."""
+
+    @property
+    def name(self) -> str:
+        """Where the index is, for messages (a file, or a masked URL)."""
+
+    def record(self, directory: Path) -> None:
+        """Index the context in ``directory`` as its files say now (gone: forgotten; unreadable: damaged)."""
+
+    def set_status(self, uuid: str, status: str, *, steps: int, tokens: int) -> None:
+        """A running context's new status (and its progress so far); a no-op once it is completed."""
+
+    def forget(self, uuid: str) -> None:
+        """Drop a deleted context's row."""
+
+    def reconcile(self, *, everything: bool = False) -> int:
+        """Re-read this host's contexts whose rows may be stale after a crash; how many were re-read."""
+
+    def rebuild(self) -> int:
+        """Index every context of this host from a scan of its directories; how many were indexed."""
+
+    def page(
+        self, *, status: str | None = None, repository: str | None = None, user: str | None = None,
+        uuid_prefix: str | None = None, location: str | None = None, limit: int = 50, offset: int = 0,
+    ) -> list[IndexEntry]:
+        """One page of contexts, newest first."""
+
+    def summaries(
+        self, *, status: str | None = None, user: str | None = None, location: str | None = COMPLETED_DIR,
+        limit: int | None = 50, offset: int = 0,
+    ) -> list[ContextSummary]:
+        """What the list prints, newest first; ``limit`` None: all of them."""
+
+    def elsewhere(self, *, status: str | None = None, user: str | None = None) -> list[ContextSummary]:
+        """Running contexts held by other hosts, as of their last index write (one host: none)."""
+
+    def count(
+        self, *, status: str | None = None, repository: str | None = None, user: str | None = None,
+        uuid_prefix: str | None = None, location: str | None = None,
+    ) -> int:
+        """How many contexts match."""
+
+    def totals(
+        self, *, since: datetime | None = None, until: datetime | None = None, status: str | None = None,
+        user: str | None = None, location: str | None = None,
+    ) -> Totals:
+        """Counts and sums of the contexts created in ``[since, until)`` (all without them)."""
+
+    def tallies(
+        self, *, since: datetime | None = None, until: datetime | None = None, status: str | None = None,
+        user: str | None = None, location: str | None = None,
+    ) -> list[Tally]:
+        """The tallies :meth:`totals` folds."""
+
+    def ended_since(self, since: datetime) -> dict[str, int]:
+        """Contexts that reached ``completed/`` since ``since``, by status."""
+
+    def damaged(self) -> list[Damaged]:
+        """The contexts the index found unreadable when it last read them."""
+
+    def close(self) -> None:
+        """Close the connection (the next call reopens it)."""
 
 
 def _filters(
@@ -103,6 +171,11 @@ class ContextIndex:
         self._db: sqlite3.Connection | None = None
         self._inherited: list[sqlite3.Connection] = []  # a parent's, after a fork: kept open, never used or closed
         self._attempt(self._connect)
+
+    @property
+    def name(self) -> str:
+        """The index file."""
+        return str(self.path)
 
     # -- connection ----------------------------------------------------------------------------------
 
@@ -321,6 +394,10 @@ class ContextIndex:
         ``limit`` None: all of them."""
         rows = self._newest("summary", _filters(status, None, user, None, location), limit, offset)
         return [summary_from_json(row[0], self.root) for row in rows]
+
+    def elsewhere(self, *, status: str | None = None, user: str | None = None) -> list[ContextSummary]:
+        """One host: every running context is in this host's ``running/``."""
+        return []
 
     def _newest(
         self, columns: str, where: tuple[str, list[Any]], limit: int | None, offset: int

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -9,8 +12,16 @@ from typing import Any
 
 from contexts import jsonl
 from contexts.atomic import read_json
-from contexts.errors import CorruptRecordError
-from contexts.names import COMPLETED_DIR, MESSAGES_FILE, METADATA_FILE, RUNNING_DIR, SUMMARIES_FILE, TOOLS_FILE
+from contexts.errors import ContextNotFoundError, CorruptRecordError
+from contexts.names import (
+    COMPLETED_DIR,
+    FINAL_STATUSES,
+    MESSAGES_FILE,
+    METADATA_FILE,
+    RUNNING_DIR,
+    SUMMARIES_FILE,
+    TOOLS_FILE,
+)
 from contexts.state import read_state
 from contexts.store import ContextStore
 from contexts.summary import STATUSES, ContextSummary, Damaged, context_uuids, disk_usage, summarize
@@ -65,6 +76,7 @@ def every_summary(store: ContextStore) -> Listing:
     index (one query, not a directory read each), as the spend report and the daily counters' rebuild need."""
     running = _read(store, RUNNING_DIR, None, None)
     completed = store.index.summaries(location=COMPLETED_DIR, limit=None)
+    running.items.extend(store.index.elsewhere())
     return Listing(_newest_first(running.items, completed), [*running.damaged, *_damaged_completed(store)])
 
 
@@ -82,6 +94,7 @@ def list_page(
     """The newest contexts: running ones read from their directories (few), completed ones from the index (a page
     costs the same at 10 and at 10,000 completed contexts)."""
     running = _read(store, RUNNING_DIR, status, user)
+    running.items.extend(store.index.elsewhere(status=status, user=user))  # fleet mode: other hosts' running ones
     completed = store.index.summaries(status=status, user=user, location=COMPLETED_DIR, limit=offset + limit)
     newest = _newest_first(running.items, completed)
     total = len(running.items) + store.index.count(status=status, user=user, location=COMPLETED_DIR)
@@ -132,6 +145,28 @@ def show_context(store: ContextStore, uuid: str, *, limit: int | None = 10) -> C
         summaries=newest(directory / SUMMARIES_FILE, None),
         tools=newest(directory / TOOLS_FILE, limit),
     )
+
+
+@contextmanager
+def readable(store: ContextStore, uuid: str) -> Iterator[tuple[ContextStore, bool]]:
+    """A store that has ``uuid``'s directory, and whether it is this host's: this one when the context is here, else
+    (fleet mode) a private temporary store with the context rebuilt from the durable copy as its last committed step
+    left it, removed on the way out. :class:`ContextNotFoundError` when neither has it."""
+    try:
+        store.locate_inside(uuid)
+    except ContextNotFoundError:
+        if not store.durable.knows(uuid):
+            raise
+    else:
+        yield store, True
+        return
+    with tempfile.TemporaryDirectory(prefix="tasuki-context-") as temporary:
+        copy = ContextStore(temporary, fsync="never")
+        staging = copy.base_dir / "rebuilt" / uuid
+        store.durable.rebuild(uuid, staging)
+        final = read_state(staging).get("status") in FINAL_STATUSES
+        staging.rename(copy.completed_path(uuid) if final else copy.running_path(uuid))
+        yield copy, False
 
 
 @dataclass(frozen=True)
@@ -210,6 +245,7 @@ def indexed_stats(
     """:func:`compute_stats` from the index's running tallies plus the running contexts' own directories: without
     filters (or filtered by user and status) it costs the same at 10 and at 10,000 completed contexts."""
     running = _read(store, RUNNING_DIR, status, user)
+    running.items.extend(store.index.elsewhere(status=status, user=user))
     since = datetime.combine(date_from, time.min, UTC) if date_from else None
     until = datetime.combine(date_to + timedelta(days=1), time.min, UTC) if date_to else None
     tallies = store.index.tallies(since=since, until=until, status=status, user=user, location=COMPLETED_DIR)

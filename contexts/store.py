@@ -26,7 +26,7 @@ from contexts.errors import (
     InvalidUUIDError,
     LockHeldError,
 )
-from contexts.index import ContextIndex
+from contexts.index import ContextIndex, Index
 from contexts.jsonl import FSYNC_POLICIES, FsyncPolicy
 from contexts.lock import MUTEX_TIMEOUT_S, ContextLock, LockInfo, lock_mutex_path, read_lock
 from contexts.masking import mask_value
@@ -78,6 +78,7 @@ class ContextStore:
         clock: Callable[[], datetime] = utc_now,
         hung_after_s: float | None = None,
         durable: DurableCopy = ONE_HOST,
+        index: Callable[[Path], Index] = ContextIndex,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
@@ -94,7 +95,8 @@ class ContextStore:
         self.base_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         for name in STORE_DIRS:
             (self.base_dir / name).mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        self._index: ContextIndex | None = None
+        self._make_index = index  # fleet mode: every host's contexts in the fleet's database (worker/stores.py)
+        self._index: Index | None = None
 
     def intact(self) -> bool:
         """Whether the store's directories are still there (a kept store checks before each task)."""
@@ -103,13 +105,13 @@ class ContextStore:
     # -- the index -------------------------------------------------------------------------------
 
     @property
-    def index(self) -> ContextIndex:
+    def index(self) -> Index:
         """The index of this store's contexts (opened, and rebuilt or reconciled as needed, on first use)."""
         if self._index is None:
-            self._index = ContextIndex(self.base_dir)
+            self._index = self._make_index(self.base_dir)
         return self._index
 
-    def mirror(self, write: Callable[[ContextIndex], object]) -> None:
+    def mirror(self, write: Callable[[Index], object]) -> None:
         """Apply one write to the index.  The directories are the truth: a failed index write is logged, never
         raised, and the next open's reconciliation (or ``tasuki context reindex``) repairs the row."""
         try:

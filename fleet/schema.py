@@ -80,6 +80,93 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX tasuki_memories_by_repository ON tasuki_memories (repository)",
         "CREATE TABLE tasuki_memory_meta (key text PRIMARY KEY, value text NOT NULL)",
     ),
+    # 3: the context index of every host (fleet/index.py): contexts/index_schema.py's rows, the host that wrote
+    # each, and the tallies a trigger keeps, so that counts and totals read a handful of rows at any size.
+    (
+        """CREATE TABLE tasuki_index (
+            uuid         text PRIMARY KEY,
+            host         text NOT NULL,
+            location     text NOT NULL,
+            status       text NOT NULL,
+            created_at   double precision NOT NULL,
+            ended_at     double precision,
+            duration_us  bigint,
+            task_source  text NOT NULL,
+            repository   text NOT NULL,
+            "user"       text,
+            user_key     text NOT NULL,
+            task_type    text NOT NULL,
+            task_id      text NOT NULL,
+            title        text,
+            steps        bigint NOT NULL,
+            tokens       bigint NOT NULL,
+            messages     bigint NOT NULL,
+            compressions bigint NOT NULL,
+            disk_bytes   bigint NOT NULL,
+            summary      text NOT NULL,
+            cost_nusd    bigint NOT NULL,
+            priced       integer NOT NULL
+        )""",
+        "CREATE INDEX tasuki_index_newest ON tasuki_index (created_at, uuid)",
+        "CREATE INDEX tasuki_index_location ON tasuki_index (location, created_at, uuid)",
+        "CREATE INDEX tasuki_index_status ON tasuki_index (status, created_at, uuid)",
+        'CREATE INDEX tasuki_index_user ON tasuki_index ("user", created_at, uuid)',
+        "CREATE INDEX tasuki_index_repository ON tasuki_index (repository, created_at, uuid)",
+        "CREATE INDEX tasuki_index_ended ON tasuki_index (location, ended_at)",
+        "CREATE INDEX tasuki_index_tally ON tasuki_index (location, status, user_key, created_at)",
+        "CREATE INDEX tasuki_index_host ON tasuki_index (host, location)",
+        """CREATE TABLE tasuki_index_damaged (
+            uuid     text PRIMARY KEY,
+            host     text NOT NULL,
+            location text NOT NULL,
+            reason   text NOT NULL
+        )""",
+        """CREATE TABLE tasuki_index_tallies (
+            location     text NOT NULL,
+            status       text NOT NULL,
+            user_key     text NOT NULL,
+            n            bigint NOT NULL,
+            tokens       bigint NOT NULL,
+            messages     bigint NOT NULL,
+            compressions bigint NOT NULL,
+            duration_us  bigint NOT NULL,
+            durations    bigint NOT NULL,
+            disk_bytes   bigint NOT NULL,
+            newest       double precision NOT NULL,
+            cost_nusd    bigint NOT NULL,
+            priced       bigint NOT NULL,
+            PRIMARY KEY (location, status, user_key)
+        )""",
+        """CREATE FUNCTION tasuki_index_tally() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP IN ('DELETE', 'UPDATE') THEN
+                UPDATE tasuki_index_tallies AS t SET n = t.n - 1, tokens = t.tokens - OLD.tokens,
+                    messages = t.messages - OLD.messages, compressions = t.compressions - OLD.compressions,
+                    duration_us = t.duration_us - coalesce(OLD.duration_us, 0),
+                    durations = t.durations - (OLD.duration_us IS NOT NULL)::int,
+                    disk_bytes = t.disk_bytes - OLD.disk_bytes, cost_nusd = t.cost_nusd - OLD.cost_nusd,
+                    priced = t.priced - OLD.priced,
+                    newest = coalesce((SELECT max(c.created_at) FROM tasuki_index AS c
+                        WHERE c.location = OLD.location AND c.status = OLD.status AND c.user_key = OLD.user_key), 0)
+                WHERE t.location = OLD.location AND t.status = OLD.status AND t.user_key = OLD.user_key;
+                DELETE FROM tasuki_index_tallies WHERE n <= 0;
+            END IF;
+            IF TG_OP IN ('INSERT', 'UPDATE') THEN
+                INSERT INTO tasuki_index_tallies AS t VALUES (NEW.location, NEW.status, NEW.user_key, 1, NEW.tokens,
+                    NEW.messages, NEW.compressions, coalesce(NEW.duration_us, 0), (NEW.duration_us IS NOT NULL)::int,
+                    NEW.disk_bytes, NEW.created_at, NEW.cost_nusd, NEW.priced)
+                ON CONFLICT (location, status, user_key) DO UPDATE SET n = t.n + 1, tokens = t.tokens + EXCLUDED.tokens,
+                    messages = t.messages + EXCLUDED.messages,
+                    compressions = t.compressions + EXCLUDED.compressions,
+                    duration_us = t.duration_us + EXCLUDED.duration_us, durations = t.durations + EXCLUDED.durations,
+                    disk_bytes = t.disk_bytes + EXCLUDED.disk_bytes, newest = greatest(t.newest, EXCLUDED.newest),
+                    cost_nusd = t.cost_nusd + EXCLUDED.cost_nusd, priced = t.priced + EXCLUDED.priced;
+            END IF;
+            RETURN NULL;
+        END $$""",
+        """CREATE TRIGGER tasuki_index_tally AFTER INSERT OR UPDATE OR DELETE ON tasuki_index
+            FOR EACH ROW EXECUTE FUNCTION tasuki_index_tally()""",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

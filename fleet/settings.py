@@ -23,7 +23,7 @@ class FleetSettings(Section):
     @field_validator("store")
     @classmethod
     def _a_postgresql_url(cls, value: str | None) -> str | None:
-        if value is None:
+        if not value:  # unset or empty (compose's TASUKI__FLEET__STORE without the fleet profile): one host
             return None
         scheme = urlsplit(value).scheme
         if scheme not in STORE_SCHEMES:

@@ -151,3 +151,17 @@ def test_quick_environments_benchmark_builds_once_and_prints_its_ratios(tmp_path
     assert "environments: 4 tasks of one key started together: 1 built, 3 restored" in run.stdout, run.stdout
     assert re.search(r"^environments: whole task, environment restored [\d.]+ s vs already in place [\d.]+ s, ratio",
                      run.stdout, re.MULTILINE), run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_quick_fleet_benchmark_prints_its_ratios(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "fleet", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^fleet: a step's durable write .* ms on one host: \d+\.\d\d$", run.stdout, re.M), run.stdout
+    for name in ("list", "stats"):
+        assert re.search(rf"^fleet: {name}, 2,000 vs 100 +\d+\.\d\d +<= 2 +(PASS|MISS)$", run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet: step write vs one host +\d+\.\d\d +<= 1\.5 +(PASS|MISS)$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []

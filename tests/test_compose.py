@@ -75,9 +75,10 @@ def seconds(duration: str) -> float:
 
 
 def test_the_stack_has_redis_workers_one_beat_webhook_flower_and_optional_ollama() -> None:
-    assert set(SERVICES) == {"redis", "worker", "maintenance", "beat", "webhook", "flower", "ollama"}
+    assert set(SERVICES) == {"redis", "worker", "maintenance", "beat", "webhook", "flower", "ollama", "postgres"}
     assert TASUKI_SERVICES == ["beat", "flower", "maintenance", "webhook", "worker"]
     assert SERVICES["ollama"]["profiles"] == ["ollama"]
+    assert SERVICES["postgres"]["profiles"] == ["fleet"]
     assert any(v.endswith(":/root/.ollama") for v in SERVICES["ollama"]["volumes"])
     assert "deploy" not in SERVICES["beat"]  # exactly one beat: no replicas
     assert "scale" not in SERVICES["beat"]
@@ -278,7 +279,8 @@ def _compose_config(cli: list[str], tmp_path: Path, **env: str) -> subprocess.Co
     env_file.write_text("")
     environ = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"} | env
     return subprocess.run(
-        [*cli, "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "--profile", "ollama", "config", "-q"],
+        [*cli, "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "--profile", "ollama", "--profile", "fleet",
+         "config", "-q"],
         cwd=REPO_ROOT, env=environ, capture_output=True, text=True, timeout=60, check=False,
     )
 
@@ -287,6 +289,23 @@ def test_docker_compose_accepts_the_file(compose_cli: list[str], tmp_path: Path)
     done = _compose_config(compose_cli, tmp_path, FLOWER_BASIC_AUTH="ci:validation")
 
     assert done.returncode == 0, done.stderr
+
+
+def test_the_fleet_profile_gives_every_tasuki_service_the_fleet_store_and_its_password() -> None:
+    postgres = SERVICES["postgres"]
+    assert postgres["image"].startswith("pgvector/pgvector:")  # PostgreSQL with pgvector (fleet/schema.py needs it)
+    assert "ports" not in postgres  # only the stack's services reach it
+    assert any(v.split(":")[0] in COMPOSE["volumes"] for v in postgres["volumes"])
+    for name in TASUKI_SERVICES:
+        env = SERVICES[name]["environment"]
+        assert env["TASUKI__FLEET__STORE"] == "${TASUKI_FLEET_STORE:-}", name  # empty without the profile: one host
+        assert env["PGPASSWORD"] == "${PGPASSWORD:-}", name
+
+
+def test_an_empty_fleet_store_is_one_host() -> None:
+    from worker.settings_models import Settings
+
+    assert Settings(fleet={"store": ""}).fleet.store is None
 
 
 def test_docker_compose_refuses_to_start_flower_without_basic_auth(compose_cli: list[str], tmp_path: Path) -> None:

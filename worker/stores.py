@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from contexts.clock import utc_now
 from contexts.durable import ONE_HOST, DurableCopy
 from contexts.errors import ContextNotFoundError
+from contexts.index import ContextIndex, Index
 from contexts.names import OUTCOMES_FILE
 from contexts.outcomes import OutcomeStore
 from contexts.outcomes_sqlite import SQLiteOutcomeStore
@@ -31,7 +32,7 @@ def _one_host(settings: Settings) -> DurableCopy:
     return ONE_HOST
 
 
-def _fleet_store(settings: Settings) -> FleetStore:
+def fleet_store(settings: Settings) -> FleetStore:
     """The process's one pool on the fleet's PostgreSQL, shared by every store built from these settings; connected
     at its first use, so a reader that never needs it never waits for it."""
     from fleet.store import FleetStore  # fleet mode only: one host never loads the driver
@@ -49,7 +50,7 @@ def _fleet_store(settings: Settings) -> FleetStore:
 def _postgresql(settings: Settings) -> DurableCopy:
     from fleet.durable import PostgresCopy
 
-    return PostgresCopy(_fleet_store(settings))
+    return PostgresCopy(fleet_store(settings))
 
 
 _fleet_stores: dict[tuple[int, str], FleetStore] = {}
@@ -65,6 +66,30 @@ DURABLE_COPIES: dict[str, Callable[[Settings], DurableCopy]] = {
 def durable_copy(settings: Settings) -> DurableCopy:
     """The configured durable copy (fleet.store's scheme picks it); FleetUnavailable when its store is unreachable."""
     return DURABLE_COPIES[urlsplit(settings.fleet.store or "").scheme](settings)
+
+
+def _sqlite_index(settings: Settings) -> Callable[[Path], Index]:
+    return ContextIndex
+
+
+def _postgresql_index(settings: Settings) -> Callable[[Path], Index]:
+    from fleet.index import PostgresIndex
+
+    fleet = fleet_store(settings)
+    return lambda root: PostgresIndex(fleet, root)
+
+
+CONTEXT_INDEXES: dict[str, Callable[[Settings], Callable[[Path], Index]]] = {
+    "": _sqlite_index,  # one host: index.sqlite3 beside running/ and completed/
+    "postgresql": _postgresql_index,  # every host's contexts in the fleet's database (fleet/index.py)
+    "postgres": _postgresql_index,
+}
+"""Where the context index is kept, by the scheme of ``fleet.store``'s URL: a factory of the store's root."""
+
+
+def context_index(settings: Settings) -> Callable[[Path], Index]:
+    """The configured context index's factory (fleet.store's scheme picks it)."""
+    return CONTEXT_INDEXES[urlsplit(settings.fleet.store or "").scheme](settings)
 
 
 def open_store(
@@ -88,6 +113,7 @@ def open_store(
         on_heartbeat=on_heartbeat,
         clock=clock or utc_now,
         durable=durable_copy(settings),
+        index=context_index(settings),
     )
 
 
@@ -115,7 +141,7 @@ def _sqlite_memory(settings: Settings, must_exist: bool) -> SQLiteMemoryStore:
 def _postgresql_memory(settings: Settings, must_exist: bool) -> MemoryStore:
     from fleet.memory import PostgresMemoryStore
 
-    return PostgresMemoryStore(_fleet_store(settings))  # the fleet's schema is made by whoever connects first
+    return PostgresMemoryStore(fleet_store(settings))  # the fleet's schema is made by whoever connects first
 
 
 MEMORY_STORES: dict[str, Callable[[Settings, bool], MemoryStore]] = {
