@@ -219,7 +219,9 @@ def test_fleet_import_copies_a_one_host_store_once(one_host_store: Stack, fleet_
     assert "00000000-0000-4000-8000-000000000001" in first.stderr
     assert "Traceback" not in first.stderr
     assert first.stdout.startswith("imported 2 contexts (0 already in the fleet)")
-    memory = first.stdout.split(", ")[1]  # the tasks' episodes, if memory recorded any
+    episodes = int(first.stdout.split(", ")[1].split()[0])  # "imported N contexts (...), E episodes, ..."
+    assert (base.parent / "memory.db").is_file()
+    assert episodes == 2  # each task's episode, from memory.db
 
     with psycopg.connect(fleet_dsn) as conn:
         counted = conn.execute("SELECT count(*) FROM tasuki_records").fetchone()
@@ -228,7 +230,7 @@ def test_fleet_import_copies_a_one_host_store_once(one_host_store: Stack, fleet_
     with psycopg.connect(fleet_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM tasuki_records").fetchone() == counted
         assert conn.execute("SELECT count(*) FROM tasuki_index").fetchone() == (2,)
-    assert memory.endswith("episodes")
+        assert conn.execute("SELECT count(*) FROM tasuki_episodes").fetchone() == (episodes,)
 
     # Another host reads them from PostgreSQL; each rebuilds byte for byte as the one host's directory.
     elsewhere = tmp_path / "other" / "contexts"
