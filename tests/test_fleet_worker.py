@@ -40,6 +40,10 @@ def test_a_task_run_in_fleet_mode_is_in_postgresql_as_on_the_hosts_disk(
     with psycopg.connect(fleet_dsn) as conn:
         lease = conn.execute("SELECT epoch, holder FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
     assert lease == (1, None)  # taken once, released at the end
+    with psycopg.connect(fleet_dsn) as conn:  # the index row is the fleet's too (fleet/index.py)
+        row = conn.execute("SELECT location, status FROM tasuki_index WHERE uuid = %s", (uuid,)).fetchone()
+    assert row == ("completed", "completed")
+    assert not (stack.contexts_dir / "index.sqlite3").exists()  # no host index in fleet mode
     rebuilt = tmp_path / "rebuilt" / uuid
     with FleetStore(fleet_dsn) as fleet:
         PostgresCopy(fleet).rebuild(uuid, rebuilt)
