@@ -33,6 +33,7 @@ from tests.helpers.intake_server import IntakeServer, intake_server
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import Stack, git, make_buggy_repo
 from worker.settings import load_settings
+from worker.threads import find_branch_thread
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +135,13 @@ def label_to_pull_request(fleet: Fleet, number: int) -> tuple[str, FakeChange]:
     task_id = answer["task_id"]
     assert fleet.stack.wait_finished(task_id)["status"] == "completed"
     finished_after_summary(fleet, OWNER, REPO, number)
-    change = fleet.forge.change(OWNER, REPO, f"tasuki/{number}-{task_id[:8]}")
+    branch = f"tasuki/{number}-{task_id[:8]}"
+    change = fleet.forge.change(OWNER, REPO, branch)
+    # The worker remembers the thread by its branch just after the task's finish comment: an event about the
+    # branch (a failed CI run) sent before then would find no thread. Wait for it, as the forge's real delay does.
+    with redis.Redis.from_url(fleet.stack.redis_url) as client:
+        fleet.stack.wait_until(lambda: find_branch_thread(client, "github", OWNER, REPO, branch) is not None,
+                               what="the thread remembered by its branch")
     return task_id, change
 
 
