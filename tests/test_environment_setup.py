@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, command_env, probe
-from sandbox.settings import SandboxSettings
+from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, command_env
 from sandbox.setup import run_setup
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
 from tests.helpers.stack import git, make_buggy_repo
 
@@ -40,11 +39,7 @@ class Declaration:
 
 @pytest.fixture(scope="module")
 def bubblewrap() -> Bubblewrap:
-    candidate = Bubblewrap(SandboxSettings())
-    problem = probe(candidate)
-    if problem is not None:
-        cannot_run(problem)
-    return candidate
+    return bubblewrap_here()
 
 
 @pytest.fixture

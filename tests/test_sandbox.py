@@ -20,7 +20,7 @@ import pytest
 
 from sandbox.jail import Bubblewrap, NoSandbox, SandboxUnavailable, make_sandbox, probe, tool_dirs
 from sandbox.settings import SandboxSettings
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here, cannot_run
 from tests.helpers.context_support import wait_for
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
@@ -32,11 +32,7 @@ SECRET_VALUE = "sk-the-worker-secret-0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def sandbox() -> Bubblewrap:
-    candidate = Bubblewrap(SandboxSettings())
-    problem = probe(candidate)
-    if problem is not None:
-        cannot_run(problem)
-    return candidate
+    return bubblewrap_here()
 
 
 @pytest.fixture

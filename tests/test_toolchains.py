@@ -27,7 +27,7 @@ from sandbox.toolchains import (
     probe_toolchains,
     worker_path,
 )
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here, cannot_run
 from worker.lifecycle import warn_toolchains
 from worker.tools import Workspace, run_tool
 
@@ -48,11 +48,7 @@ print(result.output)
 
 @pytest.fixture(scope="module")
 def sandbox() -> Bubblewrap:
-    candidate = Bubblewrap(SandboxSettings())
-    problem = probe(candidate)
-    if problem is not None:
-        cannot_run(problem)
-    return candidate
+    return bubblewrap_here()
 
 
 @pytest.fixture

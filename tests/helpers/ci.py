@@ -7,6 +7,9 @@ from typing import NoReturn
 
 import pytest
 
+from sandbox.jail import Bubblewrap, probe
+from sandbox.settings import SandboxSettings
+
 
 def in_ci() -> bool:
     """True under continuous integration (``CI=true``, which .ci/run sets)."""
@@ -18,3 +21,12 @@ def cannot_run(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"CI must run this test, but {reason}")
     pytest.skip(reason)
+
+
+def bubblewrap_here() -> Bubblewrap:
+    """The default bubblewrap sandbox; the test skips (fails in CI) where it cannot run."""
+    candidate = Bubblewrap(SandboxSettings())
+    problem = probe(candidate)
+    if problem is not None:
+        cannot_run(problem)
+    return candidate
