@@ -120,3 +120,40 @@ def test_a_declaration_that_cannot_be_read_is_told_and_nothing_runs(
     assert ctx.read_state()["environment"]["line"].startswith("setup failed: .devcontainer/devcontainer.json")
     checkout.release()
     ctx.release()
+
+
+def test_a_restore_cut_short_is_restored_whole_at_the_resume_and_still_never_committed(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    """A worker killed mid-restore leaves part of the snapshot's files in the checkout and home, some of them torn,
+    and no marker (it is written once the environment is whole). The resume on this host restores over them: the
+    environment is whole again, and what the restore made is still excluded from the commit, although git saw it
+    before the resume's restore began."""
+    settings = make_settings()
+    remote = repo(tmp_path)
+    store = ContextStore(settings.contexts.base_dir, fsync="never")
+    environment = TaskEnvironment(settings, str(remote))
+    first = store.create(TASK_KEY, {})
+    checkout = checkout_for(settings, remote, first.uuid)
+    built = environment.prepare(first, checkout)
+    assert built.outcome == "built"
+    checkout.release()
+    first.release()
+
+    ctx = store.create({**TASK_KEY, "task_id": "2"}, {})
+    cut = checkout_for(settings, remote, ctx.uuid)
+    # What the first attempt left: its key recorded as building, a torn file in the checkout, half the home.
+    ctx.update_state(environment={"key": built.key, "source": ".tasuki/setup.sh", "outcome": "building"})
+    (cut.path / ".venv").mkdir()
+    (cut.path / ".venv" / "marker").write_text("bu")
+    (cut.home / ".cache").mkdir(parents=True)
+
+    resumed = environment.prepare(ctx, cut)
+    assert resumed.outcome == "restored"
+    assert resumed.key == built.key
+    assert (cut.path / ".venv" / "marker").read_text() == "built\n"
+    assert (cut.home / ".cache" / "x").read_text() == "cached\n"
+    assert resumed.created == (".venv/",)
+    assert ".venv" not in cut.git("status", "--porcelain")  # excluded: never committed
+    cut.release()
+    ctx.release()

@@ -188,7 +188,7 @@ class TaskEnvironment:
                     _remove(checkout.path, untracked(checkout.path) - before)  # half a restore
                     _empty(checkout.home)
                 else:
-                    created = tuple(sorted(untracked(checkout.path) - before))
+                    created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
                     return self._done(checkout, _with(report, created=created))
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
@@ -324,6 +324,18 @@ def maybe_sweep(settings: Settings, now: float) -> list[str]:
     if removed:
         log.info("environment snapshots swept", removed=removed)
     return removed
+
+
+def _restored(after: set[str], before: set[str], paths: tuple[str, ...]) -> set[str]:
+    """What a restore made, as git lists it: what is new since it began, and what holds the snapshot's paths
+    (a restore cut short by a killed worker left some of them before this one began)."""
+    held = {path.rstrip("/") for path in paths}
+    return {
+        entry
+        for entry in after
+        if entry not in before
+        or any(p == entry.rstrip("/") or (entry.endswith("/") and p.startswith(entry)) for p in held)
+    }
 
 
 def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
