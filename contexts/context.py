@@ -29,6 +29,7 @@ from contexts.names import (
     SUMMARIES_FILE,
     TOOLS_FILE,
 )
+from contexts.overlap import meanwhile
 from contexts.prompt import build_prompt
 from contexts.state import read_state, update_state
 from contexts.tokens import calibrate, estimate_message_tokens
@@ -252,13 +253,23 @@ class Context:
         """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
         state changes, and ``fields``, in one ``state.json`` write (``write_state=False``: leave them staged for
         the next write, which :meth:`finish` and :meth:`release` make)."""
-        with self._write_guard:
-            for writer in (self._messages, self._tools, self._summaries):
-                writer.sync()
+        fleet = self._durable is not NO_WRITER  # its commit waits on the database, beside the host's fsyncs
         if write_state and (self._staged_fields or self._staged_add or self._staged_usage or fields):
-            self.update_state(**fields)  # the step's commit point, its lines with its state
+            if not fleet:
+                with self._write_guard:
+                    self._sync_lines()
+            self._update_state(fields, {}, (), sync_lines=fleet)  # the step's commit point: its lines, its state
+        elif fleet:
+            with self._write_guard, meanwhile() as start:
+                start(lambda: self._durable.commit(None))  # the step's lines, its state left staged
+                self._sync_lines()
         else:
-            self._durable.commit(None)  # the step's lines, its state left staged
+            with self._write_guard:
+                self._sync_lines()
+
+    def _sync_lines(self) -> None:
+        for writer in (self._messages, self._tools, self._summaries):
+            writer.sync()
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
@@ -308,22 +319,46 @@ class Context:
     ) -> dict[str, Any]:
         """Set ``fields`` (and increment the counters in ``add``, and add model calls' ``(usage, cost)`` to the
         totals) in ``state.json``, with whatever was staged; returns the new state."""
+        return self._update_state(fields, add or {}, usage, sync_lines=False)
+
+    def _update_state(
+        self,
+        fields: dict[str, Any],
+        add: dict[str, int],
+        usage: Sequence[tuple[Usage, float | None]],
+        *,
+        sync_lines: bool,
+    ) -> dict[str, Any]:
+        """:meth:`update_state`; with ``sync_lines`` the step's lines are synced before the state is written, on
+        the thread that writes it, while this one commits both to the durable copy (fleet mode)."""
         with self._write_guard:
             self._check()
             fields = {**self._staged_fields, **fields}
-            add = dict(Counter(self._staged_add) + Counter(add or {}))
+            add = dict(Counter(self._staged_add) + Counter(add))
             if self._pinned_complete:  # the counters ride along with every state write: no write of their own
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
             usage = [*self._staged_usage, *usage]
+            fsync = self._fsync != "never"
             try:
-                state = update_state(
-                    self.home, now, fsync=self._fsync != "never", set_fields=fields, add=add, usage=usage
-                )
+                if sync_lines:  # the commit point: the lines since the last one, and this state, beside the host's
+                    state = update_state(
+                        self.home,
+                        now,
+                        fsync=fsync,
+                        set_fields=fields,
+                        add=add,
+                        usage=usage,
+                        first=self._sync_lines,
+                        alongside=self._durable.commit,
+                    )
+                else:
+                    state = update_state(self.home, now, fsync=fsync, set_fields=fields, add=add, usage=usage)
             except FileNotFoundError:
                 self._lock.check()  # the old generation was deleted under a holder paused after its check
                 raise
-            self._durable.commit(state)  # the commit point: the lines since the last one, and this state
+            if not sync_lines:
+                self._durable.commit(state)  # the commit point: the lines since the last one, and this state
             self._staged_fields.clear()
             self._staged_add.clear()
             self._staged_usage.clear()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from contexts.errors import ContextError
 from contexts.filelocks import flock_in_place
 from contexts.masking import mask_value
 from contexts.names import STATE_FILE, STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S
+from contexts.overlap import meanwhile
 from contexts.usage import Usage, add_usage
 
 
@@ -55,11 +56,19 @@ def update_state(
     set_fields: Mapping[str, Any] | None = None,
     add: Mapping[str, int] | None = None,
     usage: Sequence[tuple[Usage, float | None]] = (),
+    first: Callable[[], None] | None = None,
+    alongside: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Apply ``set_fields``, counter increments ``add`` and model calls' ``(usage, cost)`` to ``state.json``;
-    return the new state."""
+    return the new state.
+
+    ``first`` runs just before the write (the step's lines made durable before the state that counts them).
+    ``alongside`` gets the new state on another thread while ``first`` and the write run on this one (the fleet's
+    commit to its database beside the host's own fsyncs); the call returns once both are done, and never holds
+    ``.state.lock`` while it waits for ``alongside`` alone (a commit retrying a database out of reach must not
+    hold up the heartbeat's write)."""
     try:
-        with flock_in_place(directory / STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S):
+        with meanwhile() as start, flock_in_place(directory / STATE_LOCK_FILE, STATE_LOCK_TIMEOUT_S):
             state = read_state(directory)
             if set_fields:
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]
@@ -69,6 +78,10 @@ def update_state(
                 state["usage"] = add_usage(state.get("usage"), call, cost, now.date().isoformat())
                 state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + call.tokens
             state["updated_at"] = iso(now)
+            if alongside is not None:
+                start(lambda: alongside(state))
+            if first is not None:
+                first()
             write_json_atomic(directory / STATE_FILE, state, fsync=fsync)
             return state
     except filelock.Timeout as exc:
