@@ -6,6 +6,8 @@
 - ``context list`` and ``stats`` on 100,000 fleet contexts against 1,000: each from a fresh store reading the
   fleet's index table (``fleet/index.py``). Target: at most 2 times. The rows are copies of one context's index row
   that a real store wrote, bulk-loaded with ``COPY`` (the tallies' trigger runs for each, as for a write).
+- the rebuild of a context's directory from PostgreSQL (what a resume on another host does first) at 10,000
+  messages against 100: reported, no target (it is part of a failover's time).
 
 PostgreSQL 16 with pgvector is the ``pgserver`` wheel's, started in the scratch directory (tests/helpers/postgres.py).
 """
@@ -41,6 +43,7 @@ FULL_BIG = 100_000
 QUICK_SMALL, QUICK_BIG = 100, 2_000
 PAGE = 50
 BATCH = 500
+REBUILD_SMALL, REBUILD_BIG, QUICK_REBUILD_BIG = 100, 10_000, 1_000
 
 
 def one_step(ctx: Context, n: int) -> None:
@@ -83,6 +86,36 @@ def durable_step(scratch: Path, fleet: FleetStore, quick: bool) -> Result:
         flush=True,
     )
     return Result("fleet: step write vs one host", f"{ratio:.2f}", f"<= {STEP_TARGET:g}", ratio <= STEP_TARGET)
+
+
+def filled(store: ContextStore, messages: int) -> str:
+    """A finished fleet context of ``messages`` messages (answers and tool results), committed a step at a time."""
+    ctx = store.create(TASK_KEY, CONFIG, heartbeat=False)
+    ctx.append_message("user", "Fix the failing test.")
+    for n in range(1, messages, 2):
+        one_step(ctx, n)
+    ctx.finish("completed")
+    return ctx.uuid
+
+
+def rebuild_times(scratch: Path, fleet: FleetStore, quick: bool) -> Result:
+    """The rebuild of a directory from the durable copy at the larger size against the smaller, alternately."""
+    store = ContextStore(scratch / "rebuild-host", fsync="never", durable=PostgresCopy(fleet))
+    sizes = (REBUILD_SMALL, QUICK_REBUILD_BIG if quick else REBUILD_BIG)
+    uuids = {size: filled(store, size) for size in sizes}
+    copy = PostgresCopy(fleet)
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for round_ in range(3 if quick else 7):
+        for size, uuid in uuids.items():
+            target = scratch / f"rebuilt-{size}-{round_}"
+            times[size].append(timed(lambda uuid=uuid, target=target: copy.rebuild(uuid, target)))  # type: ignore[misc]
+    small, big = (statistics.median(times[size]) for size in sizes)
+    print(
+        f"fleet: rebuild of a directory at {sizes[1]:,} messages {big * 1e3:.1f} ms vs {small * 1e3:.1f} ms at "
+        f"{sizes[0]:,}: {big / small:.1f}",
+        flush=True,
+    )
+    return Result(f"fleet: rebuild, {sizes[1]:,} vs {sizes[0]:,} messages", f"{big / small:.1f}", "-", None)
 
 
 def template_row(scratch: Path) -> tuple[Any, ...]:
@@ -173,7 +206,11 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
         step_dsn = server.dsn(server.create_database())
         step_fleet = stack.enter_context(FleetStore(step_dsn))
         fleets = {size: stack.enter_context(FleetStore(dsn, open=False)) for size, dsn in dsns.items()}
-        return [durable_step(scratch, step_fleet, quick), *list_and_stats(scratch, fleets, dsns, quick)]
+        return [
+            durable_step(scratch, step_fleet, quick),
+            rebuild_times(scratch, step_fleet, quick),
+            *list_and_stats(scratch, fleets, dsns, quick),
+        ]
 
 
 if __name__ == "__main__":

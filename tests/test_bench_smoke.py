@@ -164,4 +164,5 @@ def test_quick_fleet_benchmark_prints_its_ratios(tmp_path: Path) -> None:
     for name in ("list", "stats"):
         assert re.search(rf"^fleet: {name}, 2,000 vs 100 +\d+\.\d\d +<= 2 +(PASS|MISS)$", run.stdout, re.M), run.stdout
     assert re.search(r"^fleet: step write vs one host +\d+\.\d\d +<= 1\.5 +(PASS|MISS)$", run.stdout, re.M)
+    assert re.search(r"^fleet: rebuild of a directory at 1,000 messages .* ms at 100: \d+\.\d$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
