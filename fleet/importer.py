@@ -116,13 +116,13 @@ def import_contexts(root: Path, fleet: FleetStore, host: str, report: Callable[[
 def import_memory(
     source: MemoryStore, target: MemoryStore, summary: ImportSummary, report: Callable[[str], None]
 ) -> None:
-    """Copy every episode and every thread memory the target does not have yet (vectors are not copied: the
-    episodes are found by their words until they are embedded again), and every newer memory."""
+    """Copy every episode (with its vector) and every thread memory the target does not have yet, and every newer
+    memory."""
     for repository in source.repositories():
         for episode in source.episodes(repository.repository, limit=EVERY):
             try:
                 if target.episode(episode.uuid) is None:
-                    target.add_episode(episode)
+                    target.add_episode(episode, source.vector(episode.uuid))
                     summary.episodes += 1
             except TasukiError as exc:
                 problem = f"episode {episode.uuid}: not imported: {exc}"

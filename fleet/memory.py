@@ -145,6 +145,12 @@ class PostgresMemoryStore:
             ).fetchall()
         return [Episode.from_json(row[0]) for row in rows]
 
+    def vector(self, uuid: str) -> list[float] | None:
+        """The episode's vector, or None."""
+        with self._connection() as conn:
+            row = conn.execute("SELECT embedding::text FROM tasuki_episodes WHERE uuid = %s", (uuid,)).fetchone()
+        return None if row is None or row[0] is None else [float(v) for v in json.loads(row[0])]
+
     def fetch(self, repository: str, uuids: Sequence[str]) -> dict[str, Episode]:
         """The episodes of ``uuids`` that belong to ``repository`` (never another repository's)."""
         if not uuids:

@@ -293,6 +293,18 @@ class SQLiteMemoryStore:
         rows = self._rows("SELECT data FROM episodes WHERE uuid = ?", (uuid,))
         return Episode.from_json(json.loads(rows[0][0])) if rows else None
 
+    def vector(self, uuid: str) -> list[float] | None:
+        """The episode's float vector (the one its re-rank reads), or None."""
+        if not self._has_vectors():
+            return None
+        rows = self._rows(
+            "SELECT embedding FROM episode_embeddings WHERE id = (SELECT id FROM episodes WHERE uuid = ?)", (uuid,)
+        )
+        if not rows or rows[0][0] is None:
+            return None
+        blob = bytes(rows[0][0])
+        return list(struct.unpack(f"{len(blob) // 4}f", blob))
+
     def episodes(self, repository: str, limit: int = 100) -> list[Episode]:
         """A repository's episodes, newest first."""
         rows = self._rows(

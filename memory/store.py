@@ -30,6 +30,10 @@ class MemoryStore(Protocol):
         """A repository's episodes, newest first."""
         ...
 
+    def vector(self, uuid: str) -> list[float] | None:
+        """The episode's stored vector, or None (no such episode, or it has none)."""
+        ...
+
     def fetch(self, repository: str, uuids: Sequence[str]) -> dict[str, Episode]:
         """The episodes of ``uuids`` that belong to ``repository``."""
         ...

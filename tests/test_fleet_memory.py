@@ -207,3 +207,26 @@ def test_an_unreachable_fleet_store_is_memory_unavailable_so_tasks_go_on_without
         store.bm25("github:acme/web", "login", 5)
     assert "unreachable" in str(caught.value)
     assert ":pw@" not in str(caught.value)
+
+
+def test_fleet_import_copies_each_episodes_vector_and_the_fleet_finds_it_by_meaning(
+    store: PostgresMemoryStore, tmp_path: Path
+) -> None:
+    from fleet.importer import ImportSummary, import_memory
+
+    source = SQLiteMemoryStore(tmp_path / "memory.db")
+    with_vector = episode("a1", task="Fix flaky test_login in tests/test_auth.py")
+    without = episode("a2", task="Document the release process")
+    source.add_episode(with_vector, embed_text(with_vector.text()))
+    source.add_episode(without)
+    assert source.vector("a2") is None
+    assert source.vector("nobody") is None
+
+    summary = ImportSummary()
+    import_memory(source, store, summary, summary.problems.append)
+    assert (summary.episodes, summary.problems) == (2, [])
+    copied = store.vector("a1")
+    assert copied == pytest.approx(embed_text(with_vector.text()), abs=1e-6)
+    assert store.vector("a2") is None
+    assert store.knn("github:acme/web", embed_text("flaky test_login"), 20) == ["a1"]
+    source.close()
