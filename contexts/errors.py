@@ -47,6 +47,11 @@ class FencedError(ContextError):
     """This holder's lock was taken over; it must not write to the context again."""
 
 
+class StoreUnavailable(ContextError):
+    """The durable copy's store (many hosts: the fleet's database) cannot be reached; nothing was written, and the
+    same call may succeed later."""
+
+
 class CorruptRecordError(ContextError):
     """A file of the context cannot be parsed (other than a torn last JSONL line, which is expected)."""
 

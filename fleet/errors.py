@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from contexts.errors import TasukiError
+from contexts.errors import StoreUnavailable, TasukiError
 
 
 class FleetError(TasukiError):
     """Something is wrong with the fleet's store (fleet.store)."""
 
 
-class FleetUnavailable(FleetError):
+class FleetUnavailable(FleetError, StoreUnavailable):
     """The fleet's PostgreSQL cannot be reached, or refused the connection."""
 
 

@@ -13,6 +13,7 @@ import pytest
 from fleet.durable import PostgresCopy
 from fleet.store import FleetStore
 from tests.helpers.model_server import model_server
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, fix_calc_trajectory, local_request, make_buggy_repo
 
@@ -53,3 +54,35 @@ def test_a_task_run_in_fleet_mode_is_in_postgresql_as_on_the_hosts_disk(
         assert (rebuilt / name).read_bytes() == (completed / name).read_bytes(), name
     assert json.loads((rebuilt / "state.json").read_text()) == json.loads((completed / "state.json").read_text())
     assert json.loads((rebuilt / "metadata.json").read_text()) == json.loads((completed / "metadata.json").read_text())
+
+
+def test_a_task_whose_fleet_store_is_out_of_reach_at_start_waits_in_the_queue_and_runs_once_it_is_back(
+    tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
+) -> None:
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    private_postgres.stop()
+    overrides = {
+        "TASUKI__FLEET__STORE": dsn,
+        "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1",
+        "TASUKI__MONITOR__INTERVAL_S": "1",
+    }
+    with model_server(fix_calc_trajectory()) as server:
+        stack = Stack(tmp_path, redis_url, server.url, overrides)
+        try:
+            worker = stack.start_worker("w1")
+            uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
+            deferred = "delivery deferred: the fleet's store is out of reach"
+            stack.wait_until(lambda: worker.log_text().count(deferred) >= 2, what="the delivery deferred twice")
+            assert not (stack.contexts_dir / "running" / uuid).exists()  # nothing taken, nothing written
+            tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
+            assert all("Ignore('delivery deferred')" in line for line in tracebacks)  # Celery's record of a deferral
+
+            private_postgres.start()
+            state = stack.wait_finished(uuid)
+            assert state["status"] == "completed", state
+            assert state["attempt"] == 1  # the deferrals took no attempt: none was lost
+            with psycopg.connect(dsn) as conn:
+                lease = conn.execute("SELECT epoch, holder FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
+            assert lease == (1, None)
+        finally:
+            stack.stop()

@@ -27,6 +27,7 @@ from contexts import (
     TasukiError,
 )
 from contexts.atomic import DiskFullError
+from contexts.errors import StoreUnavailable
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
@@ -285,6 +286,10 @@ class TaskRun:
                 log.error("context could not be taken up; it is resumed once there is room", error=mask(str(exc))[:300])
                 return {"uuid": self.uuid, "status": "unfinished", "error": mask(str(exc))[:300]}
             return self._cannot_start(exc)  # no context can exist: fail visibly now
+        except StoreUnavailable as exc:  # the fleet's database out of reach: nothing taken, nothing written here
+            wait = self.settings.monitor.interval_s
+            log.warning("delivery deferred: the fleet's store is out of reach", retry_in_s=wait, error=str(exc)[:300])
+            return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
         if ctx is None:
             return self._not_taken()
         return self._start(ctx)
