@@ -20,6 +20,7 @@ from bench import (
     bench_failover,
     bench_fencing,
     bench_fleet,
+    bench_fleet_recall,
     bench_followups,
     bench_index,
     bench_memory,
@@ -64,6 +65,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "console": bench_console.run,  # issue 16: fleet and tasks pages at 11,000 vs 10 contexts; step -> open page
     "outcomes": bench_outcomes.run,  # issue 28: tasuki outcomes at 10,000 threads vs 100
     "app-tokens": bench_app_tokens.run,  # issue 28: GitHub App token renewals over simulated hours of task
+    "fleet-recall": bench_fleet_recall.run,  # issue 27: recall p95 at 100,000 episodes, PostgreSQL vs SQLite
     "fleet": bench_fleet.run,  # issue 27: a step's durable write in PostgreSQL; list and stats at 100,000 vs 1,000
     "environments": bench_environments.run,  # issue 25: restore vs setup on a real project, one build per key
 }

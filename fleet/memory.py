@@ -24,7 +24,7 @@ from fleet.lease import Conn
 from fleet.store import FleetStore
 from memory.errors import EmbeddingError, MemoryUnavailable
 from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
-from memory.sqlite import _WORD, COMMON_WINDOW, RARE_DOCS, query_words
+from memory.sqlite import _WORD, COMMON_WINDOW, RARE_DOCS, SHARD_SIZE, query_words
 
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 IDF_FLOOR = 1e-6  # FTS5 clamps a non-positive idf (a word in most documents) to this
@@ -33,6 +33,9 @@ IDF_FLOOR = 1e-6  # FTS5 clamps a non-positive idf (a word in most documents) to
 def words_of(text: str) -> list[str]:
     """Every word of ``text`` as the embedded store's tokenizer sees it (lower case, in order)."""
     return [w.lower() for w in _WORD.findall(text)]
+
+
+KNN_WINDOW = 2 * SHARD_SIZE  # the newest vectors of a repository KNN scans (SQLite: its two newest shards)
 
 
 def _vector(values: Sequence[float]) -> str:
@@ -48,6 +51,7 @@ class PostgresMemoryStore:
 
     def __init__(self, store: FleetStore) -> None:
         self.store = store
+        self._dimension: int | None = None  # once known it never changes: read once, not at every recall
 
     @contextmanager
     def _connection(self) -> Iterator[Conn]:
@@ -77,31 +81,45 @@ class PostgresMemoryStore:
 
     def vector_dimension(self) -> int | None:
         """The dimension of the stored vectors (fixed by the first one), or None before any."""
-        with self._connection() as conn:
-            value = self._meta(conn, "vector_dimension")
-        return int(value) if value else None
+        if self._dimension is None:
+            with self._connection() as conn:
+                value = self._meta(conn, "vector_dimension")
+            self._dimension = int(value) if value else None
+        return self._dimension
 
     # -- episodes --------------------------------------------------------------------------------
 
     def add_episode(self, episode: Episode, vector: Sequence[float] | None = None) -> None:
         """Record (or replace) an episode with its words and, when given, its vector: one transaction."""
-        text = episode.text()
-        words = words_of(text)
+        self.add_episodes([(episode, vector)])
+
+    def add_episodes(self, batch: Sequence[tuple[Episode, Sequence[float] | None]]) -> None:
+        """Record (or replace) many episodes, each with its vector or None, in one transaction (an import, a
+        benchmark's fill): the rows in one statement, the word counts in one upsert."""
+        if not batch:
+            return
+        rows = []
+        counted: Counter[str] = Counter()
+        for episode, vector in batch:
+            words = words_of(episode.text())
+            counted.update(set(words))
+            rows.append((
+                episode.uuid, episode.repository, episode.thread, episode.ended_at,
+                json.dumps(episode.to_json(), ensure_ascii=False), json.dumps(Counter(words)), len(words),
+                " ".join(words), None if vector is None else _vector(vector),
+            ))  # fmt: skip
         with self._connection() as conn:
-            if vector is not None:
-                self._check_dimension(conn, len(vector))
-            self._delete(conn, "uuid = %s", (episode.uuid,))
-            conn.execute(
-                "INSERT INTO tasuki_episodes (uuid, repository, thread, ended_at, data, terms, length, words, "
-                "embedding) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, to_tsvector('simple', %s), "
-                "%s::vector)",
-                (
-                    episode.uuid, episode.repository, episode.thread, episode.ended_at,
-                    json.dumps(episode.to_json(), ensure_ascii=False), json.dumps(Counter(words)), len(words),
-                    " ".join(words), None if vector is None else _vector(vector),
-                ),
-            )  # fmt: skip
-            self._count_terms(conn, words, +1)
+            for dimension in sorted({len(vector) for _episode, vector in batch if vector is not None}):
+                self._check_dimension(conn, dimension)
+            self._delete(conn, "uuid = ANY(%s)", ([episode.uuid for episode, _vector in batch],))
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO tasuki_episodes (uuid, repository, thread, ended_at, data, terms, length, words, "
+                    "embedding) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, to_tsvector('simple', %s), "
+                    "%s::vector)",
+                    rows,
+                )
+            self._count_docs(conn, counted)
 
     def _check_dimension(self, conn: Conn, dimension: int) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('tasuki_memory_dimension'))")
@@ -112,12 +130,17 @@ class PostgresMemoryStore:
             raise EmbeddingError(f"embedding has {dimension} dimensions; the memory store holds {known}")
 
     def _count_terms(self, conn: Conn, words: Sequence[str], change: int) -> None:
-        distinct = sorted(set(words))  # one order for every writer: concurrent upserts never deadlock
-        if distinct:
+        self._count_docs(conn, Counter(dict.fromkeys(words, change)))
+
+    def _count_docs(self, conn: Conn, changes: Counter[str]) -> None:
+        """Add ``changes`` (term → documents gained or lost) to the document frequencies."""
+        terms = sorted(term for term, change in changes.items() if change)  # one order: upserts never deadlock
+        if terms:
             conn.execute(
-                "INSERT INTO tasuki_memory_terms AS t (term, docs) SELECT w, %s FROM unnest(%s::text[]) AS w "
+                "INSERT INTO tasuki_memory_terms AS t (term, docs) "
+                "SELECT w, d FROM unnest(%s::text[], %s::bigint[]) AS u(w, d) "
                 "ON CONFLICT (term) DO UPDATE SET docs = t.docs + EXCLUDED.docs",
-                (change, distinct),
+                (terms, [changes[term] for term in terms]),
             )
 
     def _delete(self, conn: Conn, where: str, params: tuple[Any, ...]) -> list[str]:
@@ -218,7 +241,10 @@ class PostgresMemoryStore:
         return [match.uuid for match in self.knn_scored(repository, vector, k)]
 
     def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
-        """The repository's episodes nearest to ``vector`` by cosine (pgvector's ``<=>``), each with its similarity."""
+        """The repository's episodes nearest to ``vector`` by cosine (pgvector's ``<=>``), each with its similarity:
+        an exact scan of the repository's :data:`KNN_WINDOW` newest vectors, as the SQLite store scans its two
+        newest shards (older episodes are still found by BM25), so that a recall costs the same at 100,000
+        episodes as at 10,000."""
         known = self.vector_dimension()
         if known is None:
             return []
@@ -226,9 +252,10 @@ class PostgresMemoryStore:
             raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
         with self._connection() as conn:
             rows = conn.execute(
-                "SELECT uuid, embedding <=> %(v)s::vector AS distance FROM tasuki_episodes "
-                "WHERE repository = %(r)s AND embedding IS NOT NULL ORDER BY distance, id DESC LIMIT %(k)s",
-                {"v": _vector(vector), "r": repository, "k": k},
+                "SELECT uuid, embedding <=> %(v)s::vector AS distance FROM ("
+                " SELECT uuid, id, embedding FROM tasuki_episodes WHERE repository = %(r)s AND embedding IS NOT NULL"
+                " ORDER BY id DESC LIMIT %(window)s) AS newest ORDER BY distance, id DESC LIMIT %(k)s",
+                {"v": _vector(vector), "r": repository, "k": k, "window": KNN_WINDOW},
             ).fetchall()
         return [Match(str(uuid), 1.0 - float(distance)) for uuid, distance in rows]
 

@@ -230,3 +230,43 @@ def test_fleet_import_copies_each_episodes_vector_and_the_fleet_finds_it_by_mean
     assert store.vector("a2") is None
     assert store.knn("github:acme/web", embed_text("flaky test_login"), 20) == ["a1"]
     source.close()
+
+
+def test_knn_scans_only_the_repositorys_newest_vectors(
+    store: PostgresMemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the SQLite store scans its two newest shards: the oldest episode, the query's exact match, is out of the
+    window; another repository's newer episodes do not push it out."""
+    import fleet.memory
+
+    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 3)
+    texts = ["flaky test_login in tests/test_auth.py", "release notes", "docs build", "cache keys", "css colours"]
+    for n, text in enumerate(texts):
+        e = episode(f"a{n}", task=text, days_ago=10 - n)
+        store.add_episode(e, embed_text(e.text()))
+        other = episode(f"b{n}", "github:other/web", task=text, days_ago=10 - n)
+        store.add_episode(other, embed_text(other.text()))
+    found = store.knn("github:acme/web", embed_text(texts[0]), 5)
+    assert sorted(found) == ["a2", "a3", "a4"]
+    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 10)
+    assert store.knn("github:acme/web", embed_text(texts[0]), 5)[0] == "a0"
+
+
+def test_a_batch_of_episodes_is_recorded_as_one_at_a_time_would_be(store: PostgresMemoryStore, fleet_dsn: str) -> None:
+    batch = [
+        episode("a1", task="Fix flaky test_login in tests/test_auth.py"),
+        episode("a2", task="Fix the flaky cache keys", days_ago=2),
+        episode("a3", task="Document the release process", days_ago=3),
+    ]
+    store.add_episodes([(e, embed_text(e.text()) if e.uuid != "a3" else None) for e in batch])
+    together = (raw_counts(fleet_dsn), store.bm25_scored("github:acme/web", "flaky login", 5))
+    assert together[0]["episodes"] == 3
+    assert together[0]["vectors"] == 2
+    store.add_episodes([(batch[0], embed_text(batch[0].text()))])  # replaced, not added again
+    assert raw_counts(fleet_dsn) == together[0]
+
+    store.forget_repository("github:acme/web")
+    assert raw_counts(fleet_dsn) == {"episodes": 0, "vectors": 0, "terms": 0}
+    for e in batch:
+        store.add_episode(e, embed_text(e.text()) if e.uuid != "a3" else None)
+    assert (raw_counts(fleet_dsn), store.bm25_scored("github:acme/web", "flaky login", 5)) == together
