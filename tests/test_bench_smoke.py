@@ -166,3 +166,14 @@ def test_quick_fleet_benchmark_prints_its_ratios(tmp_path: Path) -> None:
     assert re.search(r"^fleet: step write vs one host +\d+\.\d\d +<= 1\.5 +(PASS|MISS)$", run.stdout, re.M)
     assert re.search(r"^fleet: rebuild of a directory at 1,000 messages .* ms at 100: \d+\.\d$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_fleet_recall_benchmark_prints_its_ratio(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "fleet-recall", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"^fleet recall: p95 at 2,000 episodes .* ms on SQLite: \d+\.\d\d ", run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet recall p95, PostgreSQL vs SQLite at 2,000 +\d+\.\d\d +<= 2 +info$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
