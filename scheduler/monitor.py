@@ -28,7 +28,7 @@ from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finis
 from contexts.state import read_state
 from scheduler.plan import Action, Copy, Policy, Seen, plan
 from worker import bookkeeping
-from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX
+from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX, TASKS_QUEUE
 
 RESENT_TTL_S = 8 * 24 * 3600  # longer than any task may live (visibility timeout x attempts at the defaults)
 UNREADABLE: tuple[type[Exception], ...] = (ContextError, OSError, *BAD_DATA_ERRORS)
@@ -156,6 +156,12 @@ class Monitor:
         request = _request(self.store.running_path(action.uuid))
         if request is None:
             return self._fail(action, now, "no task request recorded in metadata.json")
+        # A delivery sent before still waits in the tasks queue (no worker is up, or all are busy): nothing was
+        # refused, so nothing more is sent and nothing counts towards giving up. Without this, a fleet whose
+        # workers were all stopped a while (a rolling restart, `docker compose stop worker`) had its handed-back
+        # tasks failed by the monitor after max_attempts re-enqueues no worker could have taken.
+        if self.client.get(RESENT_PREFIX + action.uuid) and self.client.llen(TASKS_QUEUE):
+            return Outcome(action, False, "a delivery is waiting in the tasks queue")
         # One re-enqueue per lost attempt at a time, however many monitors saw it; the guard expires, so a
         # delivery that was dropped, lost or never consumed is sent again while the context stays stale.
         key = f"{REAPED_PREFIX}{action.uuid}:{action.attempt}"

@@ -24,7 +24,7 @@ from contexts.state import read_state, update_state
 from scheduler.monitor import Monitor, Outcome
 from scheduler.plan import Policy, plan
 from tests.helpers.context_support import CONFIG, TASK_KEY, wait_for
-from worker.names import HEARTBEATS_KEY
+from worker.names import HEARTBEATS_KEY, TASKS_QUEUE
 
 STALE_S = 3
 LONG_AGO = timedelta(minutes=10)
@@ -378,3 +378,24 @@ def test_a_damaged_running_context_is_reported_and_skipped_while_the_pass_resume
     [skipped] = [o for o in outcomes if o.action.uuid == damaged]
     assert skipped.action.kind == "skip"
     assert skipped.action.reason.startswith("unreadable: ")
+
+
+def test_while_a_delivery_waits_in_the_tasks_queue_the_monitor_neither_sends_again_nor_gives_up(fleet: Fleet) -> None:
+    """Every worker stopped a while (a rolling restart): the re-enqueued delivery waits in the queue, untaken; the
+    monitor does not count it as refused, and the task is not failed however long the wait."""
+    uuid = fleet.lost()
+    fleet.reap(dedupe_s=1, max_attempts=3)
+    assert fleet.sent_uuids() == [uuid]
+    fleet.client.rpush(TASKS_QUEUE, "a delivery no worker has taken yet")
+    try:
+        for _ in range(6):  # twice max_attempts passes, each after the re-enqueue guard would have expired
+            outcomes = fleet.reap(dedupe_s=1, max_attempts=3)
+            assert [o.detail for o in outcomes] == ["a delivery is waiting in the tasks queue"]
+        assert fleet.sent_uuids() == [uuid]
+        assert (fleet.base / "running" / uuid).is_dir()
+    finally:
+        fleet.client.delete(TASKS_QUEUE)
+    # The queue drained and still nobody took it up: counted again from where it was.
+    wait_for(lambda: (fleet.reap(dedupe_s=1, max_attempts=3), (fleet.base / "completed" / uuid).is_dir())[1] or None,
+             timeout=30, what="the monitor to give up")  # fmt: skip
+    assert fleet.sent_uuids() == [uuid] * 3
