@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,6 +128,15 @@ class Context:
         before every effect outside the context (a tool run, a model call, a push, a forge write). One ``fstat``
         of the held ``.lock``, and in fleet mode what the last renewal or commit learned of the lease (SPEC §12)."""
         self._check()
+
+    @contextlib.contextmanager
+    def holding(self, checkpoint: str | None = None) -> Iterator[str | None]:
+        """One effect outside the context (a push, a forge write) under this holder's ownership: the owner check,
+        then, in fleet mode, the lease held until the effect is over, so it lands only while this epoch is current
+        (SPEC §12). ``checkpoint`` and what it yields: :meth:`~contexts.durable.DurableWriter.hold`."""
+        self._check()
+        with self._durable.hold(checkpoint) as recorded:
+            yield recorded
 
     def _check(self) -> None:
         if self.closed:

@@ -11,6 +11,7 @@ this holder's lease is current. ``contexts/`` names no store and imports no driv
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +39,13 @@ class DurableWriter(Protocol):
 
     def release(self) -> None:
         """Give the lease back (the context was finished or handed back); nothing more is written under it."""
+
+    def hold(self, checkpoint: str | None = None) -> AbstractContextManager[str | None]:
+        """Hold the lease through one effect outside the context (a push, a forge write): :class:`~contexts.errors.
+        FencedError`, before the effect, unless this epoch is current, and no taker moves the epoch until the block
+        ends. ``checkpoint``: the commit the effect puts on the task's checkpoint branch (``""``: it deletes the
+        branch), recorded under this epoch when the block ends without an error. Yields the checkpoint recorded
+        last (what a push is leased on), None where nothing records one (one host)."""
 
 
 class DurableCopy(Protocol):
@@ -77,6 +85,9 @@ class _NoWriter:
 
     def release(self) -> None:
         return None
+
+    def hold(self, checkpoint: str | None = None) -> AbstractContextManager[str | None]:
+        return nullcontext(None)  # the .lock's owner check (Context.holding) is one host's whole fence
 
 
 class _OneHost:

@@ -13,7 +13,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,21 @@ WHERE uuid = %(uuid)s AND EXISTS (
     SELECT 1 FROM tasuki_leases
     WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
     FOR SHARE)"""
+
+# An effect outside the context (a push, a forge write) holds the lease row, this writer's epoch, until it is over;
+# a taker's epoch increment waits for it. The checkpoint recorded last comes with it: what a push is leased on.
+_HOLD = """
+SELECT c.head FROM tasuki_leases AS l LEFT JOIN tasuki_checkpoints AS c ON c.uuid = l.uuid
+WHERE l.uuid = %(uuid)s AND l.epoch = %(epoch)s AND l.holder = %(holder)s
+FOR SHARE OF l"""
+
+# A holder stopped in the middle of an effect (SIGSTOP, a frozen VM) must not keep its taker out for ever: its
+# session ends, and its row lock with it, once it has been idle in the transaction for the lease's length.
+_HOLD_FOR_AT_MOST = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+
+_RECORD_CHECKPOINT = """
+INSERT INTO tasuki_checkpoints (uuid, epoch, head) VALUES (%(uuid)s, %(epoch)s, %(head)s)
+ON CONFLICT (uuid) DO UPDATE SET epoch = EXCLUDED.epoch, head = EXCLUDED.head, updated_at = now()"""
 
 _CREATE = """
 INSERT INTO tasuki_contexts (uuid, metadata, state, epoch) VALUES (%(uuid)s, %(metadata)s::jsonb, %(state)s::jsonb, 0)
@@ -151,6 +167,24 @@ class PostgresWriter:
         if state is not None:
             return conn.execute(_WRITE_STATE, {**params, "state": _json(state)}).rowcount == 1
         return True
+
+    @contextmanager
+    def hold(self, checkpoint: str | None = None) -> Iterator[str | None]:
+        """Hold this epoch's lease row (``FOR SHARE``) through one effect outside the context; yield the checkpoint
+        recorded last, and record ``checkpoint`` (when given) under this epoch in the same transaction once the
+        effect returned. :class:`FencedError` before the effect when the epoch is no longer this writer's.
+
+        Not under the commit's guard: a checkpoint's push runs beside the next step, whose commit must not wait
+        for it (their share locks on the lease row do not conflict)."""
+        self.check()
+        with self.store.connection() as conn:
+            conn.execute(_HOLD_FOR_AT_MOST, (f"{max(1, round(self.store.lease_s * 1000))}",))
+            row = conn.execute(_HOLD, self._params()).fetchone()
+            if row is None:
+                raise self._fence("effect")
+            yield None if row[0] is None else str(row[0])
+            if checkpoint is not None:
+                conn.execute(_RECORD_CHECKPOINT, {**self._params(), "head": checkpoint})
 
     def release(self) -> None:
         """Free the lease for the next taker (nothing more is written under this epoch). Best effort: a store out

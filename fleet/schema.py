@@ -167,6 +167,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TRIGGER tasuki_index_tally AFTER INSERT OR UPDATE OR DELETE ON tasuki_index
             FOR EACH ROW EXECUTE FUNCTION tasuki_index_tally()""",
     ),
+    # 4: the commit each task's holders put on its checkpoint branch last, recorded under the lease epoch in the same
+    # transaction that held the lease through the push (fleet/durable.py's hold): what the next push is leased on.
+    (
+        """CREATE TABLE tasuki_checkpoints (
+            uuid       uuid PRIMARY KEY,
+            epoch      bigint NOT NULL,
+            head       text NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now()
+        )""",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

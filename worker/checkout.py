@@ -10,6 +10,11 @@ branch, against the commit this holder itself put there last. A task's first hol
 holder expects is gone — and the final push moves the task branch and deletes the checkpoint branch in one
 ``--atomic`` push under both leases. A holder that was paused or cut off past its takeover can therefore push
 nothing: its lease names a commit the remote no longer has, and the remote refuses.
+
+Every push runs inside the holder's fence (``Context.holding``). In fleet mode (SPEC §12) that holds the task's
+lease row in PostgreSQL under the holder's epoch until the push is over, and records the commit it puts on the
+checkpoint branch under that epoch in the same transaction: a fenced holder's push never starts, a takeover waits
+for a push in flight, and each push is leased on the commit recorded last, which every host's holder reads.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import structlog
 
 from contexts.errors import TasukiError
 from worker import fencing
-from worker.fencing import OwnerCheck
+from worker.fencing import UNFENCED, Fence
 from worker.leftout import (
     LeftOut,
     NeverCommitted,
@@ -109,7 +114,7 @@ class Checkout:
     cache: GitCache | None = None  # warm copies and mirrors of this host; None: a fresh clone per task
     pushes: BackgroundPush = field(default_factory=BackgroundPush, compare=False, repr=False)
     tree: TreeState = field(default_factory=TreeState, compare=False, repr=False)
-    guard: OwnerCheck = field(default=fencing.unchecked, compare=False, repr=False)  # before every push
+    fence: Fence = field(default=UNFENCED, compare=False, repr=False)  # held through every push
     lease: Lease = field(default_factory=Lease, compare=False, repr=False)
     never: NeverCommitted = field(default_factory=NeverCommitted, compare=False, repr=False)
 
@@ -227,14 +232,24 @@ class Checkout:
         raise GitError(f"could not claim {self.checkpoint_branch}: it kept moving")
 
     def _push_claim(self, source: str | None, step: int, expected: str) -> None:
-        """Push a claim commit onto the checkpoint branch, leased on ``expected`` (``""``: absent)."""
-        self.guard()
+        """Push a claim commit onto the checkpoint branch, leased on ``expected`` (``""``: absent), the remote's
+        value whatever it is: a claim takes the branch over. It becomes the commit recorded under this epoch."""
+        self.fence.assert_owner()
         tree = self.git("rev-parse", f"{source or 'HEAD'}^{{tree}}").strip()
         subject = self.git("log", "-1", "--format=%s", source).strip() if source else f"{CHECKPOINT_SUBJECT}{step}"
         commit = self.git("commit-tree", tree, "-p", "HEAD", "-m", self.lease.message(subject)).strip()
         ref = self._checkpoint_ref
-        self.git("push", "-q", f"--force-with-lease={ref}:{expected}", "origin", f"{commit}:{ref}")
+        with self.fence.holding(commit) as recorded:
+            if recorded is not None and recorded != expected:  # its holder's session ended mid-push (fleet/durable.py)
+                log.warning("checkpoint branch holds a commit no lease recorded; claimed over it", found=expected,
+                            recorded=recorded)
+            self.git("push", "-q", f"--force-with-lease={ref}:{expected}", "origin", f"{commit}:{ref}")
         self._pushed(commit, tree)
+
+    def _leased(self, recorded: str | None) -> str:
+        """What a push expects on the checkpoint branch: the commit recorded under the lease epoch (fleet mode), else
+        the one this holder put there last."""
+        return self.lease.checkpoint if recorded is None else recorded
 
     def remote_heads(self) -> dict[str, str]:
         """The remote's task branch and checkpoint branch now (ref -> commit; an absent one is left out)."""
@@ -413,33 +428,35 @@ class Checkout:
         """The task changed nothing: no branch is pushed, and the checkpoint branch its holders pushed goes, leased
         on this holder's last checkpoint (a fenced holder's delete is refused like its pushes)."""
         self.pushes.wait()
-        self.guard()
         if not fencing.ENFORCED:
             if self._pushed_marker.exists():
                 self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
             return
-        if self.lease.checkpoint:
-            ref = self._checkpoint_ref
-            self.git("push", "-q", f"--force-with-lease={ref}:{self.lease.checkpoint}", "origin", f":{ref}")
-            self.lease.checkpoint = ""
+        with self.fence.holding("") as recorded:
+            expected = self._leased(recorded)
+            if expected:
+                ref = self._checkpoint_ref
+                self.git("push", "-q", f"--force-with-lease={ref}:{expected}", "origin", f":{ref}")
+        self.lease.checkpoint = ""
 
     def push(self) -> None:
         """Push the task branch to the remote and drop the checkpoints it supersedes: one atomic push, leased
         on both branches (a follow-up's branch is a pull request's: nobody's commits are forced over either)."""
         self.pushes.wait()  # a checkpoint pushed after the deletion below would come back
-        self.guard()
         if not fencing.ENFORCED:
             force = () if self.continues else ("--force",)
             self.git("push", "-q", *force, "origin", f"HEAD:refs/heads/{self.branch}")
             if self._pushed_marker.exists():
                 self.git("push", "-q", "origin", "--delete", self.checkpoint_branch, check=False)
             return
-        leases = [f"--force-with-lease={self._branch_ref}:{self.lease.branch or ''}"]
-        refs = [f"HEAD:{self._branch_ref}"]
-        if self.lease.checkpoint:
-            leases.append(f"--force-with-lease={self._checkpoint_ref}:{self.lease.checkpoint}")
-            refs.append(f":{self._checkpoint_ref}")
-        self.git("push", "-q", "--atomic", *leases, "origin", *refs)
+        with self.fence.holding("") as recorded:  # the checkpoint branch goes with this push
+            leases = [f"--force-with-lease={self._branch_ref}:{self.lease.branch or ''}"]
+            refs = [f"HEAD:{self._branch_ref}"]
+            expected = self._leased(recorded)
+            if expected:
+                leases.append(f"--force-with-lease={self._checkpoint_ref}:{expected}")
+                refs.append(f":{self._checkpoint_ref}")
+            self.git("push", "-q", "--atomic", *leases, "origin", *refs)
         # The branch is this holder's push now: a later push of the same checkout (a budget stop's, the App
         # benchmark's) leases on it, not on the branch as it was first found.
         self.lease.branch = self.git("rev-parse", "HEAD").strip()
@@ -466,12 +483,14 @@ class Checkout:
 
     def _push_checkpoint(self, commit: str, tree: str) -> None:
         ref = self._checkpoint_ref
-        self.guard()
         if not fencing.ENFORCED:
             self.git("push", "-q", "--force", "origin", f"{commit}:{ref}")
-        else:
+            self._pushed(commit, tree)
+            return
+        with self.fence.holding(commit) as recorded:
             try:
-                self.git("push", "-q", f"--force-with-lease={ref}:{self.lease.checkpoint}", "origin", f"{commit}:{ref}")
+                lease = f"--force-with-lease={ref}:{self._leased(recorded)}"
+                self.git("push", "-q", lease, "origin", f"{commit}:{ref}")
             except GitError:
                 if self.remote_heads().get(ref) != commit:  # not a retry of a push that had landed after all
                     raise

@@ -37,7 +37,7 @@ from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
-from worker.fencing import owner_check
+from worker.fencing import fence_of
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
 from worker.leftout import LeftOut, NeverCommitted, with_note
@@ -308,10 +308,10 @@ class TaskRun:
         if self.cancel_flagged():
             return self._finish(ctx, "cancelled", None, None)
         checkout: Checkout | None = None
-        guard = owner_check(ctx.assert_owner)
+        fence = fence_of(ctx)
         try:
-            guard()  # every effect outside the context comes after an owner check: the forge's first
-            workplace = self.report.begin(state)
+            with fence.holding():  # every effect outside the context runs under the holder's fence: the forge's first
+                workplace = self.report.begin(state)
             followup = self.request.followup
             checkout = Checkout(
                 Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
@@ -322,7 +322,7 @@ class TaskRun:
                 cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
                                Path(self.settings.contexts.workspaces_dir).absolute(),
                                self.settings.contexts.warm_copy_days * 86400),
-                guard=guard,
+                fence=fence,
                 never=NeverCommitted.from_settings(self.settings.environments),
             )
             if ctx.previous_holder is not None and fencing.ENFORCED:
@@ -393,8 +393,8 @@ class TaskRun:
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         if note:
             result["left_out"] = note
-        owner_check(ctx.assert_owner)()
-        result.update(self.report.deliver(checkout.branch, with_note(summary, note)))
+        with fence_of(ctx).holding():  # the pull/merge request lands only while this holder holds the task
+            result.update(self.report.deliver(checkout.branch, with_note(summary, note)))
         return self._finish(ctx, "completed", None, result, checkout)
 
     def _unchanged(self, ctx: Context, checkout: Checkout, summary: str, note: str) -> dict[str, Any]:
@@ -481,13 +481,14 @@ class TaskRun:
         if not state.get("cancel_requested") and self.cancel_flagged():
             # `tasuki cancel` or the API on a host that cannot see this context: the Redis flag is all it set.
             state = ctx.update_state(cancel_requested=True)
-        owner_check(ctx.assert_owner)()  # outside the try: a fenced holder stops here, it does not just skip a report
-        try:
-            self.report.on_step(state)
-        except CredentialError:
-            raise  # no token can be had any more: the task cannot push or deliver, so it ends now
-        except Exception as exc:
-            log.warning("progress not reported", error=mask(str(exc))[:300])
+        # The fence outside the try: a fenced holder stops here, it does not just skip a report.
+        with fence_of(ctx).holding():
+            try:
+                self.report.on_step(state)
+            except CredentialError:
+                raise  # no token can be had any more: the task cannot push or deliver, so it ends now
+            except Exception as exc:
+                log.warning("progress not reported", error=mask(str(exc))[:300])
 
     def _finish(
         self,
