@@ -21,7 +21,8 @@ from tests.helpers.redis_server import (
 from worker import names
 from worker.settings import Settings, load_settings
 
-pytest_plugins = ("tests.helpers.postgres",)  # postgres_server, fleet_dsn, private_postgres (PostgreSQL + pgvector)
+# postgres_server, fleet_dsn, private_postgres (PostgreSQL + pgvector); host (a fleet host's context store)
+pytest_plugins = ("tests.helpers.postgres", "tests.helpers.fleet_hosts")
 
 SHARED_HOST, SHARED_PORT = "127.0.0.1", 6379
 # Keys a test may leave behind; Celery's bindings (_kombu.*) stay until the session ends, because a

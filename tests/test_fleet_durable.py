@@ -6,9 +6,8 @@ Two "hosts" are two context stores with their own directories and hostnames on o
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,29 +24,11 @@ from fleet.durable import PostgresCopy
 from fleet.errors import FleetUnavailable
 from fleet.store import FleetStore
 from tests.helpers.context_support import CONFIG, TASK_KEY, wait_for
+from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_lock
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
 from worker.settings import Settings
 from worker.stores import open_store
-
-HostFactory = Callable[..., ContextStore]
-
-
-@pytest.fixture
-def host(tmp_path: Path, fleet_dsn: str) -> Iterator[HostFactory]:
-    """``host("a")``: a context store of its own directory and hostname on the test's database."""
-    stores: list[FleetStore] = []
-
-    def make(name: str, lease_s: float = 60, **options: Any) -> ContextStore:
-        fleet = FleetStore(fleet_dsn, lease_s=lease_s)
-        stores.append(fleet)
-        return ContextStore(
-            tmp_path / name / "contexts", hostname=f"host-{name}", fsync="never", durable=PostgresCopy(fleet), **options
-        )
-
-    yield make
-    for fleet in stores:
-        fleet.close()
 
 
 def rows(dsn: str, uuid: str) -> list[tuple[str, int, int, str]]:
@@ -67,12 +48,6 @@ def committed_state(dsn: str, uuid: str) -> dict[str, object]:
     assert row is not None
     state: dict[str, object] = row[0]
     return state
-
-
-def lease_expired(dsn: str, uuid: str) -> bool:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT expires_at <= now() FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
-    return bool(row and row[0])
 
 
 def one_step(ctx: Context, text: str) -> None:
@@ -219,14 +194,6 @@ def test_a_commit_in_flight_holds_off_a_taker_until_it_lands(host: HostFactory, 
     assert taken == [2]
     assert [r[3] for r in rows(fleet_dsn, a.uuid) if r[0] == "messages.jsonl"][-1] == "in flight"
     a.detach()
-
-
-def waiting_for_a_lock(dsn: str) -> bool:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%tasuki_leases%'"
-        ).fetchone()
-    return bool(row and row[0])
 
 
 def test_open_store_picks_the_durable_copy_by_the_urls_scheme(

@@ -1,0 +1,53 @@
+"""Hosts of a fleet for tests: context stores with directories and hostnames of their own on one real PostgreSQL
+(tests/helpers/postgres.py), and what the tests read of the lease behind them.
+
+Fixture (registered in tests/conftest.py): ``host`` — ``host("a", lease_s=0.5)`` is host a's context store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from contexts.store import ContextStore
+from fleet.durable import PostgresCopy
+from fleet.store import FleetStore
+
+HostFactory = Callable[..., ContextStore]
+
+
+@pytest.fixture
+def host(tmp_path: Path, fleet_dsn: str) -> Iterator[HostFactory]:
+    """``host("a")``: a context store of its own directory and hostname on the test's database."""
+    stores: list[FleetStore] = []
+
+    def make(name: str, lease_s: float = 60, **options: Any) -> ContextStore:
+        fleet = FleetStore(fleet_dsn, lease_s=lease_s)
+        stores.append(fleet)
+        return ContextStore(
+            tmp_path / name / "contexts", hostname=f"host-{name}", fsync="never", durable=PostgresCopy(fleet), **options
+        )
+
+    yield make
+    for fleet in stores:
+        fleet.close()
+
+
+def lease_expired(dsn: str, uuid: str) -> bool:
+    """Whether the task's lease ran out, by the database's clock."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT expires_at <= now() FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
+    return bool(row and row[0])
+
+
+def waiting_for_a_lock(dsn: str) -> bool:
+    """Whether a session waits for a lock in a statement on the leases (a taker held off by a holder)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%tasuki_leases%'"
+        ).fetchone()
+    return bool(row and row[0])
