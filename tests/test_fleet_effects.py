@@ -18,8 +18,10 @@ import pytest
 from contexts.context import Context
 from contexts.errors import FencedError
 from contexts.store import ContextStore
+from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import CONFIG, wait_for
 from tests.helpers.fake_forge import FakeForge
+from tests.helpers.fencing_trial import can_set_hostnames, run_trial, trial_stack
 from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_lock
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
@@ -208,3 +210,27 @@ def test_a_takeover_waits_for_an_effect_in_flight_which_lands_under_the_epoch_it
     assert len(forge.requests) == before
     taken[0].detach()
     a.ctx.detach()
+
+
+# -- real workers: a holder stopped past its lease (SIGSTOP of its whole process tree) -------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("point", ["bash", "finish"])
+def test_in_fleet_mode_a_holder_stopped_past_its_lease_reaches_nothing_and_the_task_completes_once(
+    tmp_path: Path, redis_url: str, redis_client: object, fleet_dsn: str, point: str
+) -> None:
+    """tests/helpers/fencing_trial.py's trial with the fleet's store: host b takes epoch 2 once host a's lease ran
+    out by the database's clock; a, continued, reaches neither the remote nor the forge nor the context; one pull
+    request, and every push of the task recorded under the epoch that made it."""
+    if not can_set_hostnames():
+        cannot_run("workers cannot be given hostnames of their own here (unshare --uts needs root)")
+    # The lease runs out before the monitor's stale time (3 s), so its first re-sent delivery can take the task.
+    fleet = {"TASUKI__FLEET__STORE": fleet_dsn, "TASUKI__FLEET__LEASE_S": "2.5"}
+    with trial_stack(tmp_path, redis_url, "per-host", point, step=2, steps=4, env=fleet) as trial:
+        state = run_trial(trial)
+    with psycopg.connect(fleet_dsn) as conn:
+        (uuid,) = (str(row[0]) for row in conn.execute("SELECT uuid FROM tasuki_leases"))  # the one task
+    assert state["result"]["branch"].endswith(uuid[:8])
+    assert lease_epoch(fleet_dsn, uuid) == 2
+    assert recorded(fleet_dsn, uuid) == (2, "")  # the final push dropped the checkpoints, under epoch 2

@@ -284,14 +284,16 @@ def assert_one_outcome(trial: Trial, uuid: str, state: dict[str, Any]) -> None:
 
 
 @contextmanager
-def trial_stack(root: Path, redis_url: str, layout: str, point: str, step: int = 1, steps: int = 4
-                ) -> Iterator[Trial]:
+def trial_stack(root: Path, redis_url: str, layout: str, point: str, step: int = 1, steps: int = 4,
+                env: dict[str, str] | None = None) -> Iterator[Trial]:
     """The forge with the issue, the replay model with the trial's turns, the monitor (beat and a maintenance
-    worker on this machine's hostname) at test timings; the task workers are the trial's to start."""
+    worker on this machine's hostname) at test timings; the task workers are the trial's to start. ``env``: more
+    settings for every process (fleet mode's store and lease)."""
     marks = root / "marks"
     with forge_with_issue(root) as forge:
         entries = trial_turns(point, step, steps, marks)
-        with running_stack(root, redis_url, entries, env={**MONITOR_ENV, **forge_env(forge)}) as (stack, _server):
+        settings = {**MONITOR_ENV, **forge_env(forge), **(env or {})}
+        with running_stack(root, redis_url, entries, env=settings) as (stack, _server):
             stack.start_worker("maint", queues="maintenance", pool="solo")
             beat = BeatProcess("beat", stack.env(), root).start()
             try:
