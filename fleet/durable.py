@@ -13,10 +13,10 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -29,6 +29,8 @@ from fleet.lease import Conn
 from fleet.store import FleetStore
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 RETRY_FIRST_S = 0.1  # a commit that found the database out of reach waits this long, then twice that, ...
 RETRY_MAX_S = 2.0
@@ -74,7 +76,12 @@ FOR SHARE OF l"""
 _HOLD_FOR_AT_MOST = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
 
 _RECORD_CHECKPOINT = """
-INSERT INTO tasuki_checkpoints (uuid, epoch, head) VALUES (%(uuid)s, %(epoch)s, %(head)s)
+INSERT INTO tasuki_checkpoints (uuid, epoch, head)
+SELECT %(uuid)s, %(epoch)s, %(head)s
+WHERE EXISTS (
+    SELECT 1 FROM tasuki_leases
+    WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
+    FOR SHARE)
 ON CONFLICT (uuid) DO UPDATE SET epoch = EXCLUDED.epoch, head = EXCLUDED.head, updated_at = now()"""
 
 _CREATE = """
@@ -138,23 +145,31 @@ class PostgresWriter:
             staged = list(self._staged)
             if not staged and state is None:
                 return
-            deadline = time.monotonic() + self.store.lease_s
-            delay = RETRY_FIRST_S
-            while True:
-                try:
-                    with self.store.connection() as conn:
-                        if not self._write(conn, staged, state):
-                            conn.rollback()
-                            raise self._fence("commit")
-                    break
-                except FleetUnavailable as exc:
-                    if time.monotonic() + delay > deadline:
-                        raise
-                    self.retries += 1
-                    log.warning("fleet store unreachable; committing again", uuid=self.uuid, error=str(exc)[:200])
-                    time.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
+            self._until_reached("commit", lambda: self._commit_once(staged, state))
             del self._staged[: len(staged)]
+
+    def _commit_once(self, staged: list[tuple[str, int, str]], state: Mapping[str, Any] | None) -> None:
+        with self.store.connection() as conn:
+            if not self._write(conn, staged, state):
+                conn.rollback()
+                raise self._fence("commit")
+
+    def _until_reached(self, what: str, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again while the database is out of reach (restarting, a network blip), waiting
+        0.1 s, then twice as long each time up to 2 s, until ``lease_s`` has passed: past that another host may
+        have taken the task, and :class:`FleetUnavailable` reaches the caller."""
+        deadline = time.monotonic() + self.store.lease_s
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                return attempt()
+            except FleetUnavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                self.retries += 1
+                log.warning("fleet store unreachable; trying again", uuid=self.uuid, at=what, error=str(exc)[:200])
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
 
     def _write(self, conn: Conn, staged: list[tuple[str, int, str]], state: Mapping[str, Any] | None) -> bool:
         params = self._params()
@@ -177,14 +192,40 @@ class PostgresWriter:
         Not under the commit's guard: a checkpoint's push runs beside the next step, whose commit must not wait
         for it (their share locks on the lease row do not conflict)."""
         self.check()
-        with self.store.connection() as conn:
+        with ExitStack() as held:
+            conn, recorded = self._until_reached("effect", lambda: self._take_hold(held))
+            yield recorded
+            try:
+                with held:  # an error here passes through the transaction: rolled back, FleetUnavailable
+                    self._record(conn, checkpoint)
+            except FleetUnavailable as exc:  # the effect is done; its record goes in a transaction of its own
+                log.warning(
+                    "effect's hold lost with the database; recording again", uuid=self.uuid, error=str(exc)[:200]
+                )
+                self._until_reached("record", lambda: self._record_alone(checkpoint))
+
+    def _take_hold(self, held: ExitStack) -> tuple[Conn, str | None]:
+        """Open the effect's transaction (kept open in ``held``) and lock this epoch's lease row in it."""
+        with ExitStack() as attempt:
+            conn = attempt.enter_context(self.store.connection())
             conn.execute(_HOLD_FOR_AT_MOST, (f"{max(1, round(self.store.lease_s * 1000))}",))
             row = conn.execute(_HOLD, self._params()).fetchone()
             if row is None:
                 raise self._fence("effect")
-            yield None if row[0] is None else str(row[0])
-            if checkpoint is not None:
-                conn.execute(_RECORD_CHECKPOINT, {**self._params(), "head": checkpoint})
+            held.push(attempt.pop_all())
+        return conn, None if row[0] is None else str(row[0])
+
+    def _record(self, conn: Conn, checkpoint: str | None) -> None:
+        """Record ``checkpoint`` under this epoch (nothing when None); :class:`FencedError` once it is not ours."""
+        if (
+            checkpoint is not None
+            and conn.execute(_RECORD_CHECKPOINT, {**self._params(), "head": checkpoint}).rowcount != 1
+        ):
+            raise self._fence("record")
+
+    def _record_alone(self, checkpoint: str | None) -> None:
+        with self.store.connection() as conn:
+            self._record(conn, checkpoint)
 
     def release(self) -> None:
         """Free the lease for the next taker (nothing more is written under this epoch). Best effort: a store out

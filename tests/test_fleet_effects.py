@@ -18,11 +18,14 @@ import pytest
 from contexts.context import Context
 from contexts.errors import FencedError
 from contexts.store import ContextStore
+from fleet.durable import PostgresCopy, PostgresWriter
+from fleet.store import FleetStore
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import CONFIG, wait_for
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.fencing_trial import can_set_hostnames, run_trial, trial_stack
 from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_lock
+from tests.helpers.postgres import PostgresServer
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
 from worker.fencing import fence_of
@@ -210,6 +213,34 @@ def test_a_takeover_waits_for_an_effect_in_flight_which_lands_under_the_epoch_it
     assert len(forge.requests) == before
     taken[0].detach()
     a.ctx.detach()
+
+
+def test_a_push_waits_for_a_restarting_database_and_lands_once_recorded(
+    private_postgres: PostgresServer, tmp_path: Path, forge: FakeForge
+) -> None:
+    """A holder whose database restarts: its push waits (it must not land without the epoch check) and then goes out
+    once, recorded under its epoch; the task goes on."""
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    with FleetStore(dsn, connect_timeout_s=1, lease_s=120) as fleet:
+        store = ContextStore(tmp_path / "a" / "contexts", hostname="host-a", fsync="never", durable=PostgresCopy(fleet))
+        a = holder_on(store, store.create(TASK, CONFIG, heartbeat=False), forge)
+        a.checkout.prepare(fresh=True)
+        a.checkout.settle()
+        writer = a.ctx._durable
+        assert isinstance(writer, PostgresWriter)
+        checkpoint_ref = f"refs/heads/{a.checkout.checkpoint_branch}"
+        claimed = remote_refs(forge)[checkpoint_ref]
+        private_postgres.stop()
+        (a.checkout.path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+        assert a.checkout.checkpoint(1)  # its push, in the background, waits for the database
+        wait_for(lambda: writer.retries > 0, timeout=60, what="a push that found the database gone")
+        assert remote_refs(forge)[checkpoint_ref] == claimed  # not pushed without the check
+        private_postgres.start()
+        a.checkout.pushes.wait()
+        pushed = remote_refs(forge)[checkpoint_ref]
+        assert pushed == a.checkout.lease.latest != claimed
+        assert recorded(dsn, a.ctx.uuid) == (1, pushed)
+        a.ctx.detach()
 
 
 # -- real workers: a holder stopped past its lease (SIGSTOP of its whole process tree) -------------------------------
