@@ -135,7 +135,11 @@ def test_a_fenced_context_refuses_the_owner_check(tmp_path: Path) -> None:
     taken = other.open(ctx.uuid)  # stale at once (stale_after_s 0) from another host: taken over
     with pytest.raises(FencedError):
         ctx.assert_owner()
+    with pytest.raises(FencedError), ctx.holding():  # the fence every push and forge write runs in
+        pytest.fail("a fenced holder's effect ran")
     taken.assert_owner()
+    with taken.holding() as recorded:
+        assert recorded is None  # one host records no checkpoint beside the directory
     taken.detach()
 
 
