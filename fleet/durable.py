@@ -198,11 +198,12 @@ class PostgresWriter:
             try:
                 with held:  # an error here passes through the transaction: rolled back, FleetUnavailable
                     self._record(conn, checkpoint)
-            except FleetUnavailable as exc:  # the effect is done; its record goes in a transaction of its own
-                log.warning(
-                    "effect's hold lost with the database; recording again", uuid=self.uuid, error=str(exc)[:200]
-                )
-                self._until_reached("record", lambda: self._record_alone(checkpoint))
+            except FleetUnavailable as exc:
+                # The session ended under the effect (the server's timeout of a holder stopped past lease_s, or a
+                # lost connection), so a taker may have come in meanwhile: the effect is done, and whether the epoch
+                # is still this writer's (and its record) is settled in a transaction of its own.
+                log.warning("effect's hold lost; confirming the lease", uuid=self.uuid, error=str(exc)[:200])
+                self._until_reached("record", lambda: self._confirm(checkpoint))
 
     def _take_hold(self, held: ExitStack) -> tuple[Conn, str | None]:
         """Open the effect's transaction (kept open in ``held``) and lock this epoch's lease row in it."""
@@ -223,9 +224,14 @@ class PostgresWriter:
         ):
             raise self._fence("record")
 
-    def _record_alone(self, checkpoint: str | None) -> None:
+    def _confirm(self, checkpoint: str | None) -> None:
+        """After a hold was lost: record ``checkpoint`` under this epoch, or (None) see that the lease is still this
+        writer's; :class:`FencedError` when it is not."""
         with self.store.connection() as conn:
-            self._record(conn, checkpoint)
+            if checkpoint is not None:
+                self._record(conn, checkpoint)
+            elif not lease.holds(conn, self.uuid, self.epoch, self.holder):
+                raise self._fence("effect")
 
     def release(self) -> None:
         """Free the lease for the next taker (nothing more is written under this epoch). Best effort: a store out

@@ -34,6 +34,8 @@ RETURNING epoch"""
 
 _READ = "SELECT epoch, holder, expires_at, expires_at <= now() FROM tasuki_leases WHERE uuid = %s"
 
+_HOLDS = "SELECT 1 FROM tasuki_leases WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s"
+
 
 @dataclass(frozen=True)
 class LeaseRow:
@@ -63,6 +65,11 @@ def renew(conn: Conn, uuid: str, epoch: int, holder: str, lease_s: float) -> boo
 def release(conn: Conn, uuid: str, epoch: int, holder: str) -> bool:
     """Free the lease at once (the next taker need not wait for expiry); False when it was no longer ours."""
     return conn.execute(_RELEASE, {"uuid": uuid, "epoch": epoch, "holder": holder}).fetchone() is not None
+
+
+def holds(conn: Conn, uuid: str, epoch: int, holder: str) -> bool:
+    """Whether the lease is still this holder's epoch (expired or not: only a taker's new epoch fences)."""
+    return conn.execute(_HOLDS, {"uuid": uuid, "epoch": epoch, "holder": holder}).fetchone() is not None
 
 
 def read(conn: Conn, uuid: str) -> LeaseRow | None:

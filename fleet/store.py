@@ -92,7 +92,13 @@ class FleetStore:
         try:
             with pool.connection() as conn:
                 yield conn
-        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+        # A session the server ended for idling in its transaction (an effect's hold past lease_s, fleet/durable.py)
+        # is gone as a lost connection is.
+        except (
+            psycopg.OperationalError,
+            psycopg.errors.IdleInTransactionSessionTimeout,
+            psycopg_pool.PoolTimeout,
+        ) as exc:
             raise self._unavailable(exc) from None
 
     def close(self) -> None:

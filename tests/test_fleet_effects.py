@@ -113,6 +113,12 @@ def take_over(host: HostFactory, dsn: str, ctx: Context) -> Context:
     return taken
 
 
+def run_out(dsn: str, uuid: str) -> None:
+    """The task's lease runs out now by the database's clock (its holder's heartbeat stopped)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE tasuki_leases SET expires_at = now() WHERE uuid = %s", (uuid,))
+
+
 def lease_epoch(dsn: str, uuid: str) -> int:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT epoch FROM tasuki_leases WHERE uuid = %s", (uuid,)).fetchone()
@@ -193,11 +199,11 @@ def test_a_takeover_waits_for_an_effect_in_flight_which_lands_under_the_epoch_it
     host: HostFactory, fleet_dsn: str, forge: FakeForge
 ) -> None:
     """The lease row held through the effect: the takeover cannot slip between a holder's check and its comment."""
-    a_store = host("a", lease_s=0.5)
+    a_store = host("a", lease_s=30)  # the hold lasts at most lease_s: longer than this test needs
     a = holder_on(a_store, a_store.create(TASK, CONFIG, heartbeat=False), forge)
+    run_out(fleet_dsn, a.ctx.uuid)
     taken: list[Context] = []
     with fence_of(a.ctx).holding():
-        wait_for(lambda: lease_expired(fleet_dsn, a.ctx.uuid), timeout=30, what="a's lease to expire by the database")
         taker = threading.Thread(target=lambda: taken.append(host("b").open(a.ctx.uuid, heartbeat=False)))
         taker.start()
         wait_for(lambda: waiting_for_a_lock(fleet_dsn), timeout=30, what="the taker to wait for the effect")
@@ -211,6 +217,27 @@ def test_a_takeover_waits_for_an_effect_in_flight_which_lands_under_the_epoch_it
     with pytest.raises(FencedError):
         a.progress()
     assert len(forge.requests) == before
+    taken[0].detach()
+    a.ctx.detach()
+
+
+def test_a_holder_stopped_inside_an_effect_keeps_a_taker_out_for_its_lease_at_most_and_learns_it_was_fenced(
+    host: HostFactory, fleet_dsn: str, forge: FakeForge
+) -> None:
+    """The server ends a hold idle for ``lease_s`` (a holder stopped in the middle of its effect must not keep the
+    task from every other host for ever); the holder, once its effect returns, finds its epoch gone and stops."""
+    a_store = host("a", lease_s=1)
+    a = holder_on(a_store, a_store.create(TASK, CONFIG, heartbeat=False), forge)
+    run_out(fleet_dsn, a.ctx.uuid)
+    taken: list[Context] = []
+    with pytest.raises(FencedError), fence_of(a.ctx).holding():  # noqa: PT012 - the hold's end is what raises
+        taker = threading.Thread(target=lambda: taken.append(host("b").open(a.ctx.uuid, heartbeat=False)))
+        taker.start()
+        taker.join(timeout=60)  # the taker got the lease while the holder was still "inside" its effect
+        assert len(taken) == 1
+        assert lease_epoch(fleet_dsn, a.ctx.uuid) == 2
+    with pytest.raises(FencedError):
+        a.progress()
     taken[0].detach()
     a.ctx.detach()
 

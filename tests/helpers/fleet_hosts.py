@@ -45,9 +45,11 @@ def lease_expired(dsn: str, uuid: str) -> bool:
 
 
 def waiting_for_a_lock(dsn: str) -> bool:
-    """Whether a session waits for a lock in a statement on the leases (a taker held off by a holder)."""
+    """Whether a session of this database waits for a lock in a statement on the leases (a taker held off by a
+    holder); other tests' databases on the same server are not looked at."""
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%tasuki_leases%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND query LIKE '%tasuki_leases%'"
         ).fetchone()
     return bool(row and row[0])
