@@ -27,19 +27,14 @@ ENFORCED = True
 class Fence(Protocol):
     """What an effect outside the context is fenced by: ``contexts.Context`` is one."""
 
-    def assert_owner(self) -> None:
-        """Raise :class:`~contexts.FencedError` when this process no longer holds the task."""
-
     def holding(self, checkpoint: str | None = None) -> AbstractContextManager[str | None]:
-        """The effect in the block lands only while this holder holds the task; yields the checkpoint commit
-        recorded under its lease (None: nothing records one), and records ``checkpoint`` when given."""
+        """Raise :class:`~contexts.FencedError` when this process no longer holds the task; else the effect in the
+        block lands only while it does. Yields the checkpoint commit recorded under its lease (None: nothing records
+        one), and records ``checkpoint`` when given."""
 
 
 class _Unfenced:
     """The fence of a caller that holds no context (tests of the checkout alone, tools run by hand)."""
-
-    def assert_owner(self) -> None:
-        return None
 
     def holding(self, checkpoint: str | None = None) -> AbstractContextManager[str | None]:
         return nullcontext(None)
