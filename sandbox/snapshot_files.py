@@ -1,7 +1,9 @@
-"""The file work of environment snapshots: copies that keep a virtualenv working, sizes, and the secret scan."""
+"""The file work of environment snapshots: copies that keep a virtualenv working, sizes, the secret scan, and the
+fingerprint that tells whether a copy is still exactly as it was made."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -61,6 +63,57 @@ def bytes_under(path: Path) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+def fingerprint(root: Path, paths: Sequence[str]) -> str:
+    """A digest of everything under the relative ``paths`` of ``root`` as the kernel describes it: each entry's name,
+    type and mode, owner, size, inode, links, modification and change times (a symlink's target too). Any write,
+    chmod, rename, link, new or deleted entry changes it, and so does ``touch -d`` (it sets the change time to now):
+    nobody without the clock can set a change time back. A path that is missing or passes through a symlink is
+    digested as such (it differs from the path as made)."""
+    digest = hashlib.sha256()
+    for relative in sorted(path.rstrip("/") for path in paths):
+        parts = relative.split("/")
+        if any(os.path.islink(os.path.join(root, *parts[:depth])) for depth in range(1, len(parts))):
+            digest.update(b"through a symlink\0" + os.fsencode(relative) + b"\0")
+            continue
+        try:
+            top = os.lstat(os.path.join(root, relative))
+        except FileNotFoundError:
+            digest.update(b"missing\0" + os.fsencode(relative) + b"\0")
+            continue
+        _describe(digest, os.path.join(root, relative), relative, top)
+        if stat.S_ISDIR(top.st_mode):
+            _describe_below(digest, os.path.join(root, relative), relative)
+    return digest.hexdigest()
+
+
+def _describe_below(digest: hashlib._Hash, directory: str, relative: str) -> None:
+    """Every entry below ``directory`` in name order, depth first; symlinks are entries, never followed."""
+    with os.scandir(directory) as listing:  # an unreadable directory raises: the caller treats it as changed
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        info = entry.stat(follow_symlinks=False)
+        name = f"{relative}/{entry.name}"
+        _describe(digest, entry.path, name, info)
+        if stat.S_ISDIR(info.st_mode):
+            _describe_below(digest, entry.path, name)
+
+
+def _describe(digest: hashlib._Hash, path: str, relative: str, info: os.stat_result) -> None:
+    fields = (
+        info.st_mode,
+        info.st_uid,
+        info.st_gid,
+        info.st_size,
+        info.st_ino,
+        info.st_dev,
+        info.st_nlink,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
+    target = os.fsencode(os.readlink(path)) if stat.S_ISLNK(info.st_mode) else b""
+    digest.update(os.fsencode(relative) + b"\0" + " ".join(map(str, fields)).encode() + b"\0" + target + b"\0")
 
 
 def find_secret(root: Path, names: Mapping[str, str]) -> tuple[str, str] | None:

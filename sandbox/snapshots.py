@@ -168,14 +168,16 @@ class SnapshotStore:
                     return found
         return None
 
-    def restore(self, snapshot: Snapshot, home: Path, checkout: Path, *, now: float | None = None) -> None:
-        """Copy the snapshot into the task's home and checkout (the task's own copy) and record its use."""
+    def restore(self, snapshot: Snapshot, home: Path, checkout: Path | None, *, now: float | None = None) -> None:
+        """Copy the snapshot into the task's home and checkout (the task's own copy) and record its use. ``checkout``
+        None: the home only (the checkout already holds the snapshot's paths, unchanged since they were copied)."""
         try:
             _touch(snapshot.path / LAST_USED, now)
         except OSError as exc:
             raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
         copy_entries(snapshot.home, home)
-        copy_entries(snapshot.checkout, checkout)
+        if checkout is not None:
+            copy_entries(snapshot.checkout, checkout)
 
     def publish(
         self,

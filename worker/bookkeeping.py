@@ -42,11 +42,12 @@ return released
 
 # /metrics' histogram of environment setups (SPEC §17), in seconds; STATS_KEY fields environment_seconds:{outcome}:{le}
 ENVIRONMENT_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, float("inf"))
-ENVIRONMENT_OUTCOMES = {"built": "builds", "restored": "restores", "failed": "failures"}
+ENVIRONMENT_OUTCOMES = {"built": "builds", "restored": "restores", "reused": "reuses", "failed": "failures"}
 
 
 def count_environment(client: redis.Redis, outcome: str, duration_s: float) -> None:
-    """Count one task's environment (built, restored or failed; kept and none are not counted) and its duration."""
+    """Count one task's environment (built, restored, reused or failed; kept and none are not counted) and its
+    duration."""
     if outcome not in ENVIRONMENT_OUTCOMES:
         return
     pipe = client.pipeline(transaction=True)

@@ -46,6 +46,7 @@ from worker.leftout import (
     zsplit,
 )
 from worker.pushes import BackgroundPush
+from worker.warm_environment import recalled
 
 if TYPE_CHECKING:
     from worker.workcopy import GitCache
@@ -270,9 +271,8 @@ class Checkout:
             return  # the previous holder worked on another host
         log.warning("previous holder's checkout set aside", path=str(self.path))
         shutil.rmtree(aside, ignore_errors=True)
-        if self.cache is not None:  # its index too: the next holder starts one of its own
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.cache.index_path(self.path))
+        if self.cache is not None:  # its index and environment record too: the next holder starts its own
+            self.cache.drop_records(self.path)
 
     def _restored_from(self, step: int) -> None:
         (self.path / ".git" / RESTORED_STEP_FILE).write_text(f"{step}\n")
@@ -314,9 +314,27 @@ class Checkout:
 
     def _switch_tree(self, start: str) -> None:
         self.git("checkout", "-q", "-f", "-B", self.branch, start, index=True)
-        self.git("clean", "-q", "-ffdx", index=True)
+        self.git("clean", "-q", "-ffdx", *self._warm_environment(), index=True)
         # The agent's own git (status, diff) gets the same stat information: nothing to re-hash for it either.
         shutil.copyfile(self.index_file, self.path / ".git" / "index")
+
+    def _warm_environment(self) -> list[str]:
+        """git clean's exclusions for the environment the previous task left in this warm copy, if the worker
+        recorded one: the task's environment step reuses it when unchanged, else deletes it."""
+        if self.cache is None:
+            return []
+        warm = recalled(self.cache.environment_path(self.path))
+        return [f"--exclude={anchored(path)}" for path in warm.paths] if warm is not None else []
+
+    @property
+    def environment_record(self) -> Path | None:
+        """Where the worker records the environment this warm copy holds for the next task (None: no warm copies)."""
+        return self.cache.environment_path(self.path) if self.cache is not None else None
+
+    def clean(self, paths: Sequence[str]) -> None:
+        """Delete the untracked and ignored files under ``paths`` (relative, taken literally); tracked files stay."""
+        if paths:
+            self.git("clean", "-q", "-ffdx", "--", *(f":(literal){path}" for path in paths), index=True)
 
     def _start_point(self) -> str:
         """Where a new local task branch starts: the remote branch a follow-up continues, else the clone's HEAD."""

@@ -25,9 +25,10 @@ from sandbox.egress import EgressError, Refusal, egress_proxy
 from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
-from sandbox.snapshots import SnapshotRefused, SnapshotStore, environment_key, worker_image
-from worker.checkout import Checkout
+from sandbox.snapshots import Snapshot, SnapshotRefused, SnapshotStore, environment_key, worker_image
+from worker.checkout import Checkout, GitError
 from worker.settings_models import Settings
+from worker.warm_environment import forget, recalled, remember
 
 log = structlog.get_logger(__name__)
 
@@ -42,8 +43,8 @@ FULL_DISK_BYTES = 16 * 1024 * 1024  # a failed setup that left less free than th
 
 @dataclass(frozen=True)
 class EnvironmentReport:
-    """How the task got its environment; ``outcome`` is built, restored, kept (a resume on this host), failed or
-    none (nothing declared)."""
+    """How the task got its environment; ``outcome`` is built, restored, reused (the warm copy's, unchanged since
+    its previous task restored it), kept (a resume on this host), failed or none (nothing declared)."""
 
     outcome: str
     source: str | None = None
@@ -60,7 +61,7 @@ class EnvironmentReport:
     @property
     def line(self) -> str:
         """The progress comment's words: "restored in 1.8 s", "built in 94 s", "setup failed: ..."."""
-        if self.outcome in ("built", "restored", "kept"):
+        if self.outcome in ("built", "restored", "reused", "kept"):
             verb = "kept from the previous attempt" if self.outcome == "kept" else self.outcome
             return f"{verb} in {_seconds(self.duration_s)}" if self.outcome != "kept" else verb
         if self.outcome == "failed":
@@ -125,6 +126,7 @@ class TaskEnvironment:
             report = self._prepare(ctx, checkout, started)
         except (OSError, SnapshotError, SandboxUnavailable, EgressError) as exc:  # the store or the sandbox could not
             # be used (a full disk, no socat for the setup's allow-list): the task goes on without its environment
+            self._drop_warm(checkout)
             log.warning("environment not prepared", error=mask(str(exc))[:300])
             why = mask(f"the environment could not be prepared ({type(exc).__name__}: {exc})".splitlines()[0])[:300]
             report = EnvironmentReport("failed", duration_s=time.monotonic() - started, error=why)
@@ -149,9 +151,11 @@ class TaskEnvironment:
             files = key_files(checkout.path, environments) if declaration is not None else {}
         except DeclarationError as exc:  # a repository's file, or an operator's key_files glob, that cannot be read
             log.warning("environment declaration not read", error=str(exc))
+            self._drop_warm(checkout)
             return EnvironmentReport("failed", error=mask(str(exc)), duration_s=time.monotonic() - started)
         if declaration is None:
             log.info("environment declared by none")
+            self._drop_warm(checkout)
             return EnvironmentReport("none", duration_s=time.monotonic() - started)
         log.info("environment declared by " + declaration.source, notes=list(declaration.notes))
         return self._provide(ctx, checkout, declaration, files, started)
@@ -169,6 +173,10 @@ class TaskEnvironment:
             created = tuple(str(path) for path in recorded.get("created") or ())
             report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
             return self._done(checkout, report)
+        reused = self._reuse(checkout, declaration, key, started)
+        if reused is not None:
+            return reused
+        self._drop_warm(checkout)  # another key's, or changed: deleted before anything is restored or built
         # A resume here whose environment is not whole keeps what its agent installed in the home, and builds over
         # it; such a build is not kept as the key's snapshot (it holds more than the setup made).
         clean = not any(checkout.home.iterdir())
@@ -190,7 +198,7 @@ class TaskEnvironment:
                 else:
                     created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
-                    return self._done(checkout, _with(report, created=created))
+                    return self._done(checkout, _with(report, created=created), snapshot)
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
 
     def _build(
@@ -237,9 +245,10 @@ class TaskEnvironment:
                 return _with(report, created=(), note=note)
             checkout.exclude(outcome.created)  # what it did make is still never committed
             return report
+        published: Snapshot | None = None
         if store is not None and keep:
             try:
-                store.publish(
+                published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
             except SnapshotRefused as exc:
@@ -254,14 +263,61 @@ class TaskEnvironment:
             why = "not kept: a resumed task's environment (its declaration or lockfiles changed, or its home was kept)"
             log.info("environment snapshot " + why)
             report = _with(report, snapshot=why)
-        return self._done(checkout, report)
+        return self._done(checkout, report, published)
 
-    def _done(self, checkout: Checkout, report: EnvironmentReport) -> EnvironmentReport:
+    def _done(
+        self, checkout: Checkout, report: EnvironmentReport, snapshot: Snapshot | None = None
+    ) -> EnvironmentReport:
+        """The environment is in place: never committed, marked in the home; ``snapshot``: the checkout's paths are
+        a copy of it, made just now, recorded for the next task on this warm copy (reused while unchanged)."""
         checkout.exclude(report.created)
         marker = checkout.home / MARKER
         marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         marker.write_text(f"{report.key}\n")
+        record = checkout.environment_record
+        if snapshot is not None and record is not None:
+            remember(record, checkout.path, snapshot.key, snapshot.paths)
         return report
+
+    def _reuse(
+        self, checkout: Checkout, declaration: Declaration, key: str, started: float
+    ) -> EnvironmentReport | None:
+        """The environment the warm copy's previous task left, when it is ``key``'s snapshot and every file of it is
+        unchanged since it was copied: only the home is restored. None otherwise."""
+        record = checkout.environment_record
+        warm = recalled(record) if record is not None else None
+        if warm is None or warm.key != key or self.settings.sandbox.backend == "none":
+            return None
+        store = self.store()
+        with store.building(key):  # the sweep deletes a snapshot under this lock: not while its home is copied
+            snapshot = store.find(key)
+            if snapshot is None or snapshot.paths != warm.paths or not warm.unchanged(checkout.path):
+                log.info("environment of the warm copy not reused", changed=snapshot is not None)
+                return None
+            try:
+                store.restore(snapshot, checkout.home, None, now=self.clock())
+            except (OSError, SnapshotError) as exc:
+                log.warning("environment home not restored; restoring it all", error=str(exc)[:300])
+                _empty(checkout.home)
+                return None
+        created = tuple(f"{path}/" if (checkout.path / path).is_dir() else path for path in warm.paths)
+        report = EnvironmentReport("reused", declaration.source, key, time.monotonic() - started, 0, created=created)
+        return self._done(checkout, report)
+
+    @staticmethod
+    def _drop_warm(checkout: Checkout) -> None:
+        """Delete what the warm copy's previous task left of its environment (not this task's to use); its record
+        goes first, so that a worker killed meanwhile leaves paths the next switch's clean deletes."""
+        record = checkout.environment_record
+        warm = recalled(record) if record is not None else None
+        if record is None or warm is None:
+            return
+        forget(record)
+        try:
+            checkout.clean(warm.paths)
+        except GitError as exc:  # git could not: the paths go all the same (none of them is tracked, as a rule)
+            log.warning("warm copy's environment not cleaned by git; deleting it", error=str(exc)[:300])
+            _remove(checkout.path, set(warm.paths))
 
     @staticmethod
     def _kept(checkout: Checkout, recorded: dict[str, Any], key: str) -> bool:

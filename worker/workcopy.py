@@ -114,8 +114,7 @@ class GitCache:
                 os.rename(candidate, target)
             except FileNotFoundError:
                 continue  # another process took it a moment ago
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(self.index_path(candidate), self.index_path(target))
+            self._move_records(candidate, target)
             return True
         return False
 
@@ -133,16 +132,34 @@ class GitCache:
             log.warning("working copy not kept", error=str(exc)[:300])
             self.discard(copy)
             return
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(self.index_path(copy), self.index_path(target))
+        self._move_records(copy, target)
 
     def discard(self, copy: Path) -> None:
         """Delete a working copy (whatever is at its path) and the worker's index of it."""
         if copy.is_symlink() or copy.is_file():
             copy.unlink()
         shutil.rmtree(copy, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.index_path(copy))
+        self.drop_records(copy)
+
+    def records(self, copy: Path) -> tuple[Path, Path]:
+        """The worker's own files about the working copy at ``copy``, out of the sandbox's reach, that follow it
+        from task to task: its index, and the record of the environment it holds (worker/warm_environment.py)."""
+        return self.index_path(copy), self.environment_path(copy)
+
+    def environment_path(self, copy: Path) -> Path:
+        """The record of the repository environment the working copy at ``copy`` holds (absent: none kept)."""
+        return self.root / "indexes" / f"{copy.name}.environment"
+
+    def _move_records(self, copy: Path, target: Path) -> None:
+        for old, new in zip(self.records(copy), self.records(target), strict=True):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(old, new)
+
+    def drop_records(self, copy: Path) -> None:
+        """Forget what the worker knew of the working copy at ``copy`` (deleted, or another holder's)."""
+        for record in self.records(copy):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(record)
 
     def maybe_evict(self, now: float) -> list[Path]:
         """:meth:`evict`, at most once per ``EVICT_EVERY_S`` on this host (the processes share a stamp file)."""
@@ -179,8 +196,7 @@ class GitCache:
                 except FileNotFoundError:
                     continue  # a task took it a moment ago
                 self.discard(trash)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.index_path(copy))
+                self.drop_records(copy)
                 gone.append(copy)
             with contextlib.suppress(OSError):
                 remote_dir.rmdir()  # only when empty
