@@ -10,6 +10,7 @@ import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from contexts.errors import TasukiError
 
@@ -65,13 +66,21 @@ def bytes_under(path: Path) -> int:
     return total
 
 
-def fingerprint(root: Path, paths: Sequence[str]) -> str:
+class Fingerprint(NamedTuple):
+    """What :func:`fingerprint` found: the digest, and the newest change time among the entries (ns)."""
+
+    digest: str
+    newest_ns: int
+
+
+def fingerprint(root: Path, paths: Sequence[str]) -> Fingerprint:
     """A digest of everything under the relative ``paths`` of ``root`` as the kernel describes it: each entry's name,
     type and mode, owner, size, inode, links, modification and change times (a symlink's target too). Any write,
     chmod, rename, link, new or deleted entry changes it, and so does ``touch -d`` (it sets the change time to now):
     nobody without the clock can set a change time back. A path that is missing or passes through a symlink is
     digested as such (it differs from the path as made)."""
     digest = hashlib.sha256()
+    newest = [0]
     for relative in sorted(path.rstrip("/") for path in paths):
         parts = relative.split("/")
         if any(os.path.islink(os.path.join(root, *parts[:depth])) for depth in range(1, len(parts))):
@@ -82,25 +91,25 @@ def fingerprint(root: Path, paths: Sequence[str]) -> str:
         except FileNotFoundError:
             digest.update(b"missing\0" + os.fsencode(relative) + b"\0")
             continue
-        _describe(digest, os.path.join(root, relative), relative, top)
+        _describe(digest, newest, os.path.join(root, relative), relative, top)
         if stat.S_ISDIR(top.st_mode):
-            _describe_below(digest, os.path.join(root, relative), relative)
-    return digest.hexdigest()
+            _describe_below(digest, newest, os.path.join(root, relative), relative)
+    return Fingerprint(digest.hexdigest(), newest[0])
 
 
-def _describe_below(digest: hashlib._Hash, directory: str, relative: str) -> None:
+def _describe_below(digest: hashlib._Hash, newest: list[int], directory: str, relative: str) -> None:
     """Every entry below ``directory`` in name order, depth first; symlinks are entries, never followed."""
     with os.scandir(directory) as listing:  # an unreadable directory raises: the caller treats it as changed
         entries = sorted(listing, key=lambda entry: entry.name)
     for entry in entries:
         info = entry.stat(follow_symlinks=False)
         name = f"{relative}/{entry.name}"
-        _describe(digest, entry.path, name, info)
+        _describe(digest, newest, entry.path, name, info)
         if stat.S_ISDIR(info.st_mode):
-            _describe_below(digest, entry.path, name)
+            _describe_below(digest, newest, entry.path, name)
 
 
-def _describe(digest: hashlib._Hash, path: str, relative: str, info: os.stat_result) -> None:
+def _describe(digest: hashlib._Hash, newest: list[int], path: str, relative: str, info: os.stat_result) -> None:
     fields = (
         info.st_mode,
         info.st_uid,
@@ -114,6 +123,7 @@ def _describe(digest: hashlib._Hash, path: str, relative: str, info: os.stat_res
     )
     target = os.fsencode(os.readlink(path)) if stat.S_ISLNK(info.st_mode) else b""
     digest.update(os.fsencode(relative) + b"\0" + " ".join(map(str, fields)).encode() + b"\0" + target + b"\0")
+    newest[0] = max(newest[0], info.st_ctime_ns)
 
 
 def find_secret(root: Path, names: Mapping[str, str]) -> tuple[str, str] | None:

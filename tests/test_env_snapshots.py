@@ -9,12 +9,14 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sandbox.declarations import find_declaration, key_files
 from sandbox.settings import EnvironmentsSettings
+from sandbox.snapshot_files import fingerprint
 from sandbox.snapshots import (
     DAY_S,
     STALE_BUILD_S,
@@ -26,7 +28,7 @@ from sandbox.snapshots import (
     worker_image,
 )
 from tests.helpers.context_support import wait_for
-from tests.helpers.environments import make_venv, time_restore, venv_runs
+from tests.helpers.environments import make_venv, next_clock_tick, time_restore, venv_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1_800_000_000.0
@@ -390,3 +392,47 @@ def test_restoring_a_snapshot_swept_meanwhile_is_one_line(tmp_path: Path) -> Non
     assert store.sweep(NOW + 2 * DAY_S) == [f"{snapshot.path.parent.name}/{KEY}"]
     with pytest.raises(SnapshotError, match=f"^snapshot {KEY} is gone"):
         store.restore(snapshot, tmp_path / "h", tmp_path / "c")
+
+
+def test_a_fingerprint_survives_moving_the_checkout_and_changes_with_any_change_to_the_files(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    _, checkout = built
+    paths = (".venv", "build/gen")
+    made = fingerprint(checkout, paths).digest
+    moved = tmp_path / "idle" / "copy"
+    moved.parent.mkdir()
+    os.rename(checkout, moved)  # what a warm copy goes through between two tasks
+    assert fingerprint(moved, paths).digest == made
+    schema = moved / "build/gen/schema.py"
+    next_clock_tick(tmp_path, schema)
+
+    reference = tmp_path / "reference"
+    shutil.copy2(schema, reference)  # its times, to the nanosecond
+    schema.write_text("GENERATED\n")  # the same size
+    os.utime(schema, ns=(reference.stat().st_atime_ns, reference.stat().st_mtime_ns))  # and the same mtime
+    assert schema.stat().st_size == reference.stat().st_size
+    assert fingerprint(moved, paths).digest != made  # the change time gives it away
+
+    def changed(change: Callable[[Path], object]) -> bool:
+        copy = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}"
+        subprocess.run(["cp", "-a", str(checkout.parent / "original"), str(copy)], check=True)
+        before = fingerprint(copy, paths).digest
+        next_clock_tick(tmp_path, copy)
+        change(copy)
+        return fingerprint(copy, paths).digest != before
+
+    subprocess.run(["cp", "-a", str(moved), str(checkout.parent / "original")], check=True)
+    assert not changed(lambda copy: (copy / ".venv/pyvenv.cfg").read_bytes())  # reading changes nothing
+    assert changed(lambda copy: (copy / ".venv/pyvenv.cfg").chmod(0o600))
+    assert changed(lambda copy: (copy / ".venv/new.pth").write_text("import os\n"))
+    assert changed(lambda copy: (copy / "build/gen/schema.py").unlink())
+    assert changed(lambda copy: os.link(copy / "build/gen/schema.py", copy / "linked"))  # another name to write by
+    assert changed(lambda copy: shutil.rmtree(copy / ".venv"))  # missing
+
+    def through_a_symlink(copy: Path) -> None:
+        os.rename(copy / "build", copy / "elsewhere")
+        os.symlink("elsewhere", copy / "build")
+
+    assert changed(through_a_symlink)
+

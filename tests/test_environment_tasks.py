@@ -7,6 +7,7 @@ a package index on loopback that logs every request.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import uuid as uuid_module
 from collections.abc import Callable, Iterator
@@ -135,6 +136,7 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     assert ".venv" not in git(repo, "ls-tree", "-r", "--name-only", first["branch"])
     assert "calc.py" in git(repo, "diff", "--name-only", "main", first["branch"])
 
+    shutil.rmtree(tmp_path / "workspaces" / ".idle")  # a fresh warm copy: its environment comes from the snapshot
     pip_offline = (
         f".venv/bin/pip download -q --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 "
         f"--index-url {index.url} -d /tmp/dl tinypkg; echo pip-exit=$?"
@@ -150,6 +152,75 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     assert len(index.requests) == asked  # and the restore asked the index nothing
     state = json.loads((second_dir / "state.json").read_text())
     assert state["environment"]["line"].startswith("restored in ")
+
+
+def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_changed_it(
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+) -> None:
+    repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    assert setup_record(first_dir)["result"]["outcome"] == "built"
+    asked = len(index.requests)
+    module = ".venv/lib/python*/site-packages/tinypkg/__init__.py"
+    show = f"cat {module}"
+    # The agent rewrites a file of its environment with content of the same size and puts its mtime back: only
+    # the file's change time (set by the kernel) tells.
+    tamper = (
+        f"f=$(echo {module}); cp -p $f /tmp/ref && printf 'VALUE = 24\\n' > $f && touch -r /tmp/ref $f && "
+        "cat $f"
+    )
+
+    second, second_dir, _ = run_task(make_settings, repo, [IMPORT, tamper])
+    assert second["status"] == "completed", second
+    reused = setup_record(second_dir)["result"]
+    assert reused["outcome"] == "reused", reused
+    assert reused["key"] == setup_record(first_dir)["result"]["key"]
+    assert reused["created"] == [".venv/"]
+    outputs = bash_outputs(second_dir)
+    assert "tinypkg says 42" in outputs[0]  # the environment its previous task built, as it was
+    assert "VALUE = 24" in outputs[1]
+    assert json.loads((second_dir / "state.json").read_text())["environment"]["line"].startswith("reused in ")
+    assert len(index.requests) == asked
+    snapshot_module = next((tmp_path / "environments").glob(f"*/*/checkout/{module}"))
+    assert snapshot_module.read_text() == "VALUE = 42\n"  # the agent's change never reached the snapshot
+
+    third, third_dir, _ = run_task(make_settings, repo, [show])
+    assert setup_record(third_dir)["result"]["outcome"] == "restored"  # changed: not reused, restored afresh
+    assert "VALUE = 42" in bash_outputs(third_dir)[0]
+
+    fourth, fourth_dir, _ = run_task(make_settings, repo, [IMPORT])
+    assert setup_record(fourth_dir)["result"]["outcome"] == "reused"  # that restore is the next one's to reuse
+    assert "tinypkg says 42" in bash_outputs(fourth_dir)[0]
+    assert len(index.requests) == asked
+    for outcome in (second, third, fourth):
+        assert outcome.get("unchanged") is True  # the environment was never part of any commit
+
+
+def test_a_warm_copys_environment_of_another_key_or_of_no_declaration_is_gone_before_the_agent_starts(
+    tmp_path: Path, make_settings: Callable[..., Settings]
+) -> None:
+    repo = repo_with_setup(tmp_path / "repo", "mkdir -p build && echo one > build/one.txt\n")
+    listing = "ls build 2>&1; echo listed"
+    no_auto = {"TASUKI__ENVIRONMENTS__AUTO": "false"}  # nothing detected either, once the setup is gone
+    _, first_dir, _ = run_task(make_settings, repo, [listing], no_auto)
+    assert setup_record(first_dir)["result"]["outcome"] == "built"
+    _, second_dir, _ = run_task(make_settings, repo, [listing], no_auto)
+    assert setup_record(second_dir)["result"]["outcome"] == "reused"
+    assert "one.txt" in bash_outputs(second_dir)[0]
+
+    (repo / ".tasuki" / "setup.sh").write_text("mkdir -p build && echo two > build/two.txt\n")
+    git(repo, "commit", "-q", "-am", "another setup: another key")
+    _, third_dir, _ = run_task(make_settings, repo, [listing], no_auto)
+    assert setup_record(third_dir)["result"]["outcome"] == "built"
+    assert bash_outputs(third_dir)[0].split()[:2] == ["two.txt", "listed"]  # the other key's file is gone
+
+    git(repo, "rm", "-q", "-r", ".tasuki")
+    git(repo, "commit", "-q", "-m", "no setup")
+    fourth, fourth_dir, _ = run_task(make_settings, repo, [listing], no_auto)
+    assert fourth["status"] == "completed", fourth
+    assert json.loads((fourth_dir / "state.json").read_text())["environment"]["outcome"] == "none"
+    assert "No such file or directory" in bash_outputs(fourth_dir)[0]  # nothing of any environment is left
+    assert fourth.get("unchanged") is True  # and nothing of it was committed
 
 
 def test_a_failing_setup_is_told_to_the_agent_and_the_task_completes(

@@ -14,9 +14,11 @@ import filelock
 import pytest
 from structlog.testing import capture_logs
 
+from tests.helpers.environments import next_clock_tick
 from tests.helpers.stack import git, make_buggy_repo
 from worker import workcopy
 from worker.checkout import Checkout
+from worker.warm_environment import recalled, remember
 from worker.workcopy import EVICT_EVERY_S, FETCHED_FILE, IDLE_DIR, GitCache
 
 
@@ -56,6 +58,35 @@ def test_a_second_task_starts_on_the_first_tasks_tree_switched_exactly_onto_the_
     assert second.git("status", "--porcelain") == ""
     assert second.git("rev-parse", "HEAD").strip() == git(remote, "rev-parse", "HEAD").strip()
     assert not (tmp_path / "workspaces" / "aaaaaaaa-0001").exists()
+
+
+def test_a_recorded_environment_goes_with_its_warm_copy_through_the_clean_and_nothing_else_is_kept(
+    tmp_path: Path,
+) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    first = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    (first.path / ".venv" / "bin").mkdir(parents=True)
+    (first.path / ".venv" / "bin" / "tool").write_text("#!/bin/sh\n")
+    (first.path / "scratch.txt").write_text("the agent's\n")
+    next_clock_tick(tmp_path, first.path / ".venv")
+    record = first.environment_record
+    assert record is not None
+    remember(record, first.path, "0123456789abcdef0123456789abcdef", (".venv",))
+    first.release()
+
+    second = start_task(tmp_path, remote, "bbbbbbbb-0002")
+    record = second.environment_record
+    assert record is not None
+    warm = recalled(record)
+    assert warm is not None  # the record moved with the copy, out of the sandbox's reach
+    assert warm.paths == (".venv",)
+    assert warm.unchanged(second.path)  # git's clean kept it, untouched
+    assert tree_files(second.path) == tracked_files(second) | {".venv/bin/tool"}  # and nothing else
+    second.clean(warm.paths)
+    assert tree_files(second.path) == tracked_files(second)
+    assert second.cache is not None
+    second.cache.discard(second.path)
+    assert not record.exists()  # a discarded copy takes its record along
 
 
 def test_a_file_changed_behind_the_index_with_its_old_mtime_is_still_put_back(tmp_path: Path) -> None:

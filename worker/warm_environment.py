@@ -36,21 +36,26 @@ class WarmEnvironment:
     def unchanged(self, checkout: Path) -> bool:
         """Whether the paths under ``checkout`` are still exactly as they were made (unreadable: changed)."""
         try:
-            return fingerprint(checkout, self.paths) == self.fingerprint
+            return fingerprint(checkout, self.paths).digest == self.fingerprint
         except OSError:
             return False
 
 
 def remember(record: Path, checkout: Path, key: str, paths: tuple[str, ...]) -> None:
     """Record the environment of ``key`` that ``paths`` of ``checkout`` hold now (before any agent's command)."""
-    kept = WarmEnvironment(key, paths, fingerprint(checkout, paths))
+    made = fingerprint(checkout, paths)
     record.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = record.with_name(f".{record.name}.{secrets.token_hex(4)}")
-    data = {"format": FORMAT, "key": kept.key, "paths": list(kept.paths), "fingerprint": kept.fingerprint}
+    data = {"format": FORMAT, "key": key, "paths": list(paths), "fingerprint": made.digest}
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         json.dump(data, handle)
     os.replace(temporary, record)  # whole or absent: a torn record would only cost a restore, but never half one
+    # File times come from a clock that moves in ticks of a few milliseconds: a write within the tick of the
+    # environment's last change would keep its change time. Past that tick (the record is newer), every later write
+    # shows; else (never seen: the agent's first command starts much later) the next task restores, to be sure.
+    if record.stat().st_ctime_ns <= made.newest_ns:
+        forget(record)
 
 
 def recalled(record: Path) -> WarmEnvironment | None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from sandbox.snapshots import Snapshot, SnapshotStore
+from tests.helpers.context_support import wait_for
 
 
 def make_venv(target: Path) -> Path:
@@ -40,3 +41,20 @@ def time_restore(store: SnapshotStore, snapshot: Snapshot, scratch: Path) -> flo
     elapsed = time.perf_counter() - started
     shutil.rmtree(scratch)
     return elapsed
+
+
+def next_clock_tick(scratch: Path, made: Path) -> None:
+    """Wait until a file changed now gets a later change time than ``made`` (file times move in clock ticks): in a
+    task, the agent's first command starts long after its environment was made."""
+
+    def later() -> bool:
+        probe = scratch / "tick"
+        probe.unlink(missing_ok=True)
+        probe.write_text("")
+        return probe.stat().st_ctime_ns > newest_change(made)
+
+    wait_for(later, what="the next tick of the file clock")
+
+
+def newest_change(path: Path) -> int:
+    return max(entry.lstat().st_ctime_ns for entry in [path, *(path.rglob("*") if path.is_dir() else [])])
