@@ -14,6 +14,7 @@ import filelock
 import pytest
 from structlog.testing import capture_logs
 
+from tests.helpers.context_support import wait_for
 from tests.helpers.environments import next_clock_tick
 from tests.helpers.stack import git, make_buggy_repo
 from worker import workcopy
@@ -87,6 +88,35 @@ def test_a_recorded_environment_goes_with_its_warm_copy_through_the_clean_and_no
     assert second.cache is not None
     second.cache.discard(second.path)
     assert not record.exists()  # a discarded copy takes its record along
+
+
+def test_discarded_paths_leave_the_checkout_at_once_and_a_tracked_file_under_them_stays(tmp_path: Path) -> None:
+    remote = make_buggy_repo(tmp_path / "repo")
+    (remote / "vendor").mkdir()
+    (remote / "vendor" / "tracked.py").write_text("committed\n")
+    git(remote, "add", "-A")
+    git(remote, "commit", "-q", "-m", "vendored")
+    checkout = start_task(tmp_path, remote, "aaaaaaaa-0001")
+    for directory in (".venv/lib", "vendor/built"):
+        (checkout.path / directory).mkdir(parents=True)
+        (checkout.path / directory / "file").write_text("made by a setup\n")
+    os.symlink("/", checkout.path / "link")  # a path the agent may have put in place of a directory
+
+    workspaces = tmp_path / "workspaces"
+
+    checkout.clean([".venv/", "link"])  # renamed out at once, deleted in the background
+    assert not (checkout.path / ".venv").exists()
+    assert not os.path.lexists(checkout.path / "link")
+    wait_for(lambda: not list(workspaces.glob(".discarded-*")), what="the background deletion")
+    assert Path("/bin").is_dir()  # the symlink went, never what it points at
+    checkout.clean(["vendor"])  # a tracked file under it: git's clean, here
+    assert tree_files(checkout.path) == tracked_files(checkout)  # the tracked file stays, the rest is gone
+
+    leftover = workspaces / ".discarded-aaaaaaaa-0001-0badf00d"  # a worker killed while it deleted
+    (leftover / "0").mkdir(parents=True)
+    os.utime(leftover, (time.time() - EVICT_EVERY_S - 60,) * 2)
+    assert checkout.cache is not None
+    assert leftover in checkout.cache.evict(time.time())
 
 
 def test_a_file_changed_behind_the_index_with_its_old_mtime_is_still_put_back(tmp_path: Path) -> None:

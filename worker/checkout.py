@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
 CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
 RESTORED_STEP_FILE = "tasuki-restored-step"
 ASIDE_PREFIX = ".aside-"  # a checkout set aside on a takeover (in {workspaces_dir}; deleted at once)
+DISCARDED_PREFIX = ".discarded-"  # paths taken out of a checkout, being deleted in the background ({workspaces_dir})
 HOME_SUFFIX = ".home"  # {workspaces_dir}/{uuid}.home: the task's home, beside its checkout
 CLAIM_TRIES = 3
 
@@ -332,9 +334,29 @@ class Checkout:
         return self.cache.environment_path(self.path) if self.cache is not None else None
 
     def clean(self, paths: Sequence[str]) -> None:
-        """Delete the untracked and ignored files under ``paths`` (relative, taken literally); tracked files stay."""
-        if paths:
-            self.git("clean", "-q", "-ffdx", "--", *(f":(literal){path}" for path in paths), index=True)
+        """Take the untracked and ignored files under ``paths`` (relative, taken literally) out of the checkout.
+
+        When nothing under them is tracked and none passes through a symlink, each is one rename into a directory
+        beside the checkout, deleted in the background (thousands of a virtualenv's files cost seconds to delete on
+        a busy disk, none of them the task's); else git's clean deletes them here, leaving tracked files."""
+        literal = [f":(literal){path}" for path in paths]
+        if not paths:
+            return
+        if self.git("ls-files", "-z", "--", *literal, index=True) or any(map(self._through_symlink, paths)):
+            self.git("clean", "-q", "-ffdx", "--", *literal, index=True)
+            return
+        discarded = self.path.with_name(f"{DISCARDED_PREFIX}{self.path.name}-{secrets.token_hex(4)}")
+        discarded.mkdir(mode=0o700)
+        for number, path in enumerate(paths):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.path / path.rstrip("/"), discarded / str(number))
+        threading.Thread(
+            target=shutil.rmtree, args=(discarded,), kwargs={"ignore_errors": True}, name="discard", daemon=True
+        ).start()  # a worker killed meanwhile leaves it to the hourly eviction
+
+    def _through_symlink(self, path: str) -> bool:
+        parts = path.rstrip("/").split("/")
+        return any((self.path.joinpath(*parts[:depth])).is_symlink() for depth in range(1, len(parts)))
 
     def _start_point(self) -> str:
         """Where a new local task branch starts: the remote branch a follow-up continues, else the clone's HEAD."""

@@ -29,7 +29,7 @@ import filelock
 import structlog
 
 from contexts.filelocks import file_lock
-from worker.checkout import ASIDE_PREFIX, HOME_SUFFIX, GitError, run_git
+from worker.checkout import ASIDE_PREFIX, DISCARDED_PREFIX, HOME_SUFFIX, GitError, run_git
 
 log = structlog.get_logger(__name__)
 
@@ -216,23 +216,27 @@ class GitCache:
                     gone.append(mirror)
             except filelock.Timeout:
                 continue  # a task is refreshing it: in use
-        gone += self._evict_homes(cutoff)
+        gone += self._evict_homes(cutoff, now - EVICT_EVERY_S)
         if gone:
             log.info("unused warm copies and mirrors deleted", count=len(gone), unused_days=self.keep_s / 86400)
         return gone
 
-    def _evict_homes(self, cutoff: float) -> list[Path]:
+    def _evict_homes(self, cutoff: float, discarded_cutoff: float) -> list[Path]:
         """Task homes (``{uuid}.home``) and set-aside leftovers whose task is long gone: unused since ``cutoff``,
-        and so is the checkout beside them, if any (a worker killed before it released the checkout leaves both)."""
+        and so is the checkout beside them, if any (a worker killed before it released the checkout leaves both);
+        paths discarded from a checkout whose deletion in the background stopped before ``discarded_cutoff``."""
         gone = []
         for entry in _entries(self.workspaces):
-            if entry.name.startswith(ASIDE_PREFIX):
-                last_used = _mtime(entry)
+            if entry.name.startswith(DISCARDED_PREFIX):  # made by a rename, then deleted in seconds: this one was not
+                stale = _mtime(entry) < discarded_cutoff
+            elif entry.name.startswith(ASIDE_PREFIX):
+                stale = _mtime(entry) < cutoff
             elif entry.name.endswith(HOME_SUFFIX):
-                last_used = max(_mtime(entry), _mtime_or_zero(entry.with_name(entry.name.removesuffix(HOME_SUFFIX))))
+                checkout = entry.with_name(entry.name.removesuffix(HOME_SUFFIX))
+                stale = max(_mtime(entry), _mtime_or_zero(checkout)) < cutoff
             else:
                 continue
-            if last_used < cutoff:
+            if stale:
                 shutil.rmtree(entry, ignore_errors=True)
                 gone.append(entry)
         return gone
