@@ -4,12 +4,13 @@ dependencies (pytest, freezegun, flit_core to build it) with real pip from a pac
 on loopback. Every task runs the project's own test suite in the bubblewrap sandbox, through the real task path
 (TaskRun, the replay model over HTTP, git).
 
-- the second task's restore (into a fresh warm copy) vs the first task's setup (target ≤ 0.1);
+- the next tasks' restore (each into a fresh warm copy, median of 3) vs the first task's setup (target ≤ 0.1);
 - four tasks of one key started together: how many built (target 1);
 - a whole task with its environment vs the same task on a host where the environment is already in place (a venv on
   the host, bound read-only; nothing set up or restored), alternating (target ≤ 1.1), twice: the next task on the
   same warm copy, which reuses the environment the previous task's restore left (unchanged: nothing copied), and a
-  task in a fresh warm copy, which restores it from the snapshot (both sides then start from a fresh warm copy);
+  task in a fresh warm copy, which restores it from the snapshot (both sides then start from a fresh warm copy), and
+  the task after one whose agent changed its environment (discarded, then restored from the snapshot);
 - the disk one snapshot takes.
 
 The sdist and wheels are fetched once with ``pip download`` into ``var/bench-cache/environments`` (the package
@@ -158,10 +159,11 @@ def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = ()) ->
 
 
 def one_task(
-    root: Path, project: Project, repo: Path, venv: str, read_only: tuple[str, ...] = ()
+    root: Path, project: Project, repo: Path, venv: str, read_only: tuple[str, ...] = (), before: str = ""
 ) -> tuple[float, dict[str, Any]]:
-    """Seconds of one whole task that runs the project's tests with ``venv``; and its setup record (or {})."""
-    command = project.test.replace("$VENV", venv)
+    """Seconds of one whole task that runs the project's tests with ``venv`` (after the shell command ``before``);
+    and its setup record (or {})."""
+    command = before + project.test.replace("$VENV", venv)
     turns = [
         {"content": "Run the tests.", "tool_calls": [{"name": "bash", "arguments": {"command": command}}]},
         {"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "ran the tests"}}]},
@@ -228,15 +230,18 @@ def fresh_warm_copies(root: Path) -> None:
 
 
 def whole_tasks(
-    root: Path, project: Project, plain: Path, in_place: Path, rounds: int, *, fresh: bool
+    root: Path, project: Project, plain: Path, in_place: Path, rounds: int, *, fresh: bool, changed: bool = False
 ) -> tuple[float, float, list[str]]:
     """Medians of ``rounds`` whole tasks with the snapshot's environment and with it in place, alternating (each in a
-    fresh warm copy when ``fresh``); and the outcomes of the former's environment."""
+    fresh warm copy when ``fresh``; after a task whose agent changed its environment, untimed, when ``changed``);
+    and the outcomes of the former's environment."""
     times: dict[str, list[float]] = {"snapshot": [], "in place": []}
     outcomes = []
     for _ in range(rounds):
         if fresh:
             fresh_warm_copies(root)
+        if changed:
+            one_task(root, project, project.repo, ".venv", before="touch .venv/changed-by-the-agent && ")
         seconds, setup = one_task(root, project, project.repo, ".venv")
         times["snapshot"].append(seconds)
         outcomes.append(str(setup.get("outcome")))
@@ -265,17 +270,19 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         url = index.url
         commit_setup(project, url)
         _, built = one_task(root, project, project.repo, ".venv")
-        fresh_warm_copies(root)  # else the second task reuses what the first one built, copying nothing
-        _, restored = one_task(root, project, project.repo, ".venv")
-        if built.get("outcome") != "built" or restored.get("outcome") != "restored":
-            raise RuntimeError(
-                f"environments: expected built then restored, got {built.get('outcome')}, {restored.get('outcome')}"
-            )
-        setup_s, restore_s = float(built["duration_s"]), float(restored["duration_s"])
+        restores = []
+        for _ in range(1 if quick else 3):
+            fresh_warm_copies(root)  # else the next task reuses what the last one left, copying nothing
+            restores.append(one_task(root, project, project.repo, ".venv")[1])
+        outcomes = [built.get("outcome"), *(restored.get("outcome") for restored in restores)]
+        if outcomes != ["built"] + ["restored"] * len(restores):
+            raise RuntimeError(f"environments: expected built then restored, got {outcomes}")
+        setup_s = float(built["duration_s"])
+        restore_s = statistics.median(float(restored["duration_s"]) for restored in restores)
         ratio = restore_s / setup_s
         print(
-            f"environments: {name}: first task's setup {setup_s:.2f} s, second task's restore {restore_s:.2f} s, "
-            f"ratio {ratio:.3f}",
+            f"environments: {name}: first task's setup {setup_s:.2f} s, the next tasks' restore (each in a fresh "
+            f"warm copy) {restore_s:.2f} s (median of {len(restores)}), ratio {ratio:.3f}",
             flush=True,
         )
 
@@ -300,13 +307,23 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
 
         in_place = host_venv(root, project, url)
         plain = clone_as(project, "plain", root, declared=False)  # nothing declared, nothing detected: no setup
-        rounds = 1 if quick else 5
+        rounds = 1 if quick else 7
         one_task(root, project, project.repo, ".venv")  # the warm copy holds the environment from here on
         reused_task, in_place_task, outcomes = whole_tasks(root, project, plain, in_place, rounds, fresh=False)
         reused = reused_task / in_place_task
         print(
             f"environments: whole task, environment reused on the same warm copy {reused_task:.2f} s vs already in "
             f"place {in_place_task:.2f} s, ratio {reused:.2f} (median of {rounds}, alternating; outcomes {outcomes})",
+            flush=True,
+        )
+        changed_task, changed_in_place, outcomes = whole_tasks(
+            root, project, plain, in_place, rounds, fresh=False, changed=True
+        )
+        changed = changed_task / changed_in_place
+        print(
+            f"environments: whole task after its warm copy's previous agent changed the environment (discarded, "
+            f"restored from the snapshot) {changed_task:.2f} s vs already in place {changed_in_place:.2f} s, ratio "
+            f"{changed:.2f} (median of {rounds}, alternating; outcomes {outcomes})",
             flush=True,
         )
         restored_task, fresh_in_place, outcomes = whole_tasks(root, project, plain, in_place, rounds, fresh=True)
@@ -329,6 +346,12 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
             f"{reused:.2f}",
             f"<= {WHOLE_TASK_TARGET}",
             reused <= WHOLE_TASK_TARGET,
+        ),
+        Result(
+            "whole task, env restored (its agent changed it) vs in place",
+            f"{changed:.2f}",
+            f"<= {WHOLE_TASK_TARGET}",
+            changed <= WHOLE_TASK_TARGET,
         ),
         Result(
             "whole task, env restored (fresh warm copy) vs in place",

@@ -72,7 +72,7 @@ def test_a_recorded_environment_goes_with_its_warm_copy_through_the_clean_and_no
     next_clock_tick(tmp_path, first.path / ".venv")
     record = first.environment_record
     assert record is not None
-    remember(record, first.path, "0123456789abcdef0123456789abcdef", (".venv",))
+    remember(record, first.path, "0123456789abcdef0123456789abcdef", 1.0, (".venv",))
     first.release()
 
     second = start_task(tmp_path, remote, "bbbbbbbb-0002")

@@ -276,7 +276,7 @@ class TaskEnvironment:
         marker.write_text(f"{report.key}\n")
         record = checkout.environment_record
         if snapshot is not None and record is not None:
-            remember(record, checkout.path, snapshot.key, snapshot.paths)
+            remember(record, checkout.path, snapshot.key, snapshot.created, snapshot.paths)
         return report
 
     def _reuse(
@@ -291,8 +291,11 @@ class TaskEnvironment:
         store = self.store()
         with store.building(key):  # the sweep deletes a snapshot under this lock: not while its home is copied
             snapshot = store.find(key)
-            if snapshot is None or snapshot.paths != warm.paths or not warm.unchanged(checkout.path):
-                log.info("environment of the warm copy not reused", changed=snapshot is not None)
+            if snapshot is None or (snapshot.created, snapshot.paths) != (warm.published, warm.paths):
+                log.info("environment of the warm copy not reused: its snapshot is gone or was built again")
+                return None
+            if not warm.unchanged(checkout.path):
+                log.info("environment of the warm copy not reused: its previous task changed it")
                 return None
             try:
                 store.restore(snapshot, checkout.home, None, now=self.clock())

@@ -26,10 +26,12 @@ _UNREADABLE: tuple[type[Exception], ...] = (*BAD_DATA_ERRORS, OSError)
 
 @dataclass(frozen=True)
 class WarmEnvironment:
-    """What a working copy holds of its previous task's environment: the key, the paths (relative to the checkout,
-    a directory ending in ``/``) and their fingerprint when the environment was made."""
+    """What a working copy holds of its previous task's environment: the key, the snapshot it is a copy of (when
+    that was published: a key swept and built again may hold other files), the paths (relative to the checkout)
+    and their fingerprint when the copy was made."""
 
     key: str
+    published: float
     paths: tuple[str, ...]
     fingerprint: str
 
@@ -41,12 +43,13 @@ class WarmEnvironment:
             return False
 
 
-def remember(record: Path, checkout: Path, key: str, paths: tuple[str, ...]) -> None:
-    """Record the environment of ``key`` that ``paths`` of ``checkout`` hold now (before any agent's command)."""
+def remember(record: Path, checkout: Path, key: str, published: float, paths: tuple[str, ...]) -> None:
+    """Record that ``paths`` of ``checkout`` hold a copy of the snapshot of ``key`` published at ``published``, as
+    they are now (before any agent's command)."""
     made = fingerprint(checkout, paths)
     record.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = record.with_name(f".{record.name}.{secrets.token_hex(4)}")
-    data = {"format": FORMAT, "key": key, "paths": list(paths), "fingerprint": made.digest}
+    data = {"format": FORMAT, "key": key, "published": published, "paths": list(paths), "fingerprint": made.digest}
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         json.dump(data, handle)
@@ -65,7 +68,7 @@ def recalled(record: Path) -> WarmEnvironment | None:
         if data.get("format") != FORMAT:
             return None
         paths = tuple(str(path) for path in data["paths"])
-        return WarmEnvironment(str(data["key"]), paths, str(data["fingerprint"]))
+        return WarmEnvironment(str(data["key"]), float(data["published"]), paths, str(data["fingerprint"]))
     except _UNREADABLE:
         return None
 
