@@ -109,7 +109,8 @@ def test_a_worker_killed_during_the_setup_resumes_elsewhere_and_builds_cleanly(
         assert (snapshot.checkout / "built" / "whole").read_text() == "whole\n"
         assert leftovers(snapshots) == []
 
-        # The next task restores the clean build.
+        # The next task gets the clean build: the copy the resumed build left on its warm copy, unchanged since that
+        # build was kept as the key's snapshot.
         second = stack.send(local_request(repo, prompt="Look again.", task_id="2"))
         assert stack.wait_finished(second, FINISH_TIMEOUT_S)["status"] == "completed"
         (again,) = [
@@ -117,7 +118,7 @@ def test_a_worker_killed_during_the_setup_resumes_elsewhere_and_builds_cleanly(
             for r in context_records(stack.contexts_dir / "completed" / second, "tools.jsonl")
             if r["tool_name"] == "setup"
         ]
-        assert again["result"]["outcome"] == "restored", again["result"]
+        assert again["result"]["outcome"] == "reused", again["result"]
 
 
 def test_a_publish_cut_short_is_never_found_and_is_swept(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ key the task began with (whatever the agent changed since), and without bubblewr
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
 from worker.environment import TaskEnvironment
 from worker.settings_models import Settings
-from worker.workcopy import GitCache
+from worker.workcopy import IDLE_DIR, GitCache
 
 SETUP = 'mkdir -p .venv "$HOME/.cache"; echo built > .venv/marker; echo cached > "$HOME/.cache/x"\n'
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
@@ -70,6 +71,7 @@ def test_a_resume_keeps_its_home_here_and_restores_its_first_key_elsewhere(
 
     # A resume on another host: a new home and a clean checkout, the key the task began with.
     checkout.release()
+    shutil.rmtree(Path(settings.contexts.workspaces_dir) / IDLE_DIR)  # no warm copy there
     elsewhere = checkout_for(settings, remote, ctx.uuid)
     (elsewhere.path / ".tasuki" / "setup.sh").write_text(SETUP + "echo changed\n")
     restored = environment.prepare(ctx, elsewhere)

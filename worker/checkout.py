@@ -339,9 +339,9 @@ class Checkout:
         When nothing under them is tracked and none passes through a symlink, each is one rename into a directory
         beside the checkout, deleted in the background (thousands of a virtualenv's files cost seconds to delete on
         a busy disk, none of them the task's); else git's clean deletes them here, leaving tracked files."""
-        literal = [f":(literal){path}" for path in paths]
         if not paths:
             return
+        literal = [f":(literal){path}" for path in paths]
         if self.git("ls-files", "-z", "--", *literal, index=True) or any(map(self._through_symlink, paths)):
             self.git("clean", "-q", "-ffdx", "--", *literal, index=True)
             return
