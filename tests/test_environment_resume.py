@@ -143,6 +143,7 @@ def test_a_restore_cut_short_is_restored_whole_at_the_resume_and_still_never_com
     first.release()
 
     ctx = store.create({**TASK_KEY, "task_id": "2"}, {})
+    shutil.rmtree(Path(settings.contexts.workspaces_dir) / IDLE_DIR)  # not the warm copy that holds the build
     cut = checkout_for(settings, remote, ctx.uuid)
     # What the first attempt left: its key recorded as building, a torn file in the checkout, half the home.
     ctx.update_state(environment={"key": built.key, "source": ".tasuki/setup.sh", "outcome": "building"})
