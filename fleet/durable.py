@@ -165,6 +165,9 @@ class PostgresWriter:
                 return attempt()
             except FleetUnavailable as exc:
                 if time.monotonic() + delay > deadline:
+                    # Past lease_s another host may hold the task: this holder writes and does nothing more here
+                    # (the step hands the task back; whoever takes it next resumes from the last commit).
+                    self.fenced = True
                     raise
                 self.retries += 1
                 log.warning("fleet store unreachable; trying again", uuid=self.uuid, at=what, error=str(exc)[:200])

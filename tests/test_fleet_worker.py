@@ -89,3 +89,38 @@ def test_a_task_whose_fleet_store_is_out_of_reach_at_start_waits_in_the_queue_an
             assert stack.wait_until(lambda: lease_of(dsn, uuid) == (1, None) or None, what="the lease released")
         finally:
             stack.stop()
+
+
+def test_a_store_out_of_reach_for_a_whole_lease_mid_task_hands_the_task_back_and_it_resumes_once_it_is_back(
+    tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
+) -> None:
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    trajectory = fix_calc_trajectory()
+    trajectory.insert(1, {"gate": "outage"})  # the second answer waits until the database is down
+    overrides = {
+        "TASUKI__FLEET__STORE": dsn,
+        "TASUKI__FLEET__LEASE_S": "2",
+        "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1",
+        "TASUKI__MONITOR__INTERVAL_S": "1",
+    }
+    with model_server(trajectory) as server:
+        stack = Stack(tmp_path, redis_url, server.url, overrides)
+        try:
+            worker = stack.start_worker("w1")
+            uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
+            stack.wait_until(lambda: server.model.gate_reached("outage"), what="the task at its second answer")
+            private_postgres.stop()
+            server.model.open_gate("outage")  # the step's commit finds no database for longer than the lease
+            handed = "the fleet's store was out of reach for the lease; the task is handed back"
+            stack.wait_until(lambda: handed in worker.log_text(), what="the task handed back")
+            lock = stack.contexts_dir / "running" / uuid / ".lock"
+            stack.wait_until(lambda: not lock.exists(), what="the host's lock freed")  # none takes it: no database
+
+            private_postgres.start()
+            state = stack.wait_finished(uuid)
+            assert state["status"] == "completed", state
+            assert stack.wait_until(lambda: (lease_of(dsn, uuid) or (0, ""))[0] >= 2 or None, what="a new epoch")
+            tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
+            assert all("Ignore('delivery deferred')" in line for line in tracebacks)
+        finally:
+            stack.stop()

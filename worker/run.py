@@ -332,6 +332,7 @@ class TaskRun:
             log.warning("lock taken over by another worker; this delivery stops writing")
             ctx.detach()
             return {"uuid": self.uuid, "status": "fenced"}
+
         except Exception as exc:
             return self._on_error(ctx, checkout, exc)
 
@@ -412,7 +413,7 @@ class TaskRun:
         previous = self.request.followup.get("previous")
         return thread_history(self.store, str(previous)) if previous else ""
 
-    def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:
+    def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:  # noqa: PLR0911 - one return per kind of ending
         """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""
         if isinstance(exc, SoftTimeLimitExceeded):
             return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
@@ -429,9 +430,21 @@ class TaskRun:
             return self._finish(ctx, "failed", str(exc), None, checkout)
         if isinstance(exc, BudgetExceeded):
             return self._stop_at_budget(ctx, checkout, exc)
+        if isinstance(exc, StoreUnavailable):  # the fleet's database out of reach for a whole lease, mid-task
+            return self._hand_back_unreachable(ctx, exc)
         log.exception("task failed")
         error = mask(f"{type(exc).__name__}: {exc}".splitlines()[0])[:2000]
         return self._finish(ctx, "failed", error, None, checkout)
+
+    def _hand_back_unreachable(self, ctx: Context, exc: StoreUnavailable) -> dict[str, Any]:
+        """The fleet's store out of reach for a whole lease: another host may hold the task by now, so this holder
+        writes nothing more and frees the host's lock; the delivery is sent again, and whoever takes it resumes
+        from the last commit once the store is back."""
+        wait = self.settings.monitor.interval_s
+        log.warning("the fleet's store was out of reach for the lease; the task is handed back for a later delivery",
+                    retry_in_s=wait, error=str(exc)[:300])
+        ctx.release()
+        return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
 
     def _stop_at_budget(self, ctx: Context, checkout: Checkout | None, exc: BudgetExceeded) -> dict[str, Any]:
         """The task reached its cap: its work so far is pushed as a checkpoint, then it fails with reason budget."""
