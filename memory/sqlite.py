@@ -142,6 +142,7 @@ class SQLiteMemoryStore:
 
     def __init__(self, path: Path, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = Path(path)
+        self._dimension: int | None = None
         try:
             create_private(self.path)
             self._db = apsw.Connection(str(self.path))
@@ -202,6 +203,13 @@ class SQLiteMemoryStore:
         """The dimension of the stored vectors (fixed by the first one), or None before any."""
         value = self._meta("vector_dimension")
         return int(value) if value else None
+
+    def _known_dimension(self) -> int | None:
+        """:meth:`vector_dimension` for a search, read once it is known (the first vector fixes it for good; until
+        then, another process may write one, so it is read again)."""
+        if self._dimension is None and self.vectors_available:
+            self._dimension = self.vector_dimension()
+        return self._dimension
 
     # -- episodes --------------------------------------------------------------------------------
 
@@ -349,20 +357,21 @@ class SQLiteMemoryStore:
             # query at 76,000 episodes). The rare words' matches are few by definition, the scores the same
             # (the scope column weighs nothing; document frequencies were always counted over all repositories).
             # CROSS JOIN keeps the full-text search outside: never a walk of the repository's episodes.
-            sql = ("SELECT t.rowid, -bm25(episode_text, 0.0, 1.0) AS score FROM episode_text AS t "
+            sql = ("SELECT e.uuid, -bm25(episode_text, 0.0, 1.0) AS score FROM episode_text AS t "
                    "CROSS JOIN episodes AS e ON e.id = t.rowid WHERE episode_text MATCH ? AND e.repository = ? "
                    "ORDER BY score DESC, t.rowid DESC LIMIT ?")
             rows = self._rows(sql, (body_expression(rare), repository, k))
-        else:
-            common = [w for w in words if w in frequency]
-            if not common:
-                return []
-            sql = ("SELECT rowid, 0.0 FROM episode_text WHERE episode_text MATCH ? AND rowid >= ? "
-                   "ORDER BY rowid DESC LIMIT ?")
-            rows = self._rows(sql, (match_expression(repository, common), self._window_start(repository), k))
-        best = [(int(rowid), float(score)) for rowid, score in rows]
-        found = self._uuids(repository, [rowid for rowid, _ in best])
-        return [Match(found[rowid], score) for rowid, score in best if rowid in found]
+            return [Match(uuid, float(score)) for uuid, score in rows]
+        common = [w for w in words if w in frequency]
+        if not common:
+            return []
+        # The newest matches first, joined to their rows after the LIMIT (the scope token already confines them to
+        # the repository; its rows are checked all the same).
+        sql = ("SELECT e.uuid, e.repository FROM (SELECT rowid FROM episode_text WHERE episode_text MATCH ? "
+               "AND rowid >= ? ORDER BY rowid DESC LIMIT ?) AS t CROSS JOIN episodes AS e ON e.id = t.rowid "
+               "ORDER BY t.rowid DESC")
+        rows = self._rows(sql, (match_expression(repository, common), self._window_start(repository), k))
+        return [Match(uuid, 0.0) for uuid, repo in rows if repo == repository]
 
     def _count_terms(self, text: str, change: int) -> None:
         """Add ``change`` to the document frequency of each distinct word of ``text`` (inside a write)."""
@@ -383,16 +392,6 @@ class SQLiteMemoryStore:
         )
         return int(rows[0][0]) if rows else 0
 
-    def _uuids(self, repository: str, rowids: Sequence[int]) -> dict[int, str]:
-        """UUIDs of episode rows, only those of ``repository``."""
-        if not rowids:
-            return {}
-        rows = self._rows(
-            f"SELECT id, uuid, repository FROM episodes WHERE id IN ({','.join('?' * len(rowids))})",  # noqa: S608
-            rowids,
-        )
-        return {rowid: uuid for rowid, uuid, repo in rows if repo == repository}
-
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
         """The UUIDs of :meth:`knn_scored`."""
         return [match.uuid for match in self.knn_scored(repository, vector, k)]
@@ -400,7 +399,7 @@ class SQLiteMemoryStore:
     def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
         """Cosine KNN over the repository's two newest vector shards (see SHARD_SIZE), nearest first, each with
         its cosine similarity: the KNN_OVERSAMPLE * k nearest by sign bits, re-ranked by their float vectors."""
-        known = self.vector_dimension() if self.vectors_available else None
+        known = self._known_dimension()
         if known is None:
             return []
         if len(vector) != known:
@@ -409,18 +408,17 @@ class SQLiteMemoryStore:
         if not recorded:
             return []
         newest = (int(recorded[0][0]) - 1) // SHARD_SIZE
-        floats, bits = pack(vector), sign_bits(vector)
+        shards = [shard_key(repository, shard * SHARD_SIZE) for shard in range(newest, max(newest - 2, -1), -1)]
         coarse = min(k * KNN_OVERSAMPLE * max(1, OVERSAMPLE_DIMENSIONS // known), MAX_KNN)
-        sql = ("SELECT id, vec_distance_cosine(embedding, ?) AS distance FROM (SELECT id, embedding FROM "
-               "episode_embeddings WHERE bits MATCH vec_bit(?) AND k = ? AND shard = ?) ORDER BY distance LIMIT ?")
-        nearest: list[tuple[float, int]] = []
-        for shard in range(newest, max(newest - 2, -1), -1):
-            nearest += [(float(distance), int(rowid)) for rowid, distance in self._rows(
-                sql, (floats, bits, coarse, shard_key(repository, shard * SHARD_SIZE), k),
-            )]
-        best = sorted(nearest)[:k]
-        found = self._uuids(repository, [rowid for _, rowid in best])
-        return [Match(found[rowid], 1.0 - distance) for distance, rowid in best if rowid in found]
+        # One statement: SQLite runs the KNN once per shard of the IN list (the coarse nearest of each, as two
+        # statements did), re-ranks their union by the float vectors and joins the k best to their UUIDs.
+        marks = ",".join("?" * len(shards))
+        sql = ("SELECT e.uuid, e.repository, n.distance FROM (SELECT id, vec_distance_cosine(embedding, ?) AS distance "  # noqa: S608
+               "FROM episode_embeddings WHERE bits MATCH vec_bit(?) AND k = ? "
+               f"AND shard IN ({marks}) ORDER BY distance, id LIMIT ?) AS n "
+               "CROSS JOIN episodes AS e ON e.id = n.id ORDER BY n.distance, n.id")
+        rows = self._rows(sql, (pack(vector), sign_bits(vector), coarse, *shards, k))
+        return [Match(uuid, 1.0 - float(distance)) for uuid, repo, distance in rows if repo == repository]
 
     # -- thread and repository memories ----------------------------------------------------------
 
