@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from typing import Protocol
 
 from memory.errors import EmbeddingError
@@ -43,7 +44,7 @@ def embed_checked(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]
     sizes = {len(v) for v in vectors}
     if len(sizes) != 1 or 0 in sizes:
         raise EmbeddingError(f"embedding model answered vectors of dimensions {sorted(sizes)}")
-    if not all(math.isfinite(x) for v in vectors for x in v):
+    if not all(map(math.isfinite, chain.from_iterable(vectors))):
         raise EmbeddingError("embedding model answered a vector that is not finite")
     return vectors
 

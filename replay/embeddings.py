@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from functools import lru_cache
 
 DIMENSIONS = 64
 _WORD = re.compile(r"[^\W_]+")
 
 
+@lru_cache(maxsize=1 << 16)  # text repeats its trigrams and words: hash each once (recall embeds per query)
 def _bucket(feature: str, dimensions: int) -> tuple[int, float]:
     """The index (over all ``dimensions``) and sign a feature adds to: the feature hashing trick."""
     digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
