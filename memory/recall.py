@@ -205,6 +205,16 @@ def rerank(
     return select(scored, limit)
 
 
+def reachable(candidates: Mapping[str, Ranks], *, vectors: bool = True) -> list[str]:
+    """The candidates :func:`rerank` could take, best first: with vectors a score is ``0.9 fused + 0.1 recency``
+    and recency is at most 1, so one whose fused score leaves it below the medium threshold even when new is never
+    taken (every hit taken is at or above it, and any below it ends the selection). Only these need their
+    episodes fetched and decoded; BM25 alone (the lexical overlap counts there) needs them all."""
+    if not vectors:
+        return list(candidates)
+    return [key for key, ranks in candidates.items() if W_FUSED * ranks.fused + W_REC >= MEDIUM_THRESHOLD]
+
+
 def select(scored: Iterable[tuple[Hit, set[str]]], limit: int) -> list[Hit]:
     """002's injection rule over hits sorted best first (read lazily): nothing unless the best reaches the high
     threshold, then further hits above the medium one that are not near-duplicates of one already taken."""

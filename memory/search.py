@@ -10,7 +10,7 @@ from itertools import chain
 from typing import Protocol
 
 from memory.errors import EmbeddingError
-from memory.recall import BM25_K, KNN_K, VECTOR_WEIGHT, Hit, fuse, queries, rerank
+from memory.recall import BM25_K, KNN_K, VECTOR_WEIGHT, Hit, fuse, queries, reachable, rerank
 from memory.records import Match
 from memory.store import MemoryStore
 
@@ -72,7 +72,8 @@ def recall(
         except EmbeddingError as exc:
             note = f"embedding failed, BM25 only: {exc}"
     candidates = fuse(bm25_lists, vector_lists, vector_weight)
-    episodes = store.fetch(repository, list(candidates))
-    hits = rerank(text, candidates, episodes, now, limit, vectors=any(vector_lists))
+    vectors = any(vector_lists)
+    episodes = store.fetch(repository, reachable(candidates, vectors=vectors))
+    hits = rerank(text, candidates, episodes, now, limit, vectors=vectors)
     used = embedder.model if embedder is not None and not note else None
     return Recall(hits, "bm25" if note else "hybrid", note, used)

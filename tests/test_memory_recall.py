@@ -25,6 +25,7 @@ from memory.recall import (
     lexical,
     normalized,
     queries,
+    reachable,
     recency,
     rerank,
     select,
@@ -165,6 +166,22 @@ def test_near_duplicates_are_dropped_and_at_most_limit_returned() -> None:
     hits = rerank(text, candidates, episodes, NOW, 3)
     assert len(hits) <= 3
     assert sum(h.episode.uuid.startswith("d") for h in hits) == 1
+
+
+def test_only_candidates_that_could_reach_the_medium_threshold_are_fetched_and_the_hits_are_the_same() -> None:
+    text = "pytest fails in tests/test_auth.py with ImportError on the login module"
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+             "lima"]
+    episodes = {f"e{n}": episode(f"e{n}", task=f"{words[n]} " * 8, days_ago=n / 4) for n in range(12)}
+    fused = [1.0, 0.9, 0.6, 0.45, 0.3, 0.25, 0.2, 0.19, 0.15, 0.1, 0.05, 0.0]  # a BM25-only match has at most 0.2
+    candidates = {f"e{n}": Ranks(f, n + 1, None, f) for n, f in enumerate(fused)}
+    kept = reachable(candidates)
+    assert kept == ["e0", "e1", "e2", "e3", "e4", "e5", "e6"]  # 0.9 x 0.2 + 0.1 = 0.28: still reachable when new
+    for limit in (3, 5, 12):
+        everything = rerank(text, candidates, episodes, NOW, limit)
+        assert len(everything) == min(limit, 6)  # e6 is a day and a half old: 0.277
+        assert rerank(text, candidates, {key: episodes[key] for key in kept}, NOW, limit) == everything
+    assert reachable(candidates, vectors=False) == list(candidates)  # BM25 alone: the lexical overlap counts
 
 
 def fill(store: SQLiteMemoryStore) -> None:
