@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.common import Result
 from memory import Episode
-from memory.recall import BM25_K, HASH_VECTOR_WEIGHT, KNN_K, VECTOR_WEIGHT, fuse, queries, rerank
+from memory.recall import BM25_K, HASH_VECTOR_WEIGHT, KNN_K, VECTOR_WEIGHT, fuse, queries, reachable, rerank
 from memory.records import Match
 from memory.search import Embedder, embed_checked
 from memory.sqlite import SQLiteMemoryStore
@@ -87,8 +87,8 @@ def ranked(store: SQLiteMemoryStore, data: Labelled, text: str, mode: str) -> li
     bm25 = data.bm25[text] if mode != "vector" else []
     vectors = data.vectors[text] if mode != "bm25" else []
     candidates = fuse(bm25, vectors, data.vector_weight)
-    hits = rerank(text, candidates, store.fetch(data.repository, list(candidates)), data.now, K,
-                  vectors=any(vectors))
+    episodes = store.fetch(data.repository, reachable(candidates, vectors=any(vectors)))
+    hits = rerank(text, candidates, episodes, data.now, K, vectors=any(vectors))
     return [h.episode.uuid for h in hits]
 
 
