@@ -38,9 +38,10 @@ COMMON_WINDOW = 2000
 SHARD_SIZE = 5000
 # The scan reads each vector's sign bits (binary quantization: 384 floats are 48 bytes, compared by Hamming
 # distance), keeps the KNN_OVERSAMPLE * k nearest by bits, and ranks those by the cosine of their full float
-# vectors (an auxiliary column, read for those rows only). sqlite-vec's exact float scan cost about 50 ms per
+# vectors (episode_floats, read by row id for those rows only). sqlite-vec's exact float scan cost about 50 ms per
 # query and shard pair at 384 dimensions on a loaded host; its cost of picking the k nearest grows with k, so
-# the oversampling is kept modest (4 x: 0.98 of the exact top 20 on the labelled sets with all-MiniLM-L6-v2).
+# the oversampling is kept modest (4 x k from each of the two shards: 0.97 of the exact top 20 and 0.998 of the
+# exact top 5 over 10,000 docstrings embedded by all-MiniLM-L6-v2 in two shards; 2 x k from each, 0.92 and 0.99).
 # Fewer dimensions are fewer bits that tell vectors apart: below
 # OVERSAMPLE_DIMENSIONS the oversampling grows in proportion (64-dimension vectors: 6 times as many candidates).
 KNN_OVERSAMPLE = 4
@@ -79,6 +80,9 @@ CREATE TABLE IF NOT EXISTS memories (
 CREATE TABLE IF NOT EXISTS vector_counts (repository TEXT PRIMARY KEY, recorded INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+FLOATS_TABLE = "CREATE TABLE IF NOT EXISTS episode_floats (id INTEGER PRIMARY KEY, embedding BLOB NOT NULL)"
 
 
 def scope_token(repository: str) -> str:
@@ -158,6 +162,7 @@ class SQLiteMemoryStore:
             with self._write():
                 self._db.execute(SCHEMA)
                 self._migrate_vectors()
+                self._move_floats()
         except (apsw.Error, OSError) as exc:
             raise MemoryUnavailable(f"memory store {self.path}: {_describe(exc)}") from None
 
@@ -237,19 +242,36 @@ class SQLiteMemoryStore:
             )
             self._count_terms(episode.text(), +1)
             if vector is not None:
-                self._db.execute(
-                    "INSERT INTO episode_embeddings (id, shard, bits, embedding) VALUES (?, ?, vec_bit(?), ?)",
-                    (rowid, shard_key(episode.repository, self._next_vector(episode.repository)), sign_bits(vector),
-                     pack(vector)),
-                )
+                self._insert_vector(rowid, shard_key(episode.repository, self._next_vector(episode.repository)),
+                                    sign_bits(vector), pack(vector))
 
     def _create_vector_table(self, dimension: int) -> None:
-        """The vector index (inside a write): sign bits scanned, float vectors kept beside them for the re-rank."""
+        """The vector index (inside a write): sign bits scanned by sqlite-vec, float vectors in a table of their own
+        for the re-rank (read by row id: a vec0 auxiliary column cost 0.3 ms more per query for its 160 rows)."""
         self._db.execute(
             "CREATE VIRTUAL TABLE IF NOT EXISTS episode_embeddings USING vec0("
-            f"id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, bits BIT[{bit_width(int(dimension))}], "
-            "+embedding BLOB)"
+            f"id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, bits BIT[{bit_width(int(dimension))}])"
         )
+        self._db.execute(FLOATS_TABLE)
+
+    def _insert_vector(self, rowid: int, shard: str, bits: bytes, floats: bytes) -> None:
+        """One episode's vector: its sign bits in the index, its floats beside it (inside a write)."""
+        self._db.execute("INSERT INTO episode_embeddings (id, shard, bits) VALUES (?, ?, vec_bit(?))",
+                         (rowid, shard, bits))
+        self._db.execute("INSERT INTO episode_floats (id, embedding) VALUES (?, ?)", (rowid, floats))
+
+    def _move_floats(self) -> None:
+        """A store made before episode_floats keeps each float vector in the index's auxiliary column: copy them
+        into episode_floats and empty the column (inside a write, once)."""
+        index = list(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'episode_embeddings'"))
+        moved = list(self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'episode_floats'"))
+        if not index or moved or not self.vectors_available:
+            return
+        self._db.execute(FLOATS_TABLE)
+        self._db.execute("INSERT INTO episode_floats (id, embedding) SELECT id, embedding FROM episode_embeddings")
+        # Row by row: sqlite-vec 0.1.9 refuses an UPDATE over the whole table ("UPDATE on partition key columns").
+        self._db.executemany("UPDATE episode_embeddings SET embedding = NULL WHERE id = ?",
+                             list(self._db.execute("SELECT id FROM episode_floats")))
 
     def _migrate_vectors(self) -> None:
         """A store made before the quantized scan keeps its float vectors in episode_vectors: copy them (with
@@ -260,10 +282,9 @@ class SQLiteMemoryStore:
         dimension = self.vector_dimension()
         if dimension is not None:
             self._create_vector_table(dimension)
-            insert = "INSERT INTO episode_embeddings (id, shard, bits, embedding) VALUES (?, ?, vec_bit(?), ?)"
             for rowid, shard, blob in self._db.execute("SELECT id, shard, embedding FROM episode_vectors"):
                 vector = struct.unpack(f"{len(blob) // 4}f", blob)
-                self._db.execute(insert, (rowid, shard, sign_bits(vector), bytes(blob)))
+                self._insert_vector(rowid, shard, sign_bits(vector), bytes(blob))
         self._db.execute("DROP TABLE episode_vectors")
 
     def _check_dimension(self, dimension: int) -> None:
@@ -299,6 +320,7 @@ class SQLiteMemoryStore:
             self._db.execute("DELETE FROM episode_text WHERE rowid = ?", (rowid,))
             if vectors:
                 self._db.execute("DELETE FROM episode_embeddings WHERE id = ?", (rowid,))
+                self._db.execute("DELETE FROM episode_floats WHERE id = ?", (rowid,))
             self._db.execute("DELETE FROM episodes WHERE id = ?", (rowid,))
 
     def episode(self, uuid: str) -> Episode | None:
@@ -416,11 +438,13 @@ class SQLiteMemoryStore:
         shards = [shard_key(repository, shard * SHARD_SIZE) for shard in range(newest, max(newest - 2, -1), -1)]
         coarse = min(k * KNN_OVERSAMPLE * max(1, OVERSAMPLE_DIMENSIONS // known), MAX_KNN)
         # One statement: SQLite runs the KNN once per shard of the IN list (the coarse nearest of each, as two
-        # statements did), re-ranks their union by the float vectors and joins the k best to their UUIDs.
+        # statements did), re-ranks their union by the float vectors (episode_floats, by row id) and joins the k
+        # best to their UUIDs.
         marks = ",".join("?" * len(shards))
-        sql = ("SELECT e.uuid, e.repository, n.distance FROM (SELECT id, vec_distance_cosine(embedding, ?) AS distance "  # noqa: S608
-               "FROM episode_embeddings WHERE bits MATCH vec_bit(?) AND k = ? "
-               f"AND shard IN ({marks}) ORDER BY distance, id LIMIT ?) AS n "
+        sql = ("SELECT e.uuid, e.repository, n.distance FROM (SELECT v.id, "  # noqa: S608
+               "vec_distance_cosine(f.embedding, ?) AS distance FROM (SELECT id FROM episode_embeddings "
+               f"WHERE bits MATCH vec_bit(?) AND k = ? AND shard IN ({marks})) "
+               "AS v CROSS JOIN episode_floats AS f ON f.id = v.id ORDER BY distance, v.id LIMIT ?) AS n "
                "CROSS JOIN episodes AS e ON e.id = n.id ORDER BY n.distance, n.id")
         rows = self._rows(sql, (pack(vector), sign_bits(vector), coarse, *shards, k))
         return [Match(uuid, 1.0 - float(distance)) for uuid, repo, distance in rows if repo == repository]

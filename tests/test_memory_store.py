@@ -12,7 +12,7 @@ import pytest
 import sqlite_vec
 
 from memory import EmbeddingError, Memory, MemoryUnavailable, parse_repository, repository_key, thread_key
-from memory.sqlite import SQLiteMemoryStore, pack, shard_key
+from memory.sqlite import SQLiteMemoryStore, pack, shard_key, sign_bits
 from replay.embeddings import embed_text
 from tests.helpers.memory_support import NOW, episode
 
@@ -30,8 +30,9 @@ def raw_counts(path: Path) -> dict[str, int]:
     db.enable_load_extension(True)
     db.load_extension(sqlite_vec.loadable_path())
     tables = ["episodes", "episode_text"]
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'episode_embeddings'").fetchall():
-        tables.append("episode_embeddings")
+    for vectors in ("episode_embeddings", "episode_floats"):
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (vectors,)).fetchall():
+            tables.append(vectors)
     counts = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchall()[0][0] for t in tables}  # noqa: S608
     db.close()
     return counts
@@ -52,7 +53,7 @@ def test_recording_an_episode_twice_keeps_one_row_one_text_one_vector(store: SQL
     e = episode("u1", task="Fix the login bug")
     store.add_episode(e, embed_text(e.text()))
     store.add_episode(e, embed_text(e.text()))
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1, "episode_floats": 1}
 
 
 def test_files_are_private(store: SQLiteMemoryStore) -> None:
@@ -100,12 +101,12 @@ def test_forget_episode_thread_and_repository_delete_rows_text_and_vectors(store
     store.put_memory(Memory("repository", repo, "repo facts", NOW), repo)
 
     assert store.forget_episode("e4") == 1
-    assert raw_counts(store.path) == {"episodes": 4, "episode_text": 4, "episode_embeddings": 4}
+    assert raw_counts(store.path) == {"episodes": 4, "episode_text": 4, "episode_embeddings": 4, "episode_floats": 4}
     assert store.forget_thread(f"{repo}#issue/t1") == 2
     assert store.memory("thread", f"{repo}#issue/t1") is None
     assert store.forget_repository(repo) == 1
     assert store.memory("repository", repo) is None
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1, "episode_floats": 1}
     assert store.bm25(repo, "task", 20) == []
     assert [r.repository for r in store.repositories()] == ["github:other/x"]
 
@@ -118,7 +119,7 @@ def test_prune_removes_only_episodes_older_than_the_cut(store: SQLiteMemoryStore
     assert store.episode("old") is not None
     assert store.prune(cut) == ["old"]
     assert store.episode("old") is None
-    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1}
+    assert raw_counts(store.path) == {"episodes": 1, "episode_text": 1, "episode_embeddings": 1, "episode_floats": 1}
 
 
 def test_memories_and_status(store: SQLiteMemoryStore) -> None:
@@ -204,9 +205,43 @@ def test_a_store_with_float_vectors_is_moved_to_the_quantized_index_when_opened(
     assert store.knn("github:acme/web", embed_text("fix the flaky login test"), 20)[0] == "e0"
     assert store.status().vectors == 3
     store.close()
-    assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3}
+    assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3, "episode_floats": 3}
     db = apsw.Connection(str(path))
     assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'episode_vectors'").fetchall() == [(0,)]
+    db.close()
+
+
+def test_a_store_with_float_vectors_in_the_index_moves_them_to_their_own_table_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    store = SQLiteMemoryStore(path)
+    tasks = ("fix the flaky login test", "speed up the build cache", "login page typo")
+    for n, task in enumerate(tasks):
+        store.add_episode(episode(f"e{n}", task=task))
+    store.close()
+    # The layout of stores made before episode_floats: the float vectors in the vec0 index's auxiliary column.
+    db = apsw.Connection(str(path))
+    db.enable_load_extension(True)
+    db.load_extension(sqlite_vec.loadable_path())
+    db.execute("CREATE VIRTUAL TABLE episode_embeddings USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
+               "bits BIT[64], +embedding BLOB)")
+    for rowid, data in db.execute("SELECT id, data FROM episodes").fetchall():
+        vector = embed_text(json.loads(data)["task"])
+        db.execute("INSERT INTO episode_embeddings (id, shard, bits, embedding) VALUES (?, ?, vec_bit(?), ?)",
+                   (rowid, shard_key("github:acme/web", 0), sign_bits(vector), pack(vector)))
+    db.execute("INSERT INTO meta (key, value) VALUES ('vector_dimension', '64')")
+    db.execute("INSERT INTO vector_counts (repository, recorded) VALUES ('github:acme/web', 3)")
+    db.close()
+
+    store = SQLiteMemoryStore(path)
+    found = store.knn_scored("github:acme/web", embed_text("fix the flaky login test"), 20)
+    assert found[0].uuid == "e0"
+    assert found[0].score == pytest.approx(1.0, abs=1e-5)
+    store.close()
+    assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3, "episode_floats": 3}
+    db = apsw.Connection(str(path))
+    db.enable_load_extension(True)
+    db.load_extension(sqlite_vec.loadable_path())
+    assert db.execute("SELECT COUNT(*) FROM episode_embeddings WHERE embedding IS NOT NULL").fetchall() == [(0,)]
     db.close()
 
 
