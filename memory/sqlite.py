@@ -333,7 +333,7 @@ class SQLiteMemoryStore:
         if not self._has_vectors():
             return None
         rows = self._rows(
-            "SELECT embedding FROM episode_embeddings WHERE id = (SELECT id FROM episodes WHERE uuid = ?)", (uuid,)
+            "SELECT embedding FROM episode_floats WHERE id = (SELECT id FROM episodes WHERE uuid = ?)", (uuid,)
         )
         if not rows or rows[0][0] is None:
             return None

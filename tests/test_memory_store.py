@@ -236,6 +236,7 @@ def test_a_store_with_float_vectors_in_the_index_moves_them_to_their_own_table_w
     found = store.knn_scored("github:acme/web", embed_text("fix the flaky login test"), 20)
     assert found[0].uuid == "e0"
     assert found[0].score == pytest.approx(1.0, abs=1e-5)
+    assert store.vector("e1") == pytest.approx(embed_text("speed up the build cache"), abs=1e-6)  # fleet import's
     store.close()
     assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3, "episode_floats": 3}
     db = apsw.Connection(str(path))
