@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,11 +25,33 @@ def store(tmp_path: Path) -> SQLiteMemoryStore:
     s.close()
 
 
-def raw_counts(path: Path) -> dict[str, int]:
-    """Rows of every table that holds an episode, read past the store."""
+def vec_connection(path: Path) -> apsw.Connection:
+    """The store's file opened past the store, with sqlite-vec loaded."""
     db = apsw.Connection(str(path))
     db.enable_load_extension(True)
     db.load_extension(sqlite_vec.loadable_path())
+    return db
+
+
+def older_store(path: Path, table: str, insert: Callable[[apsw.Connection, int, list[float]], None]) -> None:
+    """Three episodes whose vectors are kept as a store made before the current layout kept them: the ``table``
+    statement run, then ``insert`` writing each episode's 64-dimension vector."""
+    store = SQLiteMemoryStore(path)
+    for n, task in enumerate(("fix the flaky login test", "speed up the build cache", "login page typo")):
+        store.add_episode(episode(f"e{n}", task=task))
+    store.close()
+    db = vec_connection(path)
+    db.execute(table)
+    for rowid, data in db.execute("SELECT id, data FROM episodes").fetchall():
+        insert(db, rowid, embed_text(json.loads(data)["task"]))
+    db.execute("INSERT INTO meta (key, value) VALUES ('vector_dimension', '64')")
+    db.execute("INSERT INTO vector_counts (repository, recorded) VALUES ('github:acme/web', 3)")
+    db.close()
+
+
+def raw_counts(path: Path) -> dict[str, int]:
+    """Rows of every table that holds an episode, read past the store."""
+    db = vec_connection(path)
     tables = ["episodes", "episode_text"]
     for vectors in ("episode_embeddings", "episode_floats"):
         if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (vectors,)).fetchall():
@@ -184,22 +207,14 @@ def test_knn_searches_the_newest_two_shards_and_bm25_still_finds_older_episodes(
 
 def test_a_store_with_float_vectors_is_moved_to_the_quantized_index_when_opened(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
-    store = SQLiteMemoryStore(path)
-    for n, task in enumerate(("fix the flaky login test", "speed up the build cache", "login page typo")):
-        store.add_episode(episode(f"e{n}", task=task))
-    store.close()
     # The layout of stores made before the quantized scan: one float32 vec0 table, episode_vectors.
-    db = apsw.Connection(str(path))
-    db.enable_load_extension(True)
-    db.load_extension(sqlite_vec.loadable_path())
-    db.execute("CREATE VIRTUAL TABLE episode_vectors USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
-               "embedding FLOAT[64] distance_metric=cosine)")
-    for rowid, data in db.execute("SELECT id, data FROM episodes").fetchall():
-        db.execute("INSERT INTO episode_vectors (id, shard, embedding) VALUES (?, ?, ?)",
-                   (rowid, shard_key("github:acme/web", 0), pack(embed_text(json.loads(data)["task"]))))
-    db.execute("INSERT INTO meta (key, value) VALUES ('vector_dimension', '64')")
-    db.execute("INSERT INTO vector_counts (repository, recorded) VALUES ('github:acme/web', 3)")
-    db.close()
+    older_store(
+        path,
+        "CREATE VIRTUAL TABLE episode_vectors USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
+        "embedding FLOAT[64] distance_metric=cosine)",
+        lambda db, rowid, vector: db.execute("INSERT INTO episode_vectors (id, shard, embedding) VALUES (?, ?, ?)",
+                                             (rowid, shard_key("github:acme/web", 0), pack(vector))),
+    )
 
     store = SQLiteMemoryStore(path)
     assert store.knn("github:acme/web", embed_text("fix the flaky login test"), 20)[0] == "e0"
@@ -213,24 +228,15 @@ def test_a_store_with_float_vectors_is_moved_to_the_quantized_index_when_opened(
 
 def test_a_store_with_float_vectors_in_the_index_moves_them_to_their_own_table_when_opened(tmp_path: Path) -> None:
     path = tmp_path / "memory.db"
-    store = SQLiteMemoryStore(path)
-    tasks = ("fix the flaky login test", "speed up the build cache", "login page typo")
-    for n, task in enumerate(tasks):
-        store.add_episode(episode(f"e{n}", task=task))
-    store.close()
     # The layout of stores made before episode_floats: the float vectors in the vec0 index's auxiliary column.
-    db = apsw.Connection(str(path))
-    db.enable_load_extension(True)
-    db.load_extension(sqlite_vec.loadable_path())
-    db.execute("CREATE VIRTUAL TABLE episode_embeddings USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
-               "bits BIT[64], +embedding BLOB)")
-    for rowid, data in db.execute("SELECT id, data FROM episodes").fetchall():
-        vector = embed_text(json.loads(data)["task"])
-        db.execute("INSERT INTO episode_embeddings (id, shard, bits, embedding) VALUES (?, ?, vec_bit(?), ?)",
-                   (rowid, shard_key("github:acme/web", 0), sign_bits(vector), pack(vector)))
-    db.execute("INSERT INTO meta (key, value) VALUES ('vector_dimension', '64')")
-    db.execute("INSERT INTO vector_counts (repository, recorded) VALUES ('github:acme/web', 3)")
-    db.close()
+    older_store(
+        path,
+        "CREATE VIRTUAL TABLE episode_embeddings USING vec0(id INTEGER PRIMARY KEY, shard TEXT PARTITION KEY, "
+        "bits BIT[64], +embedding BLOB)",
+        lambda db, rowid, vector: db.execute(
+            "INSERT INTO episode_embeddings (id, shard, bits, embedding) VALUES (?, ?, vec_bit(?), ?)",
+            (rowid, shard_key("github:acme/web", 0), sign_bits(vector), pack(vector))),
+    )
 
     store = SQLiteMemoryStore(path)
     found = store.knn_scored("github:acme/web", embed_text("fix the flaky login test"), 20)
@@ -239,9 +245,7 @@ def test_a_store_with_float_vectors_in_the_index_moves_them_to_their_own_table_w
     assert store.vector("e1") == pytest.approx(embed_text("speed up the build cache"), abs=1e-6)  # fleet import's
     store.close()
     assert raw_counts(path) == {"episodes": 3, "episode_text": 3, "episode_embeddings": 3, "episode_floats": 3}
-    db = apsw.Connection(str(path))
-    db.enable_load_extension(True)
-    db.load_extension(sqlite_vec.loadable_path())
+    db = vec_connection(path)
     assert db.execute("SELECT COUNT(*) FROM episode_embeddings WHERE embedding IS NOT NULL").fetchall() == [(0,)]
     db.close()
 
