@@ -14,6 +14,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -241,20 +242,35 @@ def test_flower_lists_the_tasks(fleet: Fleet) -> None:
 
 
 def test_compose_down_and_up_again_loses_nothing_queued_or_running(fleet: Fleet) -> None:
-    # Not held at the gate: with it this test's task ended failed in three runs out of three (not yet understood,
-    # see the issue-24 note); it stops the workers within the model's scripted pause, as before.
-    running = fleet.submit(fleet.new_issue())
-    fleet.stack.wait(lambda: fleet.mid_task(running), BUSY_DEADLINE_S, f"task {running} to be mid-task",
-                     logs_of="worker")
-    fleet.stack.compose("stop", "worker", timeout_s=300)  # SIGTERM: the running task is handed back
+    # Held at the gate until its worker is shutting down: the SIGTERM always lands mid-task, however slow the
+    # machine, and the task hands back at the step the released answer completes. (Before the monitor waited for a
+    # delivery still in the queue, it failed this task in busy runs: every worker was stopped long enough for it to
+    # count three re-enqueues that nobody could take.)
+    number = fleet.new_issue(held=True)
+    running = fleet.submit(number)
+    fleet.stack.wait(lambda: fleet.held(number), BUSY_DEADLINE_S, f"task {running} to be mid-task", logs_of="worker")
+    holder = fleet.holder_container(running)
+
+    def holder_stopping() -> bool:
+        done = fleet.stack.engine.docker("logs", "--tail", "50", holder, check=False)
+        return "worker shutting down" in done.stdout + done.stderr
+
+    with ThreadPoolExecutor(1) as pool:
+        stopping = pool.submit(fleet.stack.compose, "stop", "worker", timeout_s=300)  # SIGTERM: handed back
+        fleet.stack.wait(holder_stopping, BUSY_DEADLINE_S, "the holder to begin its warm shutdown", logs_of="worker")
+        fleet.release(number)
+        stopping.result()
+    stopped = fleet.stack.logs("worker", tail=400)
+    assert "task handed back on shutdown" in stopped, stopped[-8000:]
     queued = fleet.submit(fleet.new_issue())  # no worker is up to take it
 
     fleet.stack.down()  # containers gone; the named volumes (Redis's append-only file, contexts) stay
-    assert fleet.completed_state(running) is None, fleet.completed_state(running)
+    ended = fleet.completed_state(running)
+    assert ended is None, (ended.get("error"), ended, stopped[-8000:])
     assert fleet.completed_state(queued) is None
     fleet.stack.up()
 
     for uuid in (running, queued):
         state = fleet.wait_finished(uuid)
-        assert state["status"] == "completed", state
+        assert state["status"] == "completed", (state.get("error"), state, fleet.stack.logs("worker")[-6000:])
         assert_each_step_once(fleet, uuid)

@@ -33,7 +33,6 @@ OWNER, REPO = "Codertocat", "Hello-World"
 FORGE_TOKEN = "compose-forge-token-8e1f0c"
 GITHUB_SECRET = "compose-github-webhook-secret"
 FLOWER_AUTH = ("operator", "compose-flower-password")
-PAUSE_S = 6.0  # the model's pause before every task's second answer, first asked
 GATE = "second-answer"  # a held task's second answer waits here until its test has killed or stopped its worker
 HOLD_MARK = r"\(held by the test: \d+\)"
 TURNS = 5
@@ -96,10 +95,6 @@ class Fleet:
                                                 f"task {uuid} to finish")
         return state
 
-    def mid_task(self, uuid: str) -> bool:
-        """The task's first tool result is on disk: the model now pauses before its second answer."""
-        return any(m.get("role") == "tool" for m in self.messages(uuid))
-
     def holder_container(self, uuid: str) -> str:
         """The worker container whose process holds the context (by the PID namespace the lock records)."""
         lock = json.loads(self.running_file(uuid, ".lock").read_text())
@@ -135,7 +130,6 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -
     # The first answer proves the sandbox: in bubblewrap's PID namespace, process 1 is bwrap itself.
     trajectory[0]["tool_calls"][0]["arguments"]["command"] = "cat /proc/1/comm; python -m unittest -q"
     trajectory.insert(1, {"gate": GATE, "gate_when": HOLD_MARK})
-    trajectory.insert(1, {"delay_s": PAUSE_S})  # every task's second answer waits a while (the down-and-up test)
     with model_server(trajectory) as model, FakeForge(root / "forge", FORGE_TOKEN).serve() as forge:
         forge.add_repo(OWNER, REPO, make_buggy_repo(root / "source"))
         settings = {

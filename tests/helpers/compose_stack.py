@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from tests.helpers.docker_host import REPO_ROOT, Engine
+from tests.helpers.docker_host import PROJECT_IMAGE, REPO_ROOT, Engine
 
 HEALTHCHECK_INTERVAL = {"interval": "2s", "timeout": "20s", "retries": 10, "start_period": "5s"}
 UNIQUE_NODE = (
@@ -110,8 +110,9 @@ class ComposeStack:
         argv = [*self.engine.compose, "--project-directory", str(REPO_ROOT), "-p", self.project]
         for file in files:
             argv += ["-f", str(file)]
-        done = subprocess.run([*argv, *args], env={**os.environ, **self.variables}, capture_output=True, text=True,
-                              timeout=timeout_s, check=False, cwd=self.workdir)
+        env = {**os.environ, "TASUKI_IMAGE": PROJECT_IMAGE, **self.variables}  # this checkout's image, no other's
+        done = subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              cwd=self.workdir)
         if check and done.returncode != 0:
             raise RuntimeError(f"compose {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done

@@ -1,7 +1,7 @@
 """A Docker engine for the compose test, on a machine that reaches Debian's packages and PyPI but no image registry.
 
     engine = docker_engine()                  # dockerd answers (started here, as root, when it does not)
-    build_images(engine)                      # stand-ins for python:3.11-slim and redis:7, then tasuki:latest
+    build_images(engine)                      # stand-ins for python:3.11-slim and redis:7, then PROJECT_IMAGE
 
 The stand-ins are made from Debian's packages: ``debootstrap`` makes a bookworm root file system with this
 machine's CA bundle in it (the machine's own package clients trust it, so the image's pip and apt do too),
@@ -17,6 +17,7 @@ Run as a module to build everything ahead of the tests (``.ci/run`` does, while 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -29,7 +30,10 @@ from pathlib import Path
 from filelock import FileLock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROJECT_IMAGE = "tasuki:latest"  # docker-compose.yml's image for every service built from this repository
+# docker-compose.yml's image for every service built from this repository (its TASUKI_IMAGE): a tag of this
+# checkout's own, so that two checkouts tested at once on one machine (two CI runs, a developer's run beside one)
+# never run each other's code under one shared tag.
+PROJECT_IMAGE = f"tasuki:checkout-{hashlib.sha256(str(REPO_ROOT).encode()).hexdigest()[:12]}"
 # Every toolchain the Dockerfile's TOOLCHAINS argument offers: the compose tests run a tiny project in each.
 TOOLCHAINS = "python node go java rust build"
 BASE_IMAGE = "tasuki-standin/debian:bookworm"
