@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +49,20 @@ class DurableWriter(Protocol):
         last (what a push is leased on), None where nothing records one (one host)."""
 
 
+@dataclass(frozen=True)
+class Committed:
+    """A context as the durable copy has it, and its lease: what a host without its directory knows of it (the
+    monitor's view of a task another host held)."""
+
+    metadata: Mapping[str, Any]
+    state: Mapping[str, Any]
+    """The last committed ``state.json``."""
+    owner: str | None
+    """The lease's holder and epoch (``hostname:pid#epoch``); None once released."""
+    live: bool
+    """The lease is held and has not run out, by the store's clock."""
+
+
 class DurableCopy(Protocol):
     """Where a store keeps its contexts beside the host's directories, and whose lease says who holds one."""
 
@@ -64,6 +79,9 @@ class DurableCopy(Protocol):
 
     def knows(self, uuid: str) -> bool:
         """Whether the durable copy has the context (so a host without its directory can rebuild it)."""
+
+    def committed(self, uuid: str) -> Committed | None:
+        """The context's metadata, last committed state and lease; None when the durable copy has no such context."""
 
 
 class _NoWriter:
@@ -104,6 +122,9 @@ class _OneHost:
 
     def knows(self, uuid: str) -> bool:
         return False
+
+    def committed(self, uuid: str) -> Committed | None:
+        return None
 
 
 NO_WRITER: DurableWriter = _NoWriter()

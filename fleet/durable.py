@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import structlog
 
 from contexts.atomic import fsync_dir, write_json_atomic
+from contexts.durable import Committed
 from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
 from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
 from fleet import lease
@@ -88,6 +89,11 @@ _CREATE = """
 INSERT INTO tasuki_contexts (uuid, metadata, state, epoch) VALUES (%(uuid)s, %(metadata)s::jsonb, %(state)s::jsonb, 0)
 ON CONFLICT (uuid) DO NOTHING
 RETURNING uuid"""
+
+_COMMITTED = """
+SELECT c.metadata, c.state, l.holder, l.epoch, l.holder IS NOT NULL AND l.expires_at > now()
+FROM tasuki_contexts AS c LEFT JOIN tasuki_leases AS l ON l.uuid = c.uuid
+WHERE c.uuid = %s"""
 
 
 def _json(value: Mapping[str, Any]) -> str:
@@ -286,6 +292,15 @@ class PostgresCopy:
         """Whether the fleet's store has the context."""
         with self.store.connection() as conn:
             return conn.execute("SELECT 1 FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone() is not None
+
+    def committed(self, uuid: str) -> Committed | None:
+        """The context's metadata, last committed state and lease, its liveness judged by the database's clock."""
+        with self.store.connection() as conn:
+            row = conn.execute(_COMMITTED, (uuid,)).fetchone()
+        if row is None:
+            return None
+        metadata, state, holder, epoch, live = row
+        return Committed(metadata, state, f"{holder}#{epoch}" if holder else None, bool(live))
 
     def rebuild(self, uuid: str, directory: Path) -> None:
         """Write the context's files into ``directory`` (created 0700 if missing) as its committed steps left them:

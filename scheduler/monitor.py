@@ -23,7 +23,7 @@ from contexts.clock import iso, parse_iso
 from contexts.errors import BAD_DATA_ERRORS, ContextError
 from contexts.lock import LockInfo, holder_alive, is_hung, read_lock, stop_hung_holder
 from contexts.masking import mask
-from contexts.names import LOCK_FILE, METADATA_FILE
+from contexts.names import FINAL_STATUSES, LOCK_FILE, METADATA_FILE
 from contexts.repair import RepairSkipped, drop_running_copy, finish_move, finish_status, remove_completed_lock
 from contexts.state import read_state
 from scheduler.plan import Action, Copy, Policy, Seen, plan
@@ -86,6 +86,8 @@ class Monitor:
         try:
             running = self._copy(self.store.running_path(uuid))
             completed = self._copy(self.store.completed_path(uuid))
+            if running is None and completed is None:
+                running, completed = self._elsewhere(uuid)
         except UNREADABLE as exc:  # reported and skipped, never fatal to the pass
             return Seen(uuid, indexed=indexed, unreadable=f"{type(exc).__name__}: {exc}"[:200])
         return Seen(uuid, running=running, completed=completed, indexed=indexed)
@@ -108,6 +110,36 @@ class Monitor:
             lock=lock,
             holder_alive=alive,
         )
+
+    def _elsewhere(self, uuid: str) -> tuple[Copy | None, Copy | None]:
+        """Fleet mode: a context of another host, as the durable copy has it (running or finished), its lease for a
+        lock. One host keeps no copy beside its directories: nothing."""
+        found = self.store.durable.committed(uuid)
+        if found is None:
+            return None, None
+        state = found.state
+        copy = Copy(
+            status=str(state.get("status")),
+            updated_at=parse_iso(str(state["updated_at"])),
+            attempt=int(state.get("attempt", 1)),
+            handbacks=int(state.get("handbacks", 0) or 0),
+            cancel_requested=bool(state.get("cancel_requested")),
+            error=state.get("error"),
+            final_status=state.get("final_status"),
+            lease_live=found.live,
+            lease_owner=found.owner,
+        )
+        return (None, copy) if copy.status in FINAL_STATUSES else (copy, None)
+
+    def _owner_and_request(self, uuid: str) -> tuple[LockInfo | None, str | None, dict[str, Any] | None]:
+        """Who holds the context now (its ``.lock``, or in fleet mode the lease of another host's context) and the
+        task request it records."""
+        if self.store.running_path(uuid).is_dir():
+            holder = self.store.read_lock(uuid)
+            return holder, holder.owner if holder is not None else None, _request(self.store.running_path(uuid))
+        found = self.store.durable.committed(uuid)
+        request = found.metadata.get("request") if found is not None else None
+        return None, found.owner if found is not None else None, request if isinstance(request, dict) else None
 
     # -- carry out ----------------------------------------------------------------------------------
 
@@ -149,11 +181,10 @@ class Monitor:
         return Outcome(action, True, detail)
 
     def _resume(self, action: Action, now: datetime) -> Outcome:
-        holder = self.store.read_lock(action.uuid)
-        if (holder.owner if holder is not None else None) != action.owner:
+        holder, owner, request = self._owner_and_request(action.uuid)
+        if owner != action.owner:
             return Outcome(action, False, "taken over meanwhile")
         self._stop_if_hung(action.uuid, holder, now)
-        request = _request(self.store.running_path(action.uuid))
         if request is None:
             return self._fail(action, now, "no task request recorded in metadata.json")
         # A delivery sent before still waits in the tasks queue (no worker is up, or all are busy): nothing was

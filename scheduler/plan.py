@@ -34,6 +34,11 @@ class Copy:
     lock: LockInfo | None = None
     holder_alive: bool = False
     """``kill -0`` of the lock's process succeeded on this host (always false for another host's lock)."""
+    lease_live: bool | None = None
+    """Fleet mode, a context this host has no directory of: the durable copy's last committed state, whose lease
+    (not a ``.lock``) says whether its holder lives — by the store's clock. None: this host's own directory."""
+    lease_owner: str | None = None
+    """That lease's holder and epoch, so a resume can tell that someone took the context over meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -115,13 +120,15 @@ def _plan_completed(uuid: str, copy: Copy, now: datetime, policy: Policy) -> lis
 
 
 def _plan_running(uuid: str, copy: Copy, now: datetime, policy: Policy) -> list[Action]:
+    if copy.lease_live is not None and copy.status == "completing":
+        return [Action(uuid, "skip", "completing on another host: not repaired from here (yet)")]
     if not _quiet(copy, now, policy) and copy.lock is None:
         # No lock and recent activity: finishing, or just handed back and requeued by its worker.
         return [Action(uuid, "skip", f"no lock but active {_age(copy.updated_at, now):.0f}s ago")]
     if copy.status == "completing":
         return [_repair(uuid, "finish_move", "completion interrupted before the move to completed/")]
     since = copy.lock.heartbeat_at if copy.lock is not None else copy.updated_at
-    owner = copy.lock.owner if copy.lock is not None else None
+    owner = copy.lock.owner if copy.lock is not None else copy.lease_owner
     error = LOST_ERROR.format(since=iso(since))  # recorded if it fails (a resume falls back to failing)
     if policy.resume and copy.attempt - copy.handbacks < policy.max_attempts and not copy.cancel_requested:
         reason = f"heartbeat stale since {iso(since)}; attempt {copy.attempt} of {policy.max_attempts}"
@@ -139,6 +146,8 @@ def _why_not_resumed(copy: Copy, policy: Policy) -> str:
 
 
 def _live(copy: Copy, now: datetime, policy: Policy) -> bool:
+    if copy.lease_live is not None:
+        return copy.lease_live
     if copy.lock is None:
         return False
     return not is_stale(copy.lock, now, policy.stale_after_s, policy.hostname, copy.holder_alive, policy.hung_after_s)
@@ -161,6 +170,8 @@ def _age(moment: datetime, now: datetime) -> float:
 
 
 def _holder(copy: Copy) -> str:
+    if copy.lease_live is not None:
+        return f"lease {copy.lease_owner}"
     return copy.lock.worker if copy.lock is not None else "no lock"
 
 

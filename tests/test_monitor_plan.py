@@ -124,3 +124,24 @@ def test_attempts_handed_back_on_a_warm_shutdown_do_not_count_towards_max_attemp
     assert action.kind == "resume"
     [action] = plan([Seen(UUID, running=running(attempt=5, handbacks=2), indexed=True)], NOW, POLICY)
     assert action.kind == "fail"
+
+
+# -- fleet mode: another host's context, as the durable copy has it (its lease for a lock) ------------------
+
+
+def elsewhere(live: bool, age_s: float = 120, status: str = "processing") -> Copy:
+    return Copy(status=status, updated_at=NOW - timedelta(seconds=age_s), lease_live=live, lease_owner="h1:7#3")
+
+
+def test_another_hosts_context_whose_lease_lives_is_skipped_however_old_its_last_step() -> None:
+    [action] = plan([Seen(UUID, running=elsewhere(live=True, age_s=3600), indexed=True)], NOW, POLICY)
+    assert (action.kind, action.reason) == ("skip", "held by a live worker (lease h1:7#3)")
+
+
+def test_another_hosts_context_whose_lease_ran_out_is_resumed_with_the_leases_owner() -> None:
+    [action] = plan([Seen(UUID, running=elsewhere(live=False), indexed=True)], NOW, POLICY)
+    assert (action.kind, action.owner) == ("resume", "h1:7#3")
+
+
+def test_another_hosts_interrupted_completion_is_not_repaired_from_here() -> None:
+    assert kinds(Seen(UUID, running=elsewhere(live=False, status="completing"), indexed=True)) == ["skip"]
