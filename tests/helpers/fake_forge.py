@@ -231,10 +231,11 @@ class FakeForge:
         return f"{self.url}/git/{owner}/{repo}.git"
 
     @contextmanager
-    def serve(self) -> Iterator[FakeForge]:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+    def serve(self, host: str = "127.0.0.1") -> Iterator[FakeForge]:
+        """Serve on a free port of ``host`` (an address of the network namespace the calling thread is in)."""
+        server = ThreadingHTTPServer((host, 0), _handler_for(self))
         server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        self.url = f"http://{host}:{server.server_address[1]}"
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-forge",
                                   daemon=True)
         thread.start()

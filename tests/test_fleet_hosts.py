@@ -1,0 +1,125 @@
+"""The fleet across hosts (SPEC §12, issue 27): three worker hosts and a storage host, each a network namespace
+with its own hostname, PID namespace and directories (tests/helpers/netns.py, tests/helpers/fleet_netns.py);
+PostgreSQL and Redis on the storage host, the scripted model and the fake forge on a host of their own. Faults with
+a task in flight on every host, each landing by event (the model holds turn 2 of every task at a gate), never by
+speed. Each fault: every task completes exactly once on the fleet — one pull request, every model answer once in
+the durable copy, nothing lost. Run them with ``-n 0``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replay.trajectory import MARKER_PATTERN
+from tests.helpers.fleet_netns import OWNER, REPO, Fleet, tasuki_fleet
+
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
+
+STEPS = 5  # bash steps, then finish
+GATE_TURN = 2
+TASKS = (1, 2, 3)
+
+
+def turns(gate: str) -> list[dict[str, Any]]:
+    """``STEPS`` bash steps, each adding a line with its step and its host to ``log.txt``, then ``finish``; turn
+    ``GATE_TURN`` is held at ``gate`` until the test opens it."""
+    entries: list[dict[str, Any]] = [
+        {
+            "content": f"Step {n}.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": f'echo "step {n} host=$(hostname)" >> log.txt'}}],
+        }
+        for n in range(STEPS)
+    ]
+    entries.append({"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Logged."}}]})
+    entries[GATE_TURN]["gate"] = gate
+    return entries
+
+
+def holders(fleet: Fleet) -> dict[str, str]:
+    """The live leases' holders: hostname -> the task's UUID."""
+    rows = fleet.query("SELECT uuid, holder FROM tasuki_leases WHERE holder IS NOT NULL")
+    return {str(holder).split(":", 1)[0]: str(uuid) for uuid, holder in rows}
+
+
+def in_flight_on_every_host(fleet: Fleet, gate: str) -> dict[str, str] | None:
+    """Every host holds a task, and every task waits at the gate (its earlier steps committed)."""
+    held = holders(fleet)
+    reached = fleet.model.model.gates().get(gate, {}).get("reached", 0)
+    names = {host.hostname for host in fleet.hosts}
+    return held if set(held) == names and reached >= len(names) else None
+
+
+def ended(fleet: Fleet, uuids: list[str]) -> dict[str, dict[str, Any]] | None:
+    states = fleet.states()
+    done = {uuid: states[uuid] for uuid in uuids if states.get(uuid, {}).get("status") in ("completed", "failed")}
+    return done if len(done) == len(uuids) else None
+
+
+def records(fleet: Fleet, uuid: str, file: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """The durable copy's lines of one file of a context: (id, epoch, record)."""
+    rows = fleet.query(
+        "SELECT id, epoch, line::text FROM tasuki_records WHERE uuid = %s AND file = %s ORDER BY id", uuid, file
+    )
+    return [(int(id_), int(epoch), json.loads(line)) for id_, epoch, line in rows]
+
+
+def assert_once_in_the_durable_copy(fleet: Fleet, uuid: str, turn_count: int) -> None:
+    """Every model answer exactly once, in order; every tool call answered once; no gap in either file."""
+    messages = [record for _id, _epoch, record in records(fleet, uuid, "messages.jsonl")]
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    answers = [MARKER_PATTERN.search(m.get("content") or "") for m in messages if m["role"] == "assistant"]
+    assert [int(found.group(1)) for found in answers if found] == list(range(turn_count)), messages
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert len(answered) == len(set(answered)) == turn_count
+    tools = [record for _id, _epoch, record in records(fleet, uuid, "tools.jsonl")]
+    assert [t["seq"] for t in tools] == list(range(1, turn_count + 1))
+
+
+def assert_one_pull_request_each(fleet: Fleet, states: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """One pull request per task, on the branch the task recorded, whose head is the task's commit and whose
+    ``log.txt`` has every step once; returns each task's log lines."""
+    branches = sorted(state["result"]["branch"] for state in states.values())
+    assert sorted(change.head for change in fleet.forge.changes) == branches
+    bare = fleet.forge.git_root / OWNER / f"{REPO}.git"
+    logs = {}
+    for uuid, state in states.items():
+        branch = state["result"]["branch"]
+        head = subprocess.run(
+            ["git", "rev-parse", f"refs/heads/{branch}"], cwd=bare, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert head == state["result"]["commit"]
+        logs[uuid] = fleet.forge.branch_file(OWNER, REPO, branch, "log.txt").splitlines()
+        assert [line.split(" host=")[0] for line in logs[uuid]] == [f"step {n}" for n in range(STEPS)]
+    return logs
+
+
+def test_a_host_killed_mid_task_its_task_completes_once_on_another_host(tmp_path: Path) -> None:
+    gate = "host-killed"
+    entries = turns(gate)
+    with tasuki_fleet(tmp_path, entries) as fleet:
+        fleet.start_workers()
+        uuids = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in TASKS]
+        held = fleet.wait_until(lambda: in_flight_on_every_host(fleet, gate), "a task in flight on every host")
+        dead, victim = fleet.hosts[0], held[fleet.hosts[0].hostname]
+        dead.kill()  # every process of host-1, at once
+        assert dead.pids() == []
+        fleet.model.model.open_gate(gate)
+        states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
+        assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
+        assert {uuid: s["attempt"] for uuid, s in states.items()} == {u: 2 if u == victim else 1 for u in uuids}
+        for uuid in uuids:
+            assert_once_in_the_durable_copy(fleet, uuid, len(entries))
+        logs = assert_one_pull_request_each(fleet, states)
+        leases = dict(fleet.query("SELECT uuid::text, epoch FROM tasuki_leases WHERE holder IS NULL"))
+        assert leases == {u: 2 if u == victim else 1 for u in uuids}  # all released; the victim's taken twice
+        finisher = str(states[victim]["worker"]).split(":", 1)[0]
+        assert finisher in {host.hostname for host in fleet.hosts[1:]}
+        before, after = logs[victim][:GATE_TURN], logs[victim][GATE_TURN:]
+        assert {line.split(" host=")[1] for line in before} == {dead.hostname}  # its steps before the kill kept
+        assert {line.split(" host=")[1] for line in after} == {finisher}
+        epochs = {epoch for _id, epoch, _record in records(fleet, victim, "messages.jsonl")}
+        assert epochs == {1, 2}  # the dead host's committed steps kept, the rest written by the new holder
