@@ -20,6 +20,7 @@ import structlog
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, LockHeldError, TasukiError
 from contexts.atomic import read_json
 from contexts.clock import iso, parse_iso
+from contexts.durable import Committed
 from contexts.errors import BAD_DATA_ERRORS, ContextError
 from contexts.lock import LockInfo, holder_alive, is_hung, read_lock, stop_hung_holder
 from contexts.masking import mask
@@ -31,7 +32,8 @@ from worker import bookkeeping
 from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX, TASKS_QUEUE
 
 RESENT_TTL_S = 8 * 24 * 3600  # longer than any task may live (visibility timeout x attempts at the defaults)
-UNREADABLE: tuple[type[Exception], ...] = (ContextError, OSError, *BAD_DATA_ERRORS)
+# A copy that cannot be read: a context's error, or (fleet mode) the fleet's store out of reach.
+UNREADABLE: tuple[type[Exception], ...] = (TasukiError, OSError, *BAD_DATA_ERRORS)
 log = structlog.get_logger(__name__)
 
 Send = Callable[[str, dict[str, Any]], None]
@@ -82,12 +84,14 @@ class Monitor:
         return [self.inspect(uuid, indexed=uuid in indexed) for uuid in sorted(candidates)]
 
     def inspect(self, uuid: str, *, indexed: bool = False) -> Seen:
-        """Read both possible copies of one context."""
+        """Read both possible copies of one context (in fleet mode, the durable copy's where it decides)."""
         try:
             running = self._copy(self.store.running_path(uuid))
             completed = self._copy(self.store.completed_path(uuid))
-            if running is None and completed is None:
-                running, completed = self._elsewhere(uuid)
+            if completed is None:
+                found = self._fleet_view(uuid, running.lock if running else None, local=running is not None)
+                if found is not None:
+                    running, completed = _fleet_copy(found)
         except UNREADABLE as exc:  # reported and skipped, never fatal to the pass
             return Seen(uuid, indexed=indexed, unreadable=f"{type(exc).__name__}: {exc}"[:200])
         return Seen(uuid, running=running, completed=completed, indexed=indexed)
@@ -111,35 +115,27 @@ class Monitor:
             holder_alive=alive,
         )
 
-    def _elsewhere(self, uuid: str) -> tuple[Copy | None, Copy | None]:
-        """Fleet mode: a context of another host, as the durable copy has it (running or finished), its lease for a
-        lock. One host keeps no copy beside its directories: nothing."""
+    def _fleet_view(self, uuid: str, lock: LockInfo | None, *, local: bool) -> Committed | None:
+        """Fleet mode: the durable copy's record of the context where it, not this host's directory, says who holds
+        it — this host has no directory of it, or the fleet finished it, or the lease names another holder than the
+        directory's ``.lock`` (a fenced holder's leftover). None: one host, or this host's own holder's."""
         found = self.store.durable.committed(uuid)
-        if found is None:
-            return None, None
-        state = found.state
-        copy = Copy(
-            status=str(state.get("status")),
-            updated_at=parse_iso(str(state["updated_at"])),
-            attempt=int(state.get("attempt", 1)),
-            handbacks=int(state.get("handbacks", 0) or 0),
-            cancel_requested=bool(state.get("cancel_requested")),
-            error=state.get("error"),
-            final_status=state.get("final_status"),
-            lease_live=found.live,
-            lease_owner=found.owner,
-        )
-        return (None, copy) if copy.status in FINAL_STATUSES else (copy, None)
+        if found is None or not local:
+            return found
+        holder = found.owner.rsplit("#", 1)[0] if found.owner else None
+        if found.state.get("status") in FINAL_STATUSES or holder != (lock.worker if lock is not None else None):
+            return found
+        return None
 
     def _owner_and_request(self, uuid: str) -> tuple[LockInfo | None, str | None, dict[str, Any] | None]:
-        """Who holds the context now (its ``.lock``, or in fleet mode the lease of another host's context) and the
-        task request it records."""
-        if self.store.running_path(uuid).is_dir():
-            holder = self.store.read_lock(uuid)
+        """Who holds the context now (its ``.lock``, or the fleet's lease where that decides) and its task request."""
+        local = self.store.running_path(uuid).is_dir()
+        holder = self.store.read_lock(uuid) if local else None
+        found = self._fleet_view(uuid, holder, local=local)
+        if found is None:
             return holder, holder.owner if holder is not None else None, _request(self.store.running_path(uuid))
-        found = self.store.durable.committed(uuid)
-        request = found.metadata.get("request") if found is not None else None
-        return None, found.owner if found is not None else None, request if isinstance(request, dict) else None
+        request = found.metadata.get("request")
+        return None, found.owner, request if isinstance(request, dict) else None
 
     # -- carry out ----------------------------------------------------------------------------------
 
@@ -252,6 +248,24 @@ class Monitor:
             self.ended(uuid, task_key, status)
         except Exception as exc:
             log.warning("monitor: the task's ending was not announced", uuid=uuid, error=mask(str(exc))[:300])
+
+
+def _fleet_copy(found: Committed) -> tuple[Copy | None, Copy | None]:
+    """The durable copy's record as the running or the completed copy that :func:`scheduler.plan.plan` judges, its
+    lease for a lock."""
+    state = found.state
+    copy = Copy(
+        status=str(state.get("status")),
+        updated_at=parse_iso(str(state["updated_at"])),
+        attempt=int(state.get("attempt", 1)),
+        handbacks=int(state.get("handbacks", 0) or 0),
+        cancel_requested=bool(state.get("cancel_requested")),
+        error=state.get("error"),
+        final_status=state.get("final_status"),
+        lease_live=found.live,
+        lease_owner=found.owner,
+    )
+    return (None, copy) if copy.status in FINAL_STATUSES else (copy, None)
 
 
 def _request(directory: Path) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ import structlog
 from contexts import ContextStore
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
-from contexts.errors import BAD_DATA_ERRORS, ContextError
+from contexts.errors import BAD_DATA_ERRORS, ContextError, TasukiError
 from contexts.masking import mask, mask_value
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES, METADATA_FILE
 from contexts.state import read_state
@@ -165,10 +165,18 @@ def _result_repaired(backend: ResultBackend, task: Finished) -> bool:
 
 
 def _gone(store: ContextStore, uuid: str) -> bool:
+    """No context of that UUID anywhere: not on this host's disk, nor (fleet mode) another host's in the durable
+    copy — whose holder may be alive, or dead and waiting for the monitor, which finds it by this index."""
     try:
-        return not store.running_path(uuid).exists() and not store.completed_path(uuid).exists()
+        here = store.running_path(uuid).exists() or store.completed_path(uuid).exists()
     except ContextError:
         return True  # not even a valid UUID: nothing can run under it
+    if here:
+        return False
+    try:
+        return not store.durable.knows(uuid)
+    except TasukiError:  # the fleet's store out of reach: not known to be gone
+        return False
 
 
 def _members(client: redis.Redis, key: str) -> set[str]:

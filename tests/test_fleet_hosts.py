@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from replay.trajectory import MARKER_PATTERN
+from tests.helpers.celery_worker import REPO_ROOT
 from tests.helpers.fleet_netns import OWNER, REPO, Fleet, tasuki_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
@@ -45,12 +47,31 @@ def holders(fleet: Fleet) -> dict[str, str]:
     return {str(holder).split(":", 1)[0]: str(uuid) for uuid, holder in rows}
 
 
+def checkpoint(fleet: Fleet, uuid: str) -> str:
+    """The subject of the task's newest checkpoint on the remote ("" before the first)."""
+    bare = fleet.forge.git_root / OWNER / f"{REPO}.git"
+    listed = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname) %(contents:subject)", "refs/heads/tasuki-checkpoints/"],
+        cwd=bare,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ref = next((line for line in listed.stdout.splitlines() if line.split(" ", 1)[0].endswith(f"-{uuid[:8]}")), "")
+    return ref.split(" ", 1)[1] if " " in ref else ""
+
+
 def in_flight_on_every_host(fleet: Fleet, gate: str) -> dict[str, str] | None:
-    """Every host holds a task, and every task waits at the gate (its earlier steps committed)."""
+    """Every host holds a task, and every task waits at the gate with its earlier steps committed and their
+    checkpoint on the remote (the push overlaps the next model call: a fault before it lands loses the step's
+    checkout, which the next holder tells the model to redo — a scripted model would not)."""
     held = holders(fleet)
     reached = fleet.model.model.gates().get(gate, {}).get("reached", 0)
     names = {host.hostname for host in fleet.hosts}
-    return held if set(held) == names and reached >= len(names) else None
+    if set(held) != names or reached < len(names):
+        return None
+    pushed = all(checkpoint(fleet, uuid) == f"tasuki: checkpoint after step {GATE_TURN}" for uuid in held.values())
+    return held if pushed else None
 
 
 def ended(fleet: Fleet, uuids: list[str]) -> dict[str, dict[str, Any]] | None:
@@ -123,3 +144,58 @@ def test_a_host_killed_mid_task_its_task_completes_once_on_another_host(tmp_path
         assert {line.split(" host=")[1] for line in after} == {finisher}
         epochs = {epoch for _id, epoch, _record in records(fleet, victim, "messages.jsonl")}
         assert epochs == {1, 2}  # the dead host's committed steps kept, the rest written by the new holder
+
+
+def remote_and_forge(fleet: Fleet) -> str:
+    """Everything a holder can change outside the durable copy: every ref of the remote, the issues' labels and
+    comments (with their edits), the pull requests."""
+    bare = fleet.forge.git_root / OWNER / f"{REPO}.git"
+    refs = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
+        cwd=bare,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    items = [
+        (i.number, sorted(i.labels), [(c.id, c.body, list(c.history)) for c in i.comments])
+        for i in fleet.forge.items.values()
+    ]
+    changes = [(c.number, c.head, c.base, c.title, c.body) for c in fleet.forge.changes]
+    return json.dumps([refs, items, changes], sort_keys=True, default=str)
+
+
+def test_a_host_cut_off_past_its_lease_then_healed_keeps_running_and_writes_nothing_more(tmp_path: Path) -> None:
+    gate = "host-cut"
+    entries = turns(gate)
+    with tasuki_fleet(tmp_path, entries) as fleet:
+        fleet.start_workers()
+        uuids = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in TASKS]
+        held = fleet.wait_until(lambda: in_flight_on_every_host(fleet, gate), "a task in flight on every host")
+        cut, victim = fleet.hosts[0], held[fleet.hosts[0].hostname]
+        kept = records(fleet, victim, "messages.jsonl")  # what its holder committed before the cut
+        cut.cut()
+        fleet.model.model.open_gate(gate)  # the other hosts go on; the answer to the cut-off host cannot reach it
+        # Its lease runs out by the database's clock; a monitor resumes the task, a host with a free slot takes it.
+        states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
+        seen = remote_and_forge(fleet), fleet.states(), records(fleet, victim, "messages.jsonl")
+        cut.heal()
+        # The healed host's holder gets its answer (or asks again), tries to go on, and learns it was fenced.
+        log = fleet.root / f"{cut.hostname}-tasks.log"
+        fleet.wait_until(lambda: "this delivery stops writing" in log.read_text(), "the healed holder fenced")
+        fleet.wait_until(lambda: f"tasuki.run_task[{victim}] ignored" in log.read_text(), "its delivery to end")
+        # A monitor pass on the healed host finds the fenced holder's directory, a leftover: the fleet finished the
+        # task elsewhere. Nothing to resume, no holder to kill.
+        reap = cut.run([sys.executable, "-m", "cli.main", "reap"], env=fleet.env(cut), cwd=REPO_ROOT)
+        assert (reap.returncode, reap.stdout.strip()) == (0, "nothing to do"), reap.stderr[-2000:]
+        assert "monitor killed a hung holder" not in (fleet.root / f"{cut.hostname}-maint.log").read_text()
+        assert all(process.poll() is None for process in cut.processes)  # its workers keep running
+        assert fleet.answers_ping(f"tasks@{cut.hostname}")
+        assert (remote_and_forge(fleet), fleet.states(), records(fleet, victim, "messages.jsonl")) == seen
+        assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
+        assert states[victim]["attempt"] == 2
+        for uuid in uuids:
+            assert_once_in_the_durable_copy(fleet, uuid, len(entries))
+        assert_one_pull_request_each(fleet, states)
+        fenced = [(id_, record) for id_, epoch, record in records(fleet, victim, "messages.jsonl") if epoch == 1]
+        assert [(id_, record) for id_, _epoch, record in kept] == fenced  # nothing from epoch 1 after the cut

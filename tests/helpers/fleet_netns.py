@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,12 +42,11 @@ from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import wait_for
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.netns import SUBNET, Host, Namespace, Network, network
-from tests.helpers.postgres import PostgresServer
+from tests.helpers.postgres import PostgresServer, free_port
 from tests.helpers.stack import make_buggy_repo
 from worker.names import RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 
 REDIS_SERVER = "/usr/bin/redis-server"
-REDIS_PORT = 6379
 FORGE_TOKEN = "fleet-forge-token-9e2f"
 OWNER, REPO = "team", "calc"
 READY_TIMEOUT_S = 90.0
@@ -72,6 +72,7 @@ class Fleet:
     services: Namespace
     postgres: PostgresServer
     database: str
+    redis_url: str
     model: ReplayServer
     forge: FakeForge
     hosts: list[Host]
@@ -80,10 +81,6 @@ class Fleet:
     @property
     def dsn(self) -> str:
         return self.postgres.dsn(self.database)
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://{self.storage.address}:{REDIS_PORT}/0"
 
     def env(self, host: Host) -> dict[str, str]:
         """A worker's settings on ``host``: the fleet's store and broker, the host's own directories."""
@@ -111,42 +108,23 @@ class Fleet:
         """``celery -A worker worker`` on ``host``, waited for until it answers a ping."""
         log = self.root / f"{host.hostname}-{name}.log"
         self.logs.append(log)
-        process = host.popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "worker",
-                "worker",
-                "-n",
-                f"{name}@%h",
-                "-Q",
-                queues,
-                "-c",
-                "1",
-                "-P",
-                pool,
-                "--without-gossip",
-                "--without-mingle",
-                "-E",
-                "-l",
-                "INFO",
-            ],
-            env=self.env(host),
-            log=log,
-            cwd=REPO_ROOT,
-        )
+        options = f"-n {name}@%h -Q {queues} -c 1 -P {pool} --without-gossip --without-mingle -E -l INFO"
+        command = [sys.executable, "-m", "celery", "-A", "worker", "worker", *options.split()]
+        process = host.popen(command, env=self.env(host), log=log, cwd=REPO_ROOT)
         wanted = f"{name}@{host.hostname}"
+
+        def answers() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"{wanted} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            return self.answers_ping(wanted)
+
+        wait_for(answers, timeout=READY_TIMEOUT_S, what=f"{wanted} to answer a ping")
+
+    def answers_ping(self, worker: str) -> bool:
+        """Whether the Celery worker named ``worker`` (``name@hostname``) answers a ping through the broker."""
         probe = Celery(broker=self.redis_url)
         try:
-
-            def answers() -> bool:
-                if process.poll() is not None:
-                    raise AssertionError(f"{wanted} exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-                return any(wanted in reply for reply in probe.control.ping(timeout=0.5) or [])
-
-            wait_for(answers, timeout=READY_TIMEOUT_S, what=f"{wanted} to answer a ping")
+            return any(worker in reply for reply in probe.control.ping(timeout=0.5) or [])
         finally:
             probe.close()
 
@@ -247,32 +225,18 @@ def _postgres(storage: Namespace) -> Iterator[PostgresServer]:
 
 
 @contextlib.contextmanager
-def _redis(storage: Namespace, root: Path) -> Iterator[None]:
+def _redis(storage: Namespace, root: Path) -> Iterator[str]:
+    """redis-server on the storage host's address; yields its URL. Its port is a free one, not 6379: Celery's client
+    pools outlive a test, keyed by URL, and must never hand a later fleet a socket of an earlier one."""
+    port = free_port(storage.address)
+    options = f"--bind {storage.address} --port {port} --save '' --appendonly no --protected-mode no --dir {root}"
     with (root / "redis.log").open("ab") as log:
-        process = subprocess.Popen(
-            storage.exec_args(
-                REDIS_SERVER,
-                "--bind",
-                storage.address,
-                "--port",
-                str(REDIS_PORT),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-                "--dir",
-                str(root),
-            ),
-            stdout=log,
-            stderr=log,
-        )
+        process = subprocess.Popen(storage.exec_args(REDIS_SERVER, *shlex.split(options)), stdout=log, stderr=log)
     try:
-        client = redis.Redis(host=storage.address, port=REDIS_PORT, socket_connect_timeout=0.5)
+        client = redis.Redis(host=storage.address, port=port, socket_connect_timeout=0.5)
         wait_for(lambda: _pings(client), timeout=READY_TIMEOUT_S, what="redis-server on the storage host")
         client.close()
-        yield
+        yield f"redis://{storage.address}:{port}/0"
     finally:
         process.kill()
         process.wait()
@@ -295,7 +259,7 @@ def tasuki_fleet(root: Path, entries: list[dict[str, Any]], hosts: int = 3) -> I
         postgres = stack.enter_context(_postgres(storage))
         database = postgres.create_database()
         FleetStore(postgres.dsn(database)).close()  # the schema, migrated before any host looks
-        stack.enter_context(_redis(storage, root))
+        redis_url = stack.enter_context(_redis(storage, root))
         with services.entered():  # their listening sockets live on the services host
             model = stack.enter_context(serve(ReplayModel(turns_from_entries(entries)), host=services.address))
             forge = stack.enter_context(FakeForge(root / "forge", FORGE_TOKEN).serve(host=services.address))
@@ -303,4 +267,4 @@ def tasuki_fleet(root: Path, entries: list[dict[str, Any]], hosts: int = 3) -> I
         workers = [net.host(f"host-{n}") for n in range(1, hosts + 1)]
         for host in workers:  # the hosts die before the services they use stop
             stack.callback(host.shutdown)
-        yield Fleet(root, net, storage, services, postgres, database, model, forge, workers)
+        yield Fleet(root, net, storage, services, postgres, database, redis_url, model, forge, workers)

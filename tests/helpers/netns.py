@@ -183,15 +183,29 @@ class Host(Namespace):
         assert pid is not None, f"host {self.hostname} has no init"
         return pid
 
+    def _enter(self) -> list[str]:
+        """``nsenter`` into the host's network, PID, UTS and mount namespaces."""
+        return ["nsenter", "-t", str(self.init_pid), "--net", "--pid", "--uts", "--mount", "--"]
+
     def popen(self, command: list[str], *, env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-        """Start ``command`` on this host: in its network, PID, UTS and mount namespaces."""
-        enter = ["nsenter", "-t", str(self.init_pid), "--net", "--pid", "--uts", "--mount", "--"]
+        """Start ``command`` on this host, its output appended to ``log``."""
         with log.open("ab") as out:
             process = subprocess.Popen(
-                [*enter, *command], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [*self._enter(), *command],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.processes.append(process)
         return process
+
+    def run(self, command: list[str], *, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` on this host to its end, its output captured."""
+        return subprocess.run(
+            [*self._enter(), *command], cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=120
+        )
 
     def pids(self) -> list[int]:
         """Every live process of the host's PID namespace (its init included), as the root namespace numbers it."""

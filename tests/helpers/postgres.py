@@ -86,7 +86,7 @@ def binaries_for(user: str | None) -> Path:
     return shared / "pgserver" / "pginstall" / "bin"
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
@@ -101,7 +101,7 @@ class PostgresServer:
         self.sockets = directory / "sockets"
         self.log_path = directory / "postgres.log"
         self.host = host
-        self.port = _free_port(host)
+        self.port = free_port(host)
         self._user = UNPRIVILEGED_USER if os.geteuid() == 0 else None
         self.bin = binaries_for(self._user)
         self.process: subprocess.Popen[bytes] | None = None
