@@ -8,6 +8,7 @@ the durable copy, nothing lost. Run them with ``-n 0``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,46 @@ import pytest
 from replay.trajectory import MARKER_PATTERN
 from tests.helpers.celery_worker import REPO_ROOT
 from tests.helpers.fleet_netns import OWNER, REPO, Fleet, tasuki_fleet
+from tests.helpers.netns import SUBNET, ip, network
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
 
 STEPS = 5  # bash steps, then finish
 GATE_TURN = 2
 TASKS = (1, 2, 3)
+
+
+def namespaces() -> set[str]:
+    return {line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()}
+
+
+def a_failing_test(root: Path, seen: dict[str, Any]) -> None:
+    """Two hosts, a process on one, checked from inside; then the test fails."""
+    env = {"PATH": os.environ["PATH"]}
+    with network(root) as net:
+        host, other = net.host("host-x"), net.host("host-y")
+        seen["sleeper"] = host.popen(["sleep", "600"], env=env, log=root / "sleep.log", cwd=root)
+        shown = host.run(["sh", "-c", 'echo "$(hostname) $$"; ip -br -4 addr show eth0'], env=env, cwd=root)
+        name, pid = shown.stdout.splitlines()[0].split()
+        assert (name, int(pid) < 10) == ("host-x", True)  # its own UTS and PID namespace
+        assert f"{SUBNET}." in shown.stdout.splitlines()[1]
+        assert SUBNET not in ip("-br", "addr")  # the root namespace has no link to the hosts
+        assert {host.name, other.name, net.switch} <= namespaces()
+        seen["prefix"], seen["pids"] = net.prefix, host.pids() + other.pids()
+        raise RuntimeError("the test failed")
+
+
+def test_hosts_have_their_own_hostname_and_pids_and_are_removed_with_their_processes_when_a_test_fails(
+    tmp_path: Path,
+) -> None:
+    seen: dict[str, Any] = {}
+    with pytest.raises(RuntimeError, match="the test failed"):
+        a_failing_test(tmp_path, seen)
+    assert seen["sleeper"].poll() is not None
+    assert len(seen["pids"]) >= 3  # two inits and the sleeper
+    left = {pid: Path(f"/proc/{pid}/stat").read_text() for pid in seen["pids"] if Path(f"/proc/{pid}").exists()}
+    assert not left
+    assert not [name for name in namespaces() if name.startswith(seen["prefix"])]
 
 
 def turns(gate: str) -> list[dict[str, Any]]:

@@ -228,13 +228,17 @@ class Host(Namespace):
             process.wait(timeout=TIMEOUT_S)
 
     def shutdown(self) -> None:
-        """Teardown: kill whatever is left of the host and reap what we started."""
+        """Teardown: kill whatever is left of the host and reap what we started. The namespace's processes die
+        with its init; ``unshare`` and ``nsenter`` reap them and exit (killed first, they would leave zombies to a
+        PID 1 that may never reap them)."""
         with contextlib.suppress(AssertionError, ProcessLookupError):
             os.kill(self.init_pid, signal.SIGKILL)
         for process in [*self.processes, *([self.init] if self.init else [])]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
+                process.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=TIMEOUT_S)
 
 
