@@ -32,8 +32,8 @@ from worker import bookkeeping
 from worker.names import HEARTBEATS_KEY, REAPED_PREFIX, RESENT_PREFIX, TASKS_QUEUE
 
 RESENT_TTL_S = 8 * 24 * 3600  # longer than any task may live (visibility timeout x attempts at the defaults)
-# A copy that cannot be read: a context's error, or (fleet mode) the fleet's store out of reach.
-UNREADABLE: tuple[type[Exception], ...] = (TasukiError, OSError, *BAD_DATA_ERRORS)
+# A copy that cannot be read (ContextError includes StoreUnavailable: in fleet mode, the fleet's store out of reach).
+UNREADABLE: tuple[type[Exception], ...] = (ContextError, OSError, *BAD_DATA_ERRORS)
 log = structlog.get_logger(__name__)
 
 Send = Callable[[str, dict[str, Any]], None]

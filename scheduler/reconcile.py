@@ -21,7 +21,7 @@ import structlog
 from contexts import ContextStore
 from contexts.atomic import read_json
 from contexts.clock import parse_iso
-from contexts.errors import BAD_DATA_ERRORS, ContextError, TasukiError
+from contexts.errors import BAD_DATA_ERRORS, ContextError, StoreUnavailable
 from contexts.masking import mask, mask_value
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES, METADATA_FILE
 from contexts.state import read_state
@@ -175,7 +175,7 @@ def _gone(store: ContextStore, uuid: str) -> bool:
         return False
     try:
         return not store.durable.knows(uuid)
-    except TasukiError:  # the fleet's store out of reach: not known to be gone
+    except StoreUnavailable:  # the fleet's store out of reach: not known to be gone
         return False
 
 

@@ -19,7 +19,7 @@ import pytest
 from replay.trajectory import MARKER_PATTERN
 from tests.helpers.celery_worker import REPO_ROOT
 from tests.helpers.fleet_netns import OWNER, REPO, Fleet, tasuki_fleet
-from tests.helpers.netns import SUBNET, ip, network
+from tests.helpers.netns import SUBNET, Host, ip, network
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
 
@@ -109,6 +109,15 @@ def in_flight_on_every_host(fleet: Fleet, gate: str) -> dict[str, str] | None:
     return held if pushed else None
 
 
+def a_task_on_every_host(fleet: Fleet, gate: str) -> tuple[list[str], Host, str]:
+    """Start the fleet's workers and one task per host; wait until each is held at ``gate`` (see
+    :func:`in_flight_on_every_host`). Returns the tasks, the first host and its task."""
+    fleet.start_workers()
+    uuids = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in TASKS]
+    held = fleet.wait_until(lambda: in_flight_on_every_host(fleet, gate), "a task in flight on every host")
+    return uuids, fleet.hosts[0], held[fleet.hosts[0].hostname]
+
+
 def ended(fleet: Fleet, uuids: list[str]) -> dict[str, dict[str, Any]] | None:
     states = fleet.states()
     done = {uuid: states[uuid] for uuid in uuids if states.get(uuid, {}).get("status") in ("completed", "failed")}
@@ -157,10 +166,7 @@ def test_a_host_killed_mid_task_its_task_completes_once_on_another_host(tmp_path
     gate = "host-killed"
     entries = turns(gate)
     with tasuki_fleet(tmp_path, entries) as fleet:
-        fleet.start_workers()
-        uuids = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in TASKS]
-        held = fleet.wait_until(lambda: in_flight_on_every_host(fleet, gate), "a task in flight on every host")
-        dead, victim = fleet.hosts[0], held[fleet.hosts[0].hostname]
+        uuids, dead, victim = a_task_on_every_host(fleet, gate)
         dead.kill()  # every process of host-1, at once
         assert dead.pids() == []
         fleet.model.model.open_gate(gate)
@@ -204,10 +210,7 @@ def test_a_host_cut_off_past_its_lease_then_healed_keeps_running_and_writes_noth
     gate = "host-cut"
     entries = turns(gate)
     with tasuki_fleet(tmp_path, entries) as fleet:
-        fleet.start_workers()
-        uuids = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in TASKS]
-        held = fleet.wait_until(lambda: in_flight_on_every_host(fleet, gate), "a task in flight on every host")
-        cut, victim = fleet.hosts[0], held[fleet.hosts[0].hostname]
+        uuids, cut, victim = a_task_on_every_host(fleet, gate)
         kept = records(fleet, victim, "messages.jsonl")  # what its holder committed before the cut
         cut.cut()
         fleet.model.model.open_gate(gate)  # the other hosts go on; the answer to the cut-off host cannot reach it
