@@ -119,9 +119,15 @@ def a_task_on_every_host(fleet: Fleet, gate: str) -> tuple[list[str], Host, str]
 
 
 def ended(fleet: Fleet, uuids: list[str]) -> dict[str, dict[str, Any]] | None:
+    """Every task's final state once each is final in the durable copy and its finisher has told the forge (the
+    forge is told after the context, then the worker logs "task finished")."""
     states = fleet.states()
     done = {uuid: states[uuid] for uuid in uuids if states.get(uuid, {}).get("status") in ("completed", "failed")}
-    return done if len(done) == len(uuids) else None
+    if len(done) < len(uuids):
+        return None
+    logs = [log.read_text(errors="replace") for log in fleet.logs if log.name.endswith("-tasks.log")]
+    finished = [line for text in logs for line in text.splitlines() if '"event": "task finished"' in line]
+    return done if all(any(uuid in line for line in finished) for uuid in uuids) else None
 
 
 def records(fleet: Fleet, uuid: str, file: str) -> list[tuple[int, int, dict[str, Any]]]:
