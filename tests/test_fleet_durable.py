@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 
 from contexts.compression import CompressionPolicy
 from contexts.context import Context
@@ -23,10 +25,14 @@ from fleet import lease
 from fleet.durable import PostgresCopy
 from fleet.errors import FleetUnavailable
 from fleet.store import FleetStore
+from scheduler.monitor import Monitor
+from scheduler.plan import Policy
+from scheduler.reconcile import reconcile
 from tests.helpers.context_support import CONFIG, TASK_KEY, wait_for
 from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_lock
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
+from worker.names import HEARTBEATS_KEY
 from worker.settings import Settings
 from worker.stores import open_store
 
@@ -60,7 +66,8 @@ def one_step(ctx: Context, text: str) -> None:
 
 
 def test_lines_reach_postgresql_only_at_the_step_commit(host: HostFactory, fleet_dsn: str) -> None:
-    ctx = host("a").create(TASK_KEY, CONFIG, heartbeat=False)
+    first = host("a")
+    ctx = first.create(TASK_KEY, CONFIG, heartbeat=False)
     ctx.append_message("system", "You are Tasuki.")
     ctx.append_message("user", "Fix the bug.")
     assert rows(fleet_dsn, ctx.uuid) == []  # staged, not yet committed
@@ -329,3 +336,38 @@ def test_the_hosts_heartbeat_goes_on_while_the_database_is_out_of_reach(
             assert any(r[3] == "after the database came back" for r in rows(dsn, ctx.uuid))
         finally:
             ctx.detach()
+
+
+def test_another_hosts_monitor_judges_a_task_by_its_lease_and_keeps_it_in_the_heartbeat_index(
+    host: HostFactory, fleet_dsn: str, redis_client: redis.Redis
+) -> None:
+    """The monitor and reconciliation of a host without the context's directory (tests/test_fleet_hosts.py has
+    the whole fleet): a live lease is skipped however stale the heartbeat index says it is, an expired one is
+    re-enqueued with the request from the durable copy, and the index entry stays until then; a UUID nobody
+    knows is unindexed."""
+    request = {"task_key": TASK_KEY, "prompt": "the task"}
+    first = host("a")
+    ctx = first.create(TASK_KEY, CONFIG, heartbeat=False, extra_metadata={"request": request})
+    ctx.step_done()
+    other, sent = host("b"), []
+    monitor = Monitor(
+        other,
+        redis_client,
+        Policy(stale_after_s=3, max_attempts=3, resume=True, hostname="host-b"),
+        send=lambda uuid, body: sent.append((uuid, body)),
+        ended=lambda *_: None,
+    )
+    nobody = "0b0e0a4c-0000-4000-8000-000000000000"
+    redis_client.zadd(HEARTBEATS_KEY, {ctx.uuid: 1.0, nobody: 1.0})
+    later = datetime.now(UTC) + timedelta(seconds=60)
+
+    [outcome] = [o for o in monitor.run(later) if o.action.uuid == ctx.uuid]
+    reconcile(other, redis_client, None, later, quiet_s=3)
+    assert (outcome.action.kind, outcome.action.reason) == ("skip", f"held by a live worker (lease {first.holder}#1)")
+    assert redis_client.zscore(HEARTBEATS_KEY, ctx.uuid) is not None
+    assert redis_client.zscore(HEARTBEATS_KEY, nobody) is None
+    with psycopg.connect(fleet_dsn) as conn:  # the holder died: its lease ran out by the database's clock
+        conn.execute("UPDATE tasuki_leases SET expires_at = now() - interval '1 second'")
+    [resumed] = monitor.run(later)
+    assert (resumed.action.kind, resumed.done, resumed.action.owner) == ("resume", True, f"{first.holder}#1")
+    assert sent == [(ctx.uuid, request)]
