@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,29 +213,44 @@ def remote_and_forge(fleet: Fleet) -> str:
     return json.dumps([refs, items, changes], sort_keys=True, default=str)
 
 
-def test_a_host_cut_off_past_its_lease_then_healed_keeps_running_and_writes_nothing_more(tmp_path: Path) -> None:
-    gate = "host-cut"
+def cut_off(host: Host) -> Callable[[], None]:
+    """Take the host's link down; returns how to heal it."""
+    host.cut()
+    return host.heal
+
+
+def paused(host: Host) -> Callable[[], None]:
+    """SIGSTOP every process of the host; returns how to continue them."""
+    stopped = host.pause()
+    return lambda: host.resume(stopped)
+
+
+@pytest.mark.parametrize("fault", [cut_off, paused], ids=["cut-off", "paused"])
+def test_a_host_cut_off_or_paused_past_its_lease_then_back_keeps_running_and_writes_nothing_more(
+    tmp_path: Path, fault: Callable[[Host], Callable[[], None]]
+) -> None:
+    gate = "host-away"
     entries = turns(gate)
     with tasuki_fleet(tmp_path, entries) as fleet:
-        uuids, cut, victim = a_task_on_every_host(fleet, gate)
-        kept = records(fleet, victim, "messages.jsonl")  # what its holder committed before the cut
-        cut.cut()
-        fleet.model.model.open_gate(gate)  # the other hosts go on; the answer to the cut-off host cannot reach it
+        uuids, away, victim = a_task_on_every_host(fleet, gate)
+        kept = records(fleet, victim, "messages.jsonl")  # what its holder committed before the fault
+        back = fault(away)
+        fleet.model.model.open_gate(gate)  # the other hosts go on; the answer to the host away cannot be taken
         # Its lease runs out by the database's clock; a monitor resumes the task, a host with a free slot takes it.
         states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
         seen = remote_and_forge(fleet), fleet.states(), records(fleet, victim, "messages.jsonl")
-        cut.heal()
-        # The healed host's holder gets its answer (or asks again), tries to go on, and learns it was fenced.
-        log = fleet.root / f"{cut.hostname}-tasks.log"
-        fleet.wait_until(lambda: "this delivery stops writing" in log.read_text(), "the healed holder fenced")
+        back()
+        # The holder gets its answer (or asks again), tries to go on, and learns it was fenced.
+        log = fleet.root / f"{away.hostname}-tasks.log"
+        fleet.wait_until(lambda: "this delivery stops writing" in log.read_text(), "the holder fenced")
         fleet.wait_until(lambda: f"tasuki.run_task[{victim}] ignored" in log.read_text(), "its delivery to end")
-        # A monitor pass on the healed host finds the fenced holder's directory, a leftover: the fleet finished the
-        # task elsewhere. Nothing to resume, no holder to kill.
-        reap = cut.run([sys.executable, "-m", "cli.main", "reap"], env=fleet.env(cut), cwd=REPO_ROOT)
+        # A monitor pass on that host finds the fenced holder's directory, a leftover: the fleet finished the task
+        # elsewhere. Nothing to resume, no holder to kill.
+        reap = away.run([sys.executable, "-m", "cli.main", "reap"], env=fleet.env(away), cwd=REPO_ROOT)
         assert (reap.returncode, reap.stdout.strip()) == (0, "nothing to do"), reap.stderr[-2000:]
-        assert "monitor killed a hung holder" not in (fleet.root / f"{cut.hostname}-maint.log").read_text()
-        assert all(process.poll() is None for process in cut.processes)  # its workers keep running
-        assert fleet.answers_ping(f"tasks@{cut.hostname}")
+        assert "monitor killed a hung holder" not in (fleet.root / f"{away.hostname}-maint.log").read_text()
+        assert all(process.poll() is None for process in away.processes)  # its workers keep running
+        assert fleet.answers_ping(f"tasks@{away.hostname}")
         assert (remote_and_forge(fleet), fleet.states(), records(fleet, victim, "messages.jsonl")) == seen
         assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
         assert states[victim]["attempt"] == 2
@@ -242,4 +258,4 @@ def test_a_host_cut_off_past_its_lease_then_healed_keeps_running_and_writes_noth
             assert_once_in_the_durable_copy(fleet, uuid, len(entries))
         assert_one_pull_request_each(fleet, states)
         fenced = [(id_, record) for id_, epoch, record in records(fleet, victim, "messages.jsonl") if epoch == 1]
-        assert [(id_, record) for id_, _epoch, record in kept] == fenced  # nothing from epoch 1 after the cut
+        assert [(id_, record) for id_, _epoch, record in kept] == fenced  # nothing from epoch 1 after the fault

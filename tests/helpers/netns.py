@@ -221,6 +221,21 @@ class Host(Namespace):
                         found.append(int(entry))
         return found
 
+    def pause(self) -> set[int]:
+        """SIGSTOP every process of the host (until no new one shows up); returns them for :meth:`resume`."""
+        stopped: set[int] = set()
+        while fresh := [pid for pid in self.pids() if pid not in stopped]:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                stopped.add(pid)
+        return stopped
+
+    def resume(self, stopped: set[int]) -> None:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """The host dies: SIGKILL its init, which the kernel follows with every process of the namespace."""
         os.kill(self.init_pid, signal.SIGKILL)
