@@ -124,3 +124,35 @@ def test_a_store_out_of_reach_for_a_whole_lease_mid_task_hands_the_task_back_and
             assert all("Ignore('delivery deferred')" in line for line in tracebacks)
         finally:
             stack.stop()
+
+
+def test_a_store_restarted_for_a_few_seconds_mid_task_is_waited_for_and_no_attempt_is_lost(
+    tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
+) -> None:
+    dsn = private_postgres.dsn(private_postgres.create_database())
+    trajectory = fix_calc_trajectory()
+    trajectory.insert(1, {"gate": "restart"})  # the second answer waits until the database is down
+    overrides = {"TASUKI__FLEET__STORE": dsn, "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1"}
+    with model_server(trajectory) as server:
+        stack = Stack(tmp_path, redis_url, server.url, overrides)
+        try:
+            worker = stack.start_worker("w1")
+            uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
+            stack.wait_until(lambda: server.model.gate_reached("restart"), what="the task at its second answer")
+            private_postgres.stop()
+            server.model.open_gate("restart")  # the step's commit finds no database, and waits (lease_s: 60 s)
+            stack.wait_until(lambda: "fleet store unreachable; trying again" in worker.log_text(), what="a retry")
+            private_postgres.start()
+            state = stack.wait_finished(uuid)
+            assert state["status"] == "completed", state
+            assert state["attempt"] == 1  # waited for, not handed back: no attempt lost
+            assert stack.wait_until(lambda: lease_of(dsn, uuid) == (1, None) or None, what="the lease released")
+            assert "handed back" not in worker.log_text()
+            with FleetStore(dsn) as fleet:  # every model answer once in the durable copy
+                rebuilt = tmp_path / "rebuilt"
+                PostgresCopy(fleet).rebuild(uuid, rebuilt)
+            turns = [m["content"] for m in (json.loads(line) for line in (rebuilt / "messages.jsonl").open())
+                     if m["role"] == "assistant"]  # fmt: skip
+            assert len(turns) == len(set(turns)) == len(fix_calc_trajectory())
+        finally:
+            stack.stop()
