@@ -33,6 +33,26 @@ def copy_entries(source: Path, destination: Path) -> None:
     _cp(entries, destination, cwd=None)
 
 
+def move_entries(source: Path, destination: Path) -> None:
+    """Move what ``source`` holds into ``destination`` by rename (one filesystem), merging into directories that are
+    already there (never through a symlink: a symlink where a directory goes fails, as the copy does); a file there
+    is replaced. OSError (EXDEV across filesystems among others) when anything cannot be moved."""
+    destination.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in sorted(os.listdir(source)):
+        moving, target = source / name, destination / name
+        try:
+            there = target.lstat()
+        except FileNotFoundError:
+            os.rename(moving, target)
+            continue
+        if stat.S_ISDIR(there.st_mode) and stat.S_ISDIR(moving.lstat().st_mode):
+            move_entries(moving, target)
+        elif stat.S_ISDIR(there.st_mode) or stat.S_ISDIR(moving.lstat().st_mode):
+            raise OSError(f"{target} is in the way of {moving}")
+        else:
+            os.rename(moving, target)
+
+
 def copy_paths(checkout: Path, paths: Sequence[str], destination: Path) -> None:
     """Copy the relative ``paths`` of ``checkout`` to the same relative places under ``destination``."""
     _cp(list(paths), destination, cwd=checkout, parents=True)

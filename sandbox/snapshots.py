@@ -8,11 +8,21 @@ Layout under the store's root (every directory 0700)::
                            /last-used       its mtime: the last restore
     .building-<key>-<random>/               a publish under way (renamed into place when complete)
     .locks/<key>.lock                       one build per key per host (filelock, cross-process)
+    .locks/<key>.spare.lock                 one spare being made per key per host
+    .spares/<key>/home/, checkout/          the key's spare: a private copy of its snapshot made off any task's path
+               /spare.json                  which snapshot it copies (key, created, paths, bytes)
+    .spares/.building-<key>-<random>/       a spare being made (renamed to .spares/<key> when complete)
+    .spares/.claimed-<key>-<random>/        a spare a restore took (its entries are moved into the task's copy)
 
 A snapshot is complete or absent: :meth:`SnapshotStore.publish` copies into a temporary directory and renames it
 into place, so a crash mid-publish leaves only a ``.building-*`` directory that the sweep removes. Copies are
 ``cp -a --reflink=auto`` (symlinks, modes and times kept, so a virtualenv keeps working; copy-on-write where the
 filesystem can).
+
+A spare (docs/environments.md "Spares") makes the next restore a few renames: :meth:`SnapshotStore.make_spare` copies
+the snapshot into ``.spares/`` (the worker calls it in the background after a publish and after a restore used the
+spare), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies exactly the
+snapshot being restored, and moves its entries into place; anything else and it copies as before.
 """
 
 from __future__ import annotations
@@ -35,7 +45,15 @@ from pathlib import Path
 import filelock
 
 from contexts.errors import BAD_DATA_ERRORS
-from sandbox.snapshot_files import SnapshotError, bytes_under, copy_entries, copy_paths, find_secret, write_private
+from sandbox.snapshot_files import (
+    SnapshotError,
+    bytes_under,
+    copy_entries,
+    copy_paths,
+    find_secret,
+    move_entries,
+    write_private,
+)
 from sandbox.steps import Declaration
 
 MANIFEST = "manifest.json"
@@ -43,6 +61,10 @@ LAST_USED = "last-used"
 LOCKS = ".locks"
 BUILDING = ".building-"
 DELETING = ".deleting-"
+SPARES = ".spares"
+SPARE_FILE = "spare.json"
+CLAIMED = ".claimed-"
+SPARE_LOCK = ".spare"
 STALE_BUILD_S = 3600  # a .building-* directory this old whose lock is free was left by a crash
 KEY_FORMAT = re.compile(r"^[0-9a-f]{32}$")
 DAY_S = 86400
@@ -168,16 +190,73 @@ class SnapshotStore:
                     return found
         return None
 
-    def restore(self, snapshot: Snapshot, home: Path, checkout: Path | None, *, now: float | None = None) -> None:
-        """Copy the snapshot into the task's home and checkout (the task's own copy) and record its use. ``checkout``
-        None: the home only (the checkout already holds the snapshot's paths, unchanged since they were copied)."""
+    def restore(self, snapshot: Snapshot, home: Path, checkout: Path | None, *, now: float | None = None) -> bool:
+        """Put a private copy of the snapshot into the task's home and checkout and record its use; whether it was
+        the key's spare (moved into place) rather than a copy made now. ``checkout`` None: the home only, copied
+        (the checkout already holds the snapshot's paths, unchanged since they were copied)."""
         try:
             _touch(snapshot.path / LAST_USED, now)
         except OSError as exc:
             raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
+        if checkout is not None and self._use_spare(snapshot, home, checkout):
+            return True
         copy_entries(snapshot.home, home)
         if checkout is not None:
             copy_entries(snapshot.checkout, checkout)
+        return False
+
+    def _use_spare(self, snapshot: Snapshot, home: Path, checkout: Path) -> bool:
+        """Claim the key's spare (a rename: of two restores, one wins) and move it into place; False when there is
+        none, it copies another snapshot (swept and built again), or a move failed (then the copy, made next,
+        writes over what was moved: the same files)."""
+        claimed = self.root / SPARES / f"{CLAIMED}{snapshot.key}-{token.token_hex(4)}"
+        try:
+            os.rename(self.root / SPARES / snapshot.key, claimed)
+        except OSError:
+            return False  # none ready
+        try:
+            if _spare_of(claimed) != _identity(snapshot):
+                return False
+            move_entries(claimed / "home", home)
+            move_entries(claimed / "checkout", checkout)
+            return True
+        except OSError:
+            return False
+        finally:
+            shutil.rmtree(claimed, ignore_errors=True)  # empty directories once it was moved
+
+    def make_spare(self, snapshot: Snapshot) -> bool:
+        """Copy ``snapshot`` into its key's spare, unless one of it is ready or another process is making it;
+        whether one was made. Built under a temporary name and renamed when complete; SnapshotError when the
+        snapshot went meanwhile (nothing is left)."""
+        lock = self._lock(snapshot.key, SPARE_LOCK)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        try:
+            spares = self.root / SPARES
+            final = spares / snapshot.key
+            if final.exists():
+                if _spare_of(final) == _identity(snapshot):
+                    return False
+                self._delete(final)
+            self._make_dir(spares)
+            temp = spares / f"{BUILDING}{snapshot.key}-{token.token_hex(4)}"
+            temp.mkdir(mode=0o700)
+            try:
+                copy_entries(snapshot.home, temp / "home")
+                copy_entries(snapshot.checkout, temp / "checkout")
+                write_private(temp / SPARE_FILE, json.dumps(_identity(snapshot)).encode())
+                if _load(snapshot.path) != snapshot:
+                    raise SnapshotError(f"snapshot {snapshot.key} went while its spare was made")
+                os.rename(temp, final)
+            except BaseException:
+                shutil.rmtree(temp, ignore_errors=True)
+                raise
+            return True
+        finally:
+            lock.release()
 
     def publish(
         self,
@@ -266,7 +345,35 @@ class SnapshotStore:
                 removed.append(entry.name)
             elif not entry.name.startswith(".") and entry.is_dir():
                 removed.extend(f"{entry.name}/{key}" for key in self._sweep_repository(entry, now))
+        return removed + [f"{SPARES}/{name}" for name in self._sweep_spares()]
+
+    def _sweep_spares(self) -> list[str]:
+        """Spares of snapshots no longer kept (or built again), spares half made by a process that is gone, and
+        claimed spares a killed restore left."""
+        spares = self.root / SPARES
+        if not spares.is_dir():
+            return []
+        removed = []
+        for entry in sorted(spares.iterdir()):
+            if entry.name.startswith(BUILDING):
+                key = entry.name[len(BUILDING) :].rsplit("-", 1)[0]
+                gone = self._remove_unlocked(key, entry, SPARE_LOCK)
+            elif entry.name.startswith(CLAIMED):
+                gone = self._remove_unlocked(entry.name[len(CLAIMED) :].rsplit("-", 1)[0], entry)
+            else:
+                snapshot = self.find(entry.name) if KEY_FORMAT.match(entry.name) else None
+                gone = snapshot is None or _spare_of(entry) != _identity(snapshot)
+                if gone:
+                    self._delete(entry)  # a rename: a restore claiming it meanwhile keeps it whole, or misses it
+            if gone:
+                removed.append(entry.name)
         return removed
+
+    def _delete(self, directory: Path) -> None:
+        doomed = self.root / f"{DELETING}{directory.name}-{token.token_hex(4)}"
+        with suppress(FileNotFoundError):
+            os.rename(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _sweep_repository(self, directory: Path, now: float) -> list[str]:
         snapshots = [entry for entry in directory.iterdir() if entry.is_dir() and not entry.is_symlink()]
@@ -282,9 +389,10 @@ class SnapshotStore:
                 directory.rmdir()
         return removed
 
-    def _remove_unlocked(self, key: str, directory: Path) -> bool:
-        """Remove ``directory`` unless ``key`` is being built; renamed first, so that find never sees half of it."""
-        lock = self._lock(key) if KEY_FORMAT.match(key) else None
+    def _remove_unlocked(self, key: str, directory: Path, kind: str = "") -> bool:
+        """Remove ``directory`` unless ``key`` is being built (``kind`` SPARE_LOCK: its spare is being made); renamed
+        first, so that find never sees half of it."""
+        lock = self._lock(key, kind) if KEY_FORMAT.match(key) else None
         try:
             if lock is not None:
                 lock.acquire(timeout=0)
@@ -299,11 +407,11 @@ class SnapshotStore:
             if lock is not None:
                 lock.release()
 
-    def _lock(self, key: str) -> filelock.FileLock:
+    def _lock(self, key: str, kind: str = "") -> filelock.FileLock:
         _check_key(key)
         self._make_dir(self.root)
         self._make_dir(self.root / LOCKS)
-        return filelock.FileLock(self.root / LOCKS / f"{key}.lock", mode=0o600)
+        return filelock.FileLock(self.root / LOCKS / f"{key}{kind}.lock", mode=0o600)
 
     @staticmethod
     def _make_dir(path: Path) -> None:
@@ -347,6 +455,25 @@ def _load(directory: Path) -> Snapshot | None:
         )
     except _UNREADABLE:
         return None
+
+
+def _identity(snapshot: Snapshot) -> dict[str, object]:
+    """What a spare records of the snapshot it copies: a snapshot swept and built again differs in ``created``."""
+    return {
+        "key": snapshot.key,
+        "created": snapshot.created,
+        "paths": list(snapshot.paths),
+        "bytes": snapshot.size_bytes,
+    }
+
+
+def _spare_of(directory: Path) -> dict[str, object] | None:
+    """The identity a spare records; None when it has none or it is damaged."""
+    try:
+        found = json.loads((directory / SPARE_FILE).read_text())
+    except _UNREADABLE:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _last_used(directory: Path) -> float:

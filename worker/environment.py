@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,7 @@ class EnvironmentReport:
     snapshot: str = ""  # why no snapshot was kept or used, when none was ("" otherwise)
     error: str | None = None  # the declaration's error, when it could not be read
     note: str = ""  # what was done about a failure ("What it made was removed: it filled the disk.")
+    spare: bool = False  # restored: the key's spare was moved into place (nothing copied on the task's path)
 
     @property
     def line(self) -> str:
@@ -190,7 +192,7 @@ class TaskEnvironment:
             if snapshot is not None:
                 before = untracked(checkout.path)
                 try:
-                    store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
+                    spare = store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
                 except (OSError, SnapshotError) as exc:
                     log.warning("environment snapshot not restored; building it", error=str(exc)[:300])
                     _remove(checkout.path, untracked(checkout.path) - before)  # half a restore
@@ -198,7 +200,8 @@ class TaskEnvironment:
                 else:
                     created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
-                    return self._done(checkout, _with(report, created=created), snapshot)
+                    refill(store, snapshot)  # the spare it used, or the one a restarted worker never made
+                    return self._done(checkout, _with(report, created=created, spare=spare), snapshot)
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
 
     def _build(
@@ -251,6 +254,7 @@ class TaskEnvironment:
                 published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
+                refill(store, published)
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
@@ -365,6 +369,19 @@ def snapshot_store(settings: Settings) -> SnapshotStore:
         keep_days=environments.keep_days,
         max_bytes=environments.max_snapshot_bytes,
     )
+
+
+def refill(store: SnapshotStore, snapshot: Snapshot) -> None:
+    """Make the key's spare in the background (docs/environments.md "Spares"): the next restore moves it into place
+    instead of copying on its task's path. A worker killed meanwhile leaves half a spare, never used, swept."""
+    threading.Thread(target=_make_spare, args=(store, snapshot), name="environment-spare", daemon=True).start()
+
+
+def _make_spare(store: SnapshotStore, snapshot: Snapshot) -> None:
+    try:
+        store.make_spare(snapshot)
+    except (OSError, SnapshotError) as exc:  # the disk is full, or the snapshot was swept meanwhile: no spare
+        log.info("environment spare not made", key=snapshot.key, error=str(exc)[:300])
 
 
 def maybe_sweep(settings: Settings, now: float) -> list[str]:
