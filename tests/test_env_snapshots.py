@@ -8,10 +8,12 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import filelock
 import pytest
 
 from sandbox.declarations import find_declaration, key_files
@@ -436,3 +438,132 @@ def test_a_fingerprint_survives_moving_the_checkout_and_changes_with_any_change_
 
     assert changed(through_a_symlink)
 
+
+def tree(root: Path) -> dict[str, tuple[int, str]]:
+    """Every entry under ``root``: its mode and its content (a file's bytes, a symlink's target)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            content = os.readlink(path)
+        elif stat.S_ISREG(info.st_mode):
+            content = path.read_bytes().hex()
+        else:
+            content = ""
+        found[path.relative_to(root).as_posix()] = (info.st_mode, content)
+    return found
+
+
+def fresh(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    home, checkout = tmp_path / name / "home", tmp_path / name / "checkout"
+    home.mkdir(parents=True, mode=0o700)
+    (checkout / "src").mkdir(parents=True)
+    return home, checkout
+
+
+def test_a_restore_moves_the_spare_into_place_a_private_copy_of_exactly_the_snapshot(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    assert store.make_spare(snapshot) is True
+    assert store.make_spare(snapshot) is False  # one is ready: at most one per key
+    spare = tmp_path / "snapshots/.spares" / KEY
+    assert tree(spare / "checkout") == tree(snapshot.checkout)
+
+    home, checkout = fresh(tmp_path, "next")
+    assert store.restore(snapshot, home, checkout, now=NOW + 60) is True
+    assert not spare.exists()
+    assert list((tmp_path / "snapshots/.spares").iterdir()) == []  # the claimed remains are gone too
+    assert tree(home) == tree(snapshot.home)
+    assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
+    assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"
+    assert (snapshot.path / "last-used").stat().st_mtime == NOW + 60
+
+    assert store.make_spare(snapshot) is True  # the refill
+    (site,) = checkout.glob(".venv/lib/python3*/site-packages")
+    (checkout / ".venv/lib").chmod(0o755)
+    (site / "kept_module.py").write_text("ANSWER = 'changed by the task'\n")
+    (home / ".tasuki/env").write_text("")
+    assert tree(spare / "checkout") == tree(snapshot.checkout)  # neither the snapshot nor the next spare changed
+    assert tree(spare / "home") == tree(snapshot.home)
+    (snapshot_site,) = snapshot.checkout.glob(".venv/lib/python3*/site-packages")
+    assert (snapshot_site / "kept_module.py").read_text() == "ANSWER = 42\n"
+
+
+def test_two_restores_at_once_never_get_the_same_spare(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    for round_ in range(3):
+        assert store.make_spare(snapshot) is True
+        barrier = threading.Barrier(2)
+        targets = [fresh(tmp_path, f"round{round_}-{n}") for n in range(2)]
+        used: list[bool] = []
+
+        def restore(home: Path, checkout: Path, barrier: threading.Barrier, used: list[bool]) -> None:
+            barrier.wait(timeout=30)
+            used.append(store.restore(snapshot, home, checkout))
+
+        threads = [threading.Thread(target=restore, args=(*target, barrier, used)) for target in targets]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert sorted(used) == [False, True]
+        for home, checkout in targets:  # both whole: one moved, one copied
+            assert tree(home) == tree(snapshot.home)
+            assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
+
+
+def test_a_half_made_spare_is_never_used_and_is_swept_once_its_maker_is_gone(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    assert store.make_spare(snapshot) is True
+    half = root / ".spares" / f".building-{KEY}-cafe"
+    os.rename(root / ".spares" / KEY, half)  # complete but never renamed into place: a maker killed at the end
+    home, checkout = fresh(tmp_path, "next")
+    assert store.restore(snapshot, home, checkout, now=NOW) is False
+    assert half.is_dir()
+    with filelock.FileLock(root / ".locks" / f"{KEY}.spare.lock"):  # its maker still at work
+        assert store.sweep(NOW) == []
+    assert store.sweep(NOW) == [f".spares/{half.name}"]
+    assert not half.exists()
+
+
+def test_a_spare_of_a_swept_or_rebuilt_snapshot_is_discarded(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    assert store.make_spare(snapshot) is True
+    kept = tmp_path / "old-spare"
+    shutil.copytree(root / ".spares" / KEY, kept, symlinks=True)
+    swept = store.sweep(NOW + 30 * DAY_S)
+    assert f".spares/{KEY}" in swept  # the sweep takes the snapshot's spare with it
+    assert not (root / ".spares" / KEY).exists()
+
+    home, checkout = built
+    (home / ".tasuki/env").write_text("DATABASE_URL=rebuilt\n")
+    rebuilt = store.publish(KEY, "owner/repo", home, checkout, [".venv", "build/gen"], [], NOW + 1)
+    os.rename(kept, root / ".spares" / KEY)  # the old snapshot's spare, left behind
+    new_home, new_checkout = fresh(tmp_path, "next")
+    assert store.restore(rebuilt, new_home, new_checkout, now=NOW + 1) is False  # not the snapshot restored: discarded
+    assert not (root / ".spares" / KEY).exists()
+    assert list((root / ".spares").iterdir()) == []
+    assert (new_home / ".tasuki/env").read_text() == "DATABASE_URL=rebuilt\n"
+
+    assert store.make_spare(rebuilt) is True
+    (rebuilt.path / "manifest.json").unlink()  # the snapshot as good as gone: its spare goes at the next sweep
+    assert f".spares/{KEY}" in store.sweep(NOW + 2)
+    assert not (root / ".spares" / KEY).exists()
+
+
+def test_without_a_spare_the_restore_copies(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    store = make_store(tmp_path / "snapshots")
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    home, checkout = fresh(tmp_path, "next")
+    assert store.restore(snapshot, home, checkout) is False
+    assert tree(home) == tree(snapshot.home)
+    assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"

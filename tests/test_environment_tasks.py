@@ -22,6 +22,7 @@ from replay.trajectory import turns_from_entries
 from sandbox.jail import Bubblewrap, probe
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import cannot_run
+from tests.helpers.context_support import wait_for
 from tests.helpers.package_index import PackageIndex, make_wheel, package_index
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
 from tests.helpers.stack import git, make_buggy_repo
@@ -137,6 +138,8 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     assert "calc.py" in git(repo, "diff", "--name-only", "main", first["branch"])
 
     shutil.rmtree(tmp_path / "workspaces" / ".idle")  # a fresh warm copy: its environment comes from the snapshot
+    key = built["result"]["key"]
+    wait_for((tmp_path / "environments" / ".spares" / key).is_dir, timeout=60, what="the spare")
     pip_offline = (
         f".venv/bin/pip download -q --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 "
         f"--index-url {index.url} -d /tmp/dl tinypkg; echo pip-exit=$?"
@@ -146,6 +149,7 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     restored = setup_record(second_dir)
     assert restored["result"]["outcome"] == "restored", restored
     assert restored["result"]["key"] == built["result"]["key"]
+    assert restored["result"]["spare"] is True  # the spare made after the publish, moved into place
     outputs = bash_outputs(second_dir)
     assert "tinypkg says 42" in outputs[0]  # the restored environment works, with no network at all
     assert "pip-exit=0" not in outputs[1]  # the agent's commands had no network
