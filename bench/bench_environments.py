@@ -244,11 +244,16 @@ def whole_tasks(
             one_task(root, project, project.repo, ".venv", before="touch .venv/changed-by-the-agent && ")
         seconds, setup = one_task(root, project, project.repo, ".venv")
         times["snapshot"].append(seconds)
-        outcomes.append(str(setup.get("outcome")))
+        outcomes.append(described(setup))
         if fresh:
             fresh_warm_copies(root)
         times["in place"].append(one_task(root, project, plain, str(in_place), (str(in_place.parent),))[0])
     return statistics.median(times["snapshot"]), statistics.median(times["in place"]), outcomes
+
+
+def described(setup: dict[str, Any]) -> str:
+    """A setup's outcome, and whether a restore moved the key's spare into place ("restored+spare")."""
+    return f"{setup.get('outcome')}{'+spare' if setup.get('spare') else ''}"
 
 
 def disk_bytes(path: Path) -> int:
@@ -282,7 +287,8 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         ratio = restore_s / setup_s
         print(
             f"environments: {name}: first task's setup {setup_s:.2f} s, the next tasks' restore (each in a fresh "
-            f"warm copy) {restore_s:.2f} s (median of {len(restores)}), ratio {ratio:.3f}",
+            f"warm copy) {restore_s:.2f} s (median of {len(restores)}; {[described(r) for r in restores]}), "
+            f"ratio {ratio:.3f}",
             flush=True,
         )
 
@@ -337,7 +343,12 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
     snapshots = list((root / "environments").rglob("manifest.json"))
     sizes = [disk_bytes(p.parent) for p in snapshots]
     size = statistics.median(sizes) / 2**20 if sizes else 0.0
-    print(f"environments: {len(sizes)} snapshots on disk, {size:.1f} MiB each (median)", flush=True)
+    spares = [disk_bytes(p) for p in (root / "environments" / ".spares").glob("*")]
+    print(
+        f"environments: {len(sizes)} snapshots on disk, {size:.1f} MiB each (median); {len(spares)} spares, "
+        f"{sum(spares) / 2**20:.1f} MiB in all",
+        flush=True,
+    )
     return [
         Result(f"environment restore vs setup ({name})", f"{ratio:.3f}", f"<= {SETUP_TARGET}", ratio <= SETUP_TARGET),
         Result(f"builds of {TOGETHER} tasks of one key started together", str(builds), "1", builds == 1),

@@ -142,7 +142,7 @@ class TaskEnvironment:
                 error=report.why_failed if report.outcome == "failed" else None,
             )
         ctx.update_state(environment=report.state())
-        log.info("environment " + report.outcome, line=report.line, key=report.key)
+        log.info("environment " + report.outcome, line=report.line, key=report.key, spare=report.spare)
         self.on_report(report)
         return report
 
