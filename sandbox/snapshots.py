@@ -65,6 +65,7 @@ SPARES = ".spares"
 SPARE_FILE = "spare.json"
 CLAIMED = ".claimed-"
 SPARE_LOCK = ".spare"
+SPARE_WAIT_S = 120.0  # a restore waits this long for a spare being made before it copies
 STALE_BUILD_S = 3600  # a .building-* directory this old whose lock is free was left by a crash
 KEY_FORMAT = re.compile(r"^[0-9a-f]{32}$")
 DAY_S = 86400
@@ -213,7 +214,12 @@ class SnapshotStore:
         try:
             os.rename(self.root / SPARES / snapshot.key, claimed)
         except OSError:
-            return False  # none ready
+            if not self._spare_made_meanwhile(snapshot.key):
+                return False  # none ready, nor being made
+            try:
+                os.rename(self.root / SPARES / snapshot.key, claimed)
+            except OSError:
+                return False
         try:
             if _spare_of(claimed) != _identity(snapshot):
                 return False
@@ -224,6 +230,25 @@ class SnapshotStore:
             return False
         finally:
             shutil.rmtree(claimed, ignore_errors=True)  # empty directories once it was moved
+
+    def _spare_made_meanwhile(self, key: str) -> bool:
+        """Wait (at most SPARE_WAIT_S) for a spare of ``key`` that another thread or process is making: it began
+        first, so it is ready sooner than a copy begun now, and two copies at once would slow each other down.
+        Whether one was being made and its maker is done."""
+        lock = self._lock(key, SPARE_LOCK)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            pass
+        else:
+            lock.release()
+            return False  # nobody is making one
+        try:
+            lock.acquire(timeout=SPARE_WAIT_S)
+        except filelock.Timeout:
+            return False
+        lock.release()
+        return True
 
     def make_spare(self, snapshot: Snapshot) -> bool:
         """Copy ``snapshot`` into its key's spare, unless one of it is ready or another process is making it;

@@ -567,3 +567,24 @@ def test_without_a_spare_the_restore_copies(tmp_path: Path, built: tuple[Path, P
     assert store.restore(snapshot, home, checkout) is False
     assert tree(home) == tree(snapshot.home)
     assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"
+
+
+def test_a_restore_waits_for_the_spare_being_made_instead_of_copying_beside_it(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    assert store.make_spare(snapshot) is True
+    making = root / ".spares" / f".building-{KEY}-beef"
+    os.rename(root / ".spares" / KEY, making)
+    home, checkout = fresh(tmp_path, "next")
+    used: list[bool] = []
+    with filelock.FileLock(root / ".locks" / f"{KEY}.spare.lock"):  # a maker at work
+        restoring = threading.Thread(target=lambda: used.append(store.restore(snapshot, home, checkout, now=NOW + 5)))
+        restoring.start()
+        wait_for(lambda: (snapshot.path / "last-used").stat().st_mtime == NOW + 5, what="the restore to begin")
+        os.rename(making, root / ".spares" / KEY)  # the maker's last step, then it lets go
+    restoring.join(timeout=120)
+    assert used == [True]
+    assert tree(home) == tree(snapshot.home)
