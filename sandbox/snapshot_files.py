@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from contexts.errors import TasukiError
 # a symlink where a directory is restored makes the copy fail instead.
 CP = ("cp", "-a", "--reflink=auto", "--remove-destination")
 ARGUMENTS_PER_CALL = 500
+# A copy made in the background (a spare) yields the CPU and the disk to the tasks beside it.
+BACKGROUND = ("nice", "-n", "10", "ionice", "-c", "2", "-n", "7")
 SCAN_CHUNK = 1 << 20
 
 
@@ -26,11 +29,12 @@ class SnapshotError(TasukiError):
     """A snapshot cannot be kept or restored."""
 
 
-def copy_entries(source: Path, destination: Path) -> None:
-    """Copy what ``source`` holds into ``destination`` (made 0700 if missing; its own mode left alone)."""
+def copy_entries(source: Path, destination: Path, *, background: bool = False) -> None:
+    """Copy what ``source`` holds into ``destination`` (made 0700 if missing; its own mode left alone);
+    ``background``: at a low CPU and I/O priority."""
     destination.mkdir(mode=0o700, parents=True, exist_ok=True)
     entries = sorted(str(source / name) for name in os.listdir(source))
-    _cp(entries, destination, cwd=None)
+    _cp(entries, destination, cwd=None, background=background)
 
 
 def move_entries(source: Path, destination: Path) -> None:
@@ -58,10 +62,13 @@ def copy_paths(checkout: Path, paths: Sequence[str], destination: Path) -> None:
     _cp(list(paths), destination, cwd=checkout, parents=True)
 
 
-def _cp(sources: list[str], destination: Path, *, cwd: Path | None, parents: bool = False) -> None:
+def _cp(
+    sources: list[str], destination: Path, *, cwd: Path | None, parents: bool = False, background: bool = False
+) -> None:
     for start in range(0, len(sources), ARGUMENTS_PER_CALL):
         batch = sources[start : start + ARGUMENTS_PER_CALL]
-        command = [*CP, *(["--parents"] if parents else []), "-t", str(destination), "--", *batch]
+        prefix = BACKGROUND if background and shutil.which("ionice") else ()
+        command = [*prefix, *CP, *(["--parents"] if parents else []), "-t", str(destination), "--", *batch]
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()

@@ -270,8 +270,8 @@ class SnapshotStore:
             temp = spares / f"{BUILDING}{snapshot.key}-{token.token_hex(4)}"
             temp.mkdir(mode=0o700)
             try:
-                copy_entries(snapshot.home, temp / "home")
-                copy_entries(snapshot.checkout, temp / "checkout")
+                copy_entries(snapshot.home, temp / "home", background=True)
+                copy_entries(snapshot.checkout, temp / "checkout", background=True)
                 write_private(temp / SPARE_FILE, json.dumps(_identity(snapshot)).encode())
                 if _load(snapshot.path) != snapshot:
                     raise SnapshotError(f"snapshot {snapshot.key} went while its spare was made")
