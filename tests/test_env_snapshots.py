@@ -22,6 +22,7 @@ from sandbox.snapshot_files import fingerprint
 from sandbox.snapshots import (
     DAY_S,
     STALE_BUILD_S,
+    Snapshot,
     SnapshotError,
     SnapshotRefused,
     SnapshotStore,
@@ -515,15 +516,21 @@ def test_two_restores_at_once_never_get_the_same_spare(tmp_path: Path, built: tu
             assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
 
 
+def spare_not_in_place(root: Path, built: tuple[Path, Path]) -> tuple[SnapshotStore, Snapshot, Path]:
+    """A store with a snapshot whose spare is complete but still under its temporary name (not yet renamed)."""
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+    assert store.make_spare(snapshot) is True
+    temporary = root / ".spares" / f".building-{KEY}-cafe"
+    os.rename(root / ".spares" / KEY, temporary)
+    return store, snapshot, temporary
+
+
 def test_a_half_made_spare_is_never_used_and_is_swept_once_its_maker_is_gone(
     tmp_path: Path, built: tuple[Path, Path]
 ) -> None:
     root = tmp_path / "snapshots"
-    store = make_store(root)
-    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
-    assert store.make_spare(snapshot) is True
-    half = root / ".spares" / f".building-{KEY}-cafe"
-    os.rename(root / ".spares" / KEY, half)  # complete but never renamed into place: a maker killed at the end
+    store, snapshot, half = spare_not_in_place(root, built)  # a maker killed at the end
     home, checkout = fresh(tmp_path, "next")
     assert store.restore(snapshot, home, checkout, now=NOW) is False
     assert half.is_dir()
@@ -573,11 +580,7 @@ def test_a_restore_waits_for_the_spare_being_made_instead_of_copying_beside_it(
     tmp_path: Path, built: tuple[Path, Path]
 ) -> None:
     root = tmp_path / "snapshots"
-    store = make_store(root)
-    snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
-    assert store.make_spare(snapshot) is True
-    making = root / ".spares" / f".building-{KEY}-beef"
-    os.rename(root / ".spares" / KEY, making)
+    store, snapshot, making = spare_not_in_place(root, built)
     home, checkout = fresh(tmp_path, "next")
     used: list[bool] = []
     with filelock.FileLock(root / ".locks" / f"{KEY}.spare.lock"):  # a maker at work
