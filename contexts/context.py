@@ -348,21 +348,17 @@ class Context:
                 fields = {**fields, UNSUMMARIZED_FIELD: self._unsummarized_marker()}
             now = self.store.clock()
             usage = [*self._staged_usage, *usage]
-            fsync = self._fsync != "never"
-            try:
-                if sync_lines:  # the commit point: the lines since the last one, and this state, beside the host's
-                    state = update_state(
-                        self.home,
-                        now,
-                        fsync=fsync,
-                        set_fields=fields,
-                        add=add,
-                        usage=usage,
-                        first=self._sync_lines,
-                        alongside=self._durable.commit,
-                    )
-                else:
-                    state = update_state(self.home, now, fsync=fsync, set_fields=fields, add=add, usage=usage)
+            try:  # with sync_lines, the commit point (the lines since the last one, and this state) beside the host's
+                state = update_state(
+                    self.home,
+                    now,
+                    fsync=self._fsync != "never",
+                    set_fields=fields,
+                    add=add,
+                    usage=usage,
+                    first=self._sync_lines if sync_lines else None,
+                    alongside=self._durable.commit if sync_lines else None,
+                )
             except FileNotFoundError:
                 self._lock.check()  # the old generation was deleted under a holder paused after its check
                 raise
