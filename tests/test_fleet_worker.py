@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -12,6 +13,7 @@ import pytest
 
 from fleet.durable import PostgresCopy
 from fleet.store import FleetStore
+from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.model_server import model_server
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
@@ -79,8 +81,7 @@ def test_a_task_whose_fleet_store_is_out_of_reach_at_start_waits_in_the_queue_an
             deferred = "delivery deferred: the fleet's store is out of reach"
             stack.wait_until(lambda: worker.log_text().count(deferred) >= 2, what="the delivery deferred twice")
             assert not (stack.contexts_dir / "running" / uuid).exists()  # nothing taken, nothing written
-            tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
-            assert all("Ignore('delivery deferred')" in line for line in tracebacks)  # Celery's record of a deferral
+            assert only_deferrals_traced(worker)
 
             private_postgres.start()
             state = stack.wait_finished(uuid)
@@ -91,68 +92,68 @@ def test_a_task_whose_fleet_store_is_out_of_reach_at_start_waits_in_the_queue_an
             stack.stop()
 
 
-def test_a_store_out_of_reach_for_a_whole_lease_mid_task_hands_the_task_back_and_it_resumes_once_it_is_back(
-    tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
-) -> None:
-    dsn = private_postgres.dsn(private_postgres.create_database())
+@contextmanager
+def outage_mid_task(
+    tmp_path: Path, redis_url: str, postgres: PostgresServer, **overrides: str
+) -> Iterator[tuple[Stack, WorkerProcess, str, str]]:
+    """A real worker's task in fleet mode held at its second answer; the database stopped, then the answer let through,
+    so that the step's commit finds no database. Yields the stack, the worker, the task's UUID and the database URL."""
+    dsn = postgres.dsn(postgres.create_database())
     trajectory = fix_calc_trajectory()
     trajectory.insert(1, {"gate": "outage"})  # the second answer waits until the database is down
-    overrides = {
-        "TASUKI__FLEET__STORE": dsn,
-        "TASUKI__FLEET__LEASE_S": "2",
-        "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1",
-        "TASUKI__MONITOR__INTERVAL_S": "1",
-    }
     with model_server(trajectory) as server:
-        stack = Stack(tmp_path, redis_url, server.url, overrides)
+        stack = Stack(tmp_path, redis_url, server.url,
+                      {"TASUKI__FLEET__STORE": dsn, "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1", **overrides})  # fmt: skip
         try:
             worker = stack.start_worker("w1")
             uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
             stack.wait_until(lambda: server.model.gate_reached("outage"), what="the task at its second answer")
-            private_postgres.stop()
-            server.model.open_gate("outage")  # the step's commit finds no database for longer than the lease
-            handed = "the fleet's store was out of reach for the lease; the task is handed back"
-            stack.wait_until(lambda: handed in worker.log_text(), what="the task handed back")
-            lock = stack.contexts_dir / "running" / uuid / ".lock"
-            stack.wait_until(lambda: not lock.exists(), what="the host's lock freed")  # none takes it: no database
-
-            private_postgres.start()
-            state = stack.wait_finished(uuid)
-            assert state["status"] == "completed", state
-            assert stack.wait_until(lambda: (lease_of(dsn, uuid) or (0, ""))[0] >= 2 or None, what="a new epoch")
-            tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
-            assert all("Ignore('delivery deferred')" in line for line in tracebacks)
+            postgres.stop()
+            server.model.open_gate("outage")
+            yield stack, worker, uuid, dsn
         finally:
             stack.stop()
+
+
+def only_deferrals_traced(worker: WorkerProcess) -> bool:
+    """Every traceback in the worker's log is Celery's record of a deferred delivery (no error reached the user)."""
+    tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
+    return all("Ignore('delivery deferred')" in line for line in tracebacks)
+
+
+def test_a_store_out_of_reach_for_a_whole_lease_mid_task_hands_the_task_back_and_it_resumes_once_it_is_back(
+    tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
+) -> None:
+    overrides = {"TASUKI__FLEET__LEASE_S": "2", "TASUKI__MONITOR__INTERVAL_S": "1"}
+    with outage_mid_task(tmp_path, redis_url, private_postgres, **overrides) as (stack, worker, uuid, dsn):
+        # The step's commit finds no database for longer than the lease.
+        handed = "the fleet's store was out of reach for the lease; the task is handed back"
+        stack.wait_until(lambda: handed in worker.log_text(), what="the task handed back")
+        lock = stack.contexts_dir / "running" / uuid / ".lock"
+        stack.wait_until(lambda: not lock.exists(), what="the host's lock freed")  # none takes it: no database
+
+        private_postgres.start()
+        state = stack.wait_finished(uuid)
+        assert state["status"] == "completed", state
+        assert stack.wait_until(lambda: (lease_of(dsn, uuid) or (0, ""))[0] >= 2 or None, what="a new epoch")
+        assert only_deferrals_traced(worker)
 
 
 def test_a_store_restarted_for_a_few_seconds_mid_task_is_waited_for_and_no_attempt_is_lost(
     tmp_path: Path, redis_url: str, redis_client: object, private_postgres: PostgresServer
 ) -> None:
-    dsn = private_postgres.dsn(private_postgres.create_database())
-    trajectory = fix_calc_trajectory()
-    trajectory.insert(1, {"gate": "restart"})  # the second answer waits until the database is down
-    overrides = {"TASUKI__FLEET__STORE": dsn, "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1"}
-    with model_server(trajectory) as server:
-        stack = Stack(tmp_path, redis_url, server.url, overrides)
-        try:
-            worker = stack.start_worker("w1")
-            uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo")))
-            stack.wait_until(lambda: server.model.gate_reached("restart"), what="the task at its second answer")
-            private_postgres.stop()
-            server.model.open_gate("restart")  # the step's commit finds no database, and waits (lease_s: 60 s)
-            stack.wait_until(lambda: "fleet store unreachable; trying again" in worker.log_text(), what="a retry")
-            private_postgres.start()
-            state = stack.wait_finished(uuid)
-            assert state["status"] == "completed", state
-            assert state["attempt"] == 1  # waited for, not handed back: no attempt lost
-            assert stack.wait_until(lambda: lease_of(dsn, uuid) == (1, None) or None, what="the lease released")
-            assert "handed back" not in worker.log_text()
-            with FleetStore(dsn) as fleet:  # every model answer once in the durable copy
-                rebuilt = tmp_path / "rebuilt"
-                PostgresCopy(fleet).rebuild(uuid, rebuilt)
-            turns = [m["content"] for m in (json.loads(line) for line in (rebuilt / "messages.jsonl").open())
-                     if m["role"] == "assistant"]  # fmt: skip
-            assert len(turns) == len(set(turns)) == len(fix_calc_trajectory())
-        finally:
-            stack.stop()
+    with outage_mid_task(tmp_path, redis_url, private_postgres) as (stack, worker, uuid, dsn):
+        # The step's commit finds no database, and waits (lease_s: 60 s).
+        stack.wait_until(lambda: "fleet store unreachable; trying again" in worker.log_text(), what="a retry")
+        private_postgres.start()
+        state = stack.wait_finished(uuid)
+        assert state["status"] == "completed", state
+        assert state["attempt"] == 1  # waited for, not handed back: no attempt lost
+        assert stack.wait_until(lambda: lease_of(dsn, uuid) == (1, None) or None, what="the lease released")
+        assert "handed back" not in worker.log_text()
+        with FleetStore(dsn) as fleet:  # every model answer once in the durable copy
+            rebuilt = tmp_path / "rebuilt"
+            PostgresCopy(fleet).rebuild(uuid, rebuilt)
+        turns = [m["content"] for m in (json.loads(line) for line in (rebuilt / "messages.jsonl").open())
+                 if m["role"] == "assistant"]  # fmt: skip
+        assert len(turns) == len(set(turns)) == len(fix_calc_trajectory())
