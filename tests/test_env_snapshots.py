@@ -600,11 +600,11 @@ def test_a_restore_waits_for_the_spare_being_made_instead_of_copying_beside_it(
 
 # -- a worker killed in the middle of a copy (SIGKILL to its process group: the python and its cp) ------------
 
-MANY_FILES = 1000
+MANY_FILES = 2000
 
 
 def many_files(built: tuple[Path, Path]) -> tuple[Path, Path]:
-    """The built home and checkout with a thousand files more under ``data``: a copy of them lasts far longer than
+    """The built home and checkout with two thousand files more under ``data``: a copy of them lasts far longer than
     the test's poll (every 10 ms), so the test kills the process that makes it in the middle."""
     home, checkout = built
     (checkout / "data").mkdir()
