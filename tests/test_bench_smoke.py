@@ -11,6 +11,7 @@ import pytest
 
 from bench.bench_prompt import History
 from bench.common import new_store, start_context
+from tests.helpers.ci import cannot_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO_LINES = (
@@ -182,4 +183,23 @@ def test_quick_fleet_recall_benchmark_prints_its_ratio(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"^fleet recall: p95 at 2,000 episodes .* ms on SQLite: \d+\.\d\d ", run.stdout, re.M), run.stdout
     assert re.search(r"^fleet recall p95, PostgreSQL vs SQLite at 2,000 +\d+\.\d\d +<= 2 +info$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)  # a deadline: a fleet of network namespaces, PostgreSQL and five workers on a busy machine
+def test_quick_fleet_failover_benchmark_prints_its_ratio(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", "fleet-failover", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=580, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    if "fleet failover: skipped" in run.stdout:
+        cannot_run(run.stdout.strip().splitlines()[-1])
+    assert "fleet failover: settings heartbeat 1 s, stale 3 s, lease 4 s, monitor 1 s; load before " in run.stdout
+    round_line = (r"^fleet failover round 1: kill -> next step on another host \d+\.\d\d s \(detect \d+\.\d\d: .*"
+                  r"rebuild \d+\.\d ms.*\); bound \d+\.\d{3} s: \d+\.\d{3}; load ")
+    assert re.search(round_line, run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet failover / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet failover: detect / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
