@@ -209,7 +209,10 @@ def branch_name(task_key: dict[str, str], uuid: str) -> str:
 def acquire(store: ContextStore, uuid: str, request: TaskRequest, config: dict[str, Any]) -> Context | None:
     """Create the context, or resume it; ``None`` when this delivery must be dropped."""
     try:
-        if not store.running_path(uuid).is_dir() and not store.completed_path(uuid).is_dir():
+        # A context the fleet already has (its holder on another host was lost) is resumed straight away: a create
+        # the store refuses would first stage and fsync a directory for nothing, on the failover's path.
+        here = store.running_path(uuid).is_dir() or store.completed_path(uuid).is_dir()
+        if not here and not store.durable.knows(uuid):
             try:
                 # The request goes into metadata.json: the monitor re-enqueues a lost task from it.
                 return store.create(
