@@ -1,8 +1,9 @@
 """The monitor (SPEC §7): find contexts whose worker died, resume or fail them, repair interrupted completions.
 
-``observe`` finds candidates through the Redis heartbeat index (entries older than ``stale_after_s``) and a
-listing of ``running/`` (contexts the index lacks: a Redis restart, a heartbeat that never registered) —
-it reads only those, never every context.  :func:`scheduler.plan.plan` decides; ``carry_out`` does it,
+``observe`` finds candidates through the Redis heartbeat index (entries older than ``stale_after_s``), a
+listing of ``running/`` (contexts the index lacks: a Redis restart, a heartbeat that never registered) and, in
+fleet mode, the leases that ran out unreleased (another host's lost holder that the index lacks) — it reads only
+those, never every context.  :func:`scheduler.plan.plan` decides; ``carry_out`` does it,
 re-checking under the context's lock so that two monitors at once take one action per context.
 """
 
@@ -79,9 +80,19 @@ class Monitor:
         cutoff = now.timestamp() - self.policy.stale_after_s
         stale = {_text(member) for member, score in entries if score < cutoff}
         candidates = stale | (set(self.store.running_uuids()) - indexed)
+        # Fleet mode: a lease that ran out unreleased is a lost holder on some host, found even where its heartbeat
+        # never reached the index or Redis lost it (one host: none).
+        candidates |= self._expired_leases()
         if deep:
             candidates |= set(self.store.completed_uuids())
         return [self.inspect(uuid, indexed=uuid in indexed) for uuid in sorted(candidates)]
+
+    def _expired_leases(self) -> set[str]:
+        try:
+            return set(self.store.durable.expired())
+        except UNREADABLE as exc:  # the fleet's store out of reach: the heartbeat index's candidates still count
+            log.warning("monitor: expired leases not read", error=str(exc)[:300])
+            return set()
 
     def inspect(self, uuid: str, *, indexed: bool = False) -> Seen:
         """Read both possible copies of one context (in fleet mode, the durable copy's where it decides)."""
