@@ -6,10 +6,8 @@ the ``pgserver`` wheel); the commands run as subprocesses, as an operator runs t
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +30,8 @@ from fleet.index import PostgresIndex
 from fleet.store import FleetStore
 from tests.helpers.cli_process import ok
 from tests.helpers.context_support import CONFIG, TASK_KEY
+from tests.helpers.fleet_hosts import TASUKI, host_cli_options
+from tests.helpers.fleet_hosts import host_cli as tasuki
 from tests.helpers.model_server import model_server
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, fix_calc_trajectory, local_request, make_buggy_repo
@@ -39,7 +39,6 @@ from worker.settings import Settings
 from worker.stores import CONTEXT_INDEXES, open_store
 
 HostFactory = Callable[..., ContextStore]
-TASUKI = [sys.executable, "-m", "cli.main"]  # the command, as an operator runs it on a host
 
 
 @pytest.fixture
@@ -171,7 +170,7 @@ def test_context_show_follow_on_another_host_prints_each_committed_step_until_th
     elsewhere.mkdir(parents=True)
     proc = subprocess.Popen(
         [*TASUKI, "context", "show", running.uuid, "--follow"],
-        **tasuki_options(elsewhere, fleet_dsn),
+        **host_cli_options(elsewhere, fleet_dsn),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -217,30 +216,6 @@ def test_the_registry_picks_the_index_by_the_stores_scheme(tmp_path: Path, fleet
 
 
 # -- tasuki fleet import -----------------------------------------------------------------------------
-
-
-def tasuki_options(base: Path, dsn: str | None) -> dict[str, Any]:
-    """The environment and directory of a `tasuki` command run on the host whose contexts are under ``base``."""
-    config = base.parent / "config.yaml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
-    env |= {"TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "100"}
-    env["PYTHONSAFEPATH"] = "1"  # `-m` in a directory holding `contexts/` must not import it as the package
-    if dsn:
-        env["TASUKI__FLEET__STORE"] = dsn
-    return {"env": env, "cwd": base.parent}
-
-
-def tasuki(base: Path, dsn: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*TASUKI, *args],
-        **tasuki_options(base, dsn),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 @pytest.fixture

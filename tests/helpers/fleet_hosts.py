@@ -6,6 +6,9 @@ Fixture (registered in tests/conftest.py): ``host`` — ``host("a", lease_s=0.5)
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,3 +56,32 @@ def waiting_for_a_lock(dsn: str) -> bool:
             "AND query LIKE '%tasuki_leases%'"
         ).fetchone()
     return bool(row and row[0])
+
+
+TASUKI = [sys.executable, "-m", "cli.main"]  # the command, as an operator runs it on a host
+
+
+def host_cli_options(base: Path, dsn: str | None, **extra: str) -> dict[str, Any]:
+    """The environment and directory of a ``tasuki`` command on a host whose contexts are under ``base``, in the fleet
+    of ``dsn`` (None: one host); ``extra`` adds to its environment (``TASUKI__BROKER__URL``, say)."""
+    config = base.parent / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env |= {"TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "100", **extra}
+    env["PYTHONSAFEPATH"] = "1"  # `-m` in a directory holding `contexts/` must not import it as the package
+    if dsn:
+        env["TASUKI__FLEET__STORE"] = dsn
+    return {"env": env, "cwd": base.parent}
+
+
+def host_cli(base: Path, dsn: str | None, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``tasuki ARGS`` on a host whose contexts are under ``base``, in the fleet of ``dsn``."""
+    return subprocess.run(
+        [*TASUKI, *args],
+        **host_cli_options(base, dsn, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
