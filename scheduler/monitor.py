@@ -99,7 +99,7 @@ class Monitor:
         try:
             running = self._copy(self.store.running_path(uuid))
             completed = self._copy(self.store.completed_path(uuid))
-            if completed is None:
+            if completed is None and not _interrupted_here(running):
                 found = self._fleet_view(uuid, running.lock if running else None, local=running is not None)
                 if found is not None:
                     running, completed = _fleet_copy(found)
@@ -259,6 +259,13 @@ class Monitor:
             self.ended(uuid, task_key, status)
         except Exception as exc:
             log.warning("monitor: the task's ending was not announced", uuid=uuid, error=mask(str(exc))[:300])
+
+
+def _interrupted_here(running: Copy | None) -> bool:
+    """A directory of this host whose completion stopped between its lock's removal and the move to ``completed/``:
+    only its holder gets there (the lock's removal checks the owner), so it is this host's to repair, in a fleet too
+    (the repair takes a lease of its own, and waits while the dead holder's is live: contexts/repair.py)."""
+    return running is not None and running.status == "completing" and running.lock is None
 
 
 def _fleet_copy(found: Committed) -> tuple[Copy | None, Copy | None]:

@@ -24,7 +24,6 @@ from contexts.clock import iso
 from contexts.context import Context
 from contexts.errors import ContextCompletedError, ContextNotFoundError, FencedError
 from contexts.names import COMPLETED_DIR, LOCK_FILE, RUNNING_DIR
-from contexts.repair import RepairSkipped, finish_move, finish_status
 from contexts.state import read_state, update_state
 from contexts.store import ContextStore
 from contexts.usage import Usage
@@ -219,21 +218,25 @@ def crashed_while_completing(store: ContextStore, *, moved: bool) -> Context:
 
 @pytest.mark.parametrize("moved", [False, True], ids=["finish_move", "finish_status"])
 def test_the_monitors_repair_of_an_interrupted_completion_is_final_in_the_durable_copy_under_its_own_lease(
-    host: HostFactory, fleet_dsn: str, moved: bool
+    host: HostFactory, fleet_dsn: str, redis_client: redis.Redis, moved: bool
 ) -> None:
     holder = host("a")
     ctx = crashed_while_completing(holder, moved=moved)
-    repair = finish_status if moved else finish_move
-    monitor = host("a")  # the monitor of the same host, another process's store
+    store = host("a")  # the same host's monitor, in another process
+    monitor = Monitor(store, redis_client, Policy(stale_after_s=3, max_attempts=3, resume=True, hostname="host-a"),
+                      send=lambda *_: None, ended=lambda *_: None)  # fmt: skip
+    repair = "finish_status" if moved else "finish_move"
     assert committed_state(fleet_dsn, ctx.uuid)["status"] == "completing"
 
-    with pytest.raises(RepairSkipped, match="its fleet lease is still live"):
-        repair(monitor, ctx.uuid, datetime.now(UTC))
-    assert (holder.base_dir / (COMPLETED_DIR if moved else RUNNING_DIR) / ctx.uuid).is_dir()  # nothing changed
-    assert read_state(holder.base_dir / (COMPLETED_DIR if moved else RUNNING_DIR) / ctx.uuid)["status"] == "completing"
+    [skipped] = monitor.run(datetime.now(UTC), deep=True)
+    assert (skipped.action.repair, skipped.done) == (repair, False)
+    assert "its fleet lease is still live" in skipped.detail
+    where = holder.base_dir / (COMPLETED_DIR if moved else RUNNING_DIR) / ctx.uuid
+    assert read_state(where)["status"] == "completing"  # nothing changed
 
     expire_lease(fleet_dsn, ctx.uuid)
-    repair(monitor, ctx.uuid, datetime.now(UTC))
+    [repaired] = monitor.run(datetime.now(UTC), deep=True)
+    assert (repaired.action.repair, repaired.done) == (repair, True)
 
     local = read_state(holder.completed_path(ctx.uuid))
     durable = committed_state(fleet_dsn, ctx.uuid)
@@ -242,8 +245,7 @@ def test_the_monitors_repair_of_an_interrupted_completion_is_final_in_the_durabl
     assert lease_of(fleet_dsn, ctx.uuid) == (2, None)  # the repairer's own epoch, released
     with pytest.raises(FencedError):  # the dead holder's epoch writes nothing more
         ctx._durable.commit({"status": "completed"})  # the writer the dead holder left behind
-    with pytest.raises(RepairSkipped):  # done once
-        repair(monitor, ctx.uuid, datetime.now(UTC))
+    assert [o for o in monitor.run(datetime.now(UTC), deep=True) if o.done] == []  # done once
 
 
 # -- the monitor's candidates -------------------------------------------------------------------------------------
