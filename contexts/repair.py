@@ -96,19 +96,26 @@ def _repairers_lease(store: ContextStore, uuid: str) -> Iterator[DurableWriter]:
         writer.release()
 
 
+def _still_completing(directory: Path, copy: str, store: ContextStore, now: datetime) -> dict[str, Any]:
+    """The state of a ``copy`` (running, completed) stopped in ``completing`` whose finisher is gone (quiet for
+    ``stale_after_s``); :class:`RepairSkipped` otherwise. Under the lock mutex."""
+    if not directory.is_dir():
+        raise RepairSkipped(f"{directory.name}: no {copy} copy")
+    state = read_state(directory)
+    if state.get("status") != "completing":
+        raise RepairSkipped(f"{directory.name}: status is {state.get('status')}, not completing")
+    if not _quiet_for(state, store, now):
+        raise RepairSkipped(f"{directory.name}: finishing right now")
+    return state
+
+
 def finish_move(store: ContextStore, uuid: str, now: datetime) -> str:
     """A running context stopped in ``completing``: drop its dead lock, move it to ``completed/``, set its status
     (in a fleet, in the durable copy too, under the repairer's own lease)."""
     running, target = store.running_path(uuid), store.completed_path(uuid)
     with contextlib.ExitStack() as leased:
         with _mutex(store, uuid):
-            if not running.is_dir():
-                raise RepairSkipped(f"{uuid}: no running copy")
-            state = read_state(running)
-            if state.get("status") != "completing":
-                raise RepairSkipped(f"{uuid}: status is {state.get('status')}, not completing")
-            if not _quiet_for(state, store, now):
-                raise RepairSkipped(f"{uuid}: finishing right now")
+            state = _still_completing(running, "running", store, now)
             if target.exists():
                 raise RepairSkipped(f"{uuid}: a completed copy exists too")
             _remove_lock_unless_live(running, store, now)
@@ -126,13 +133,7 @@ def finish_status(store: ContextStore, uuid: str, now: datetime) -> str:
     durable copy too, under the repairer's own lease)."""
     directory = store.completed_path(uuid)
     with _mutex(store, uuid):
-        if not directory.is_dir():
-            raise RepairSkipped(f"{uuid}: no completed copy")
-        state = read_state(directory)
-        if state.get("status") != "completing":
-            raise RepairSkipped(f"{uuid}: status is already {state.get('status')}")
-        if not _quiet_for(state, store, now):
-            raise RepairSkipped(f"{uuid}: finishing right now")
+        state = _still_completing(directory, "completed", store, now)
         status = final_status_of(state)
         with _repairers_lease(store, uuid) as writer:
             writer.commit(update_state(directory, now, fsync=True, set_fields={"status": status}))

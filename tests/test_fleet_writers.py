@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from celery import Celery
 
 from contexts.clock import iso
 from contexts.context import Context
@@ -29,9 +26,10 @@ from contexts.store import ContextStore
 from contexts.usage import Usage
 from scheduler.monitor import Monitor
 from scheduler.plan import Policy
+from tests.helpers.celery_worker import celery_client
 from tests.helpers.cli_process import ok
 from tests.helpers.context_support import CONFIG, TASK_KEY
-from tests.helpers.fleet_hosts import HostFactory, host_cli
+from tests.helpers.fleet_hosts import HostFactory, committed_state, host_cli, one_step
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import Stack, fix_calc_trajectory, local_request, make_buggy_repo
 from worker.memory_tasks import MemoryCalls
@@ -41,14 +39,6 @@ from worker.settings import Settings
 from worker.submit import request_cancel
 
 REQUEST = {"task_key": TASK_KEY, "prompt": "the task"}
-
-
-def committed_state(dsn: str, uuid: str) -> dict[str, Any]:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT state FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
-    assert row is not None
-    state: dict[str, Any] = row[0]
-    return state
 
 
 def lease_of(dsn: str, uuid: str) -> tuple[int, str | None]:
@@ -64,24 +54,6 @@ def expire_lease(dsn: str, uuid: str) -> None:
         conn.execute("UPDATE tasuki_leases SET expires_at = now() - interval '1 second' WHERE uuid = %s", (uuid,))
 
 
-def one_step(ctx: Context, text: str) -> None:
-    """An agent step: the model's answer, a tool call and its result, then the step's commit."""
-    ctx.append_message("assistant", text, tool_calls=[{"id": "c1", "type": "function"}])
-    ctx.append_tool("bash", {"command": "ls"}, "success", 12, result="README.md")
-    ctx.append_message("tool", "README.md", tool_call_id="c1")
-    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, status="processing")
-    ctx.step_done()
-
-
-@contextmanager
-def celery_app(redis_url: str) -> Iterator[Celery]:
-    app = Celery(broker=redis_url)
-    try:
-        yield app
-    finally:
-        app.close()
-
-
 # -- cancel -----------------------------------------------------------------------------------------------------
 
 
@@ -91,7 +63,7 @@ def test_a_cancel_from_a_host_without_the_context_reaches_its_holder_through_the
     a, b = host("a"), host("b")
     ctx = a.create(TASK_KEY, CONFIG, heartbeat=False, extra_metadata={"request": REQUEST})
     one_step(ctx, "step 1")
-    with celery_app(redis_url) as app:
+    with celery_client(redis_url) as app:
         said = request_cancel(app, redis_client, b, ctx.uuid)
     assert said == "cancel requested; the task stops at its next step, on whichever host holds it"
     assert not b.running_path(ctx.uuid).exists()  # written to the store, not to a directory of b's
@@ -118,9 +90,9 @@ def test_a_cancel_from_a_host_without_the_context_reaches_its_holder_through_the
         assert taken.read_state()["cancel_requested"] is True
     finally:
         taken.finish("cancelled")
-    with celery_app(redis_url) as app, pytest.raises(ContextCompletedError):
+    with celery_client(redis_url) as app, pytest.raises(ContextCompletedError):
         request_cancel(app, redis_client, b, ctx.uuid)
-    with celery_app(redis_url) as app, pytest.raises(ContextNotFoundError):
+    with celery_client(redis_url) as app, pytest.raises(ContextNotFoundError):
         request_cancel(app, redis_client, b, "0b0e0a4c-0000-4000-8000-000000000000")
     assert not redis_client.exists(CANCEL_PREFIX + "0b0e0a4c-0000-4000-8000-000000000000")
 

@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from contexts.context import Context
 from contexts.store import ContextStore
 from fleet.durable import PostgresCopy
 from fleet.store import FleetStore
@@ -38,6 +39,24 @@ def host(tmp_path: Path, fleet_dsn: str) -> Iterator[HostFactory]:
     yield make
     for fleet in stores:
         fleet.close()
+
+
+def one_step(ctx: Context, text: str) -> None:
+    """An agent step's records: the model's answer, a tool call and its result, then the step's commit."""
+    ctx.append_message("assistant", text, tool_calls=[{"id": "c1", "type": "function"}])
+    ctx.append_tool("bash", {"command": "ls"}, "success", 12, result="README.md")
+    ctx.append_message("tool", "README.md", tool_call_id="c1")
+    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, status="processing")
+    ctx.step_done()
+
+
+def committed_state(dsn: str, uuid: str) -> dict[str, Any]:
+    """The context's ``state.json`` as its last commit left it in the database."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT state FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
+    assert row is not None
+    state: dict[str, Any] = row[0]
+    return state
 
 
 def lease_expired(dsn: str, uuid: str) -> bool:
