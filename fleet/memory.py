@@ -5,7 +5,10 @@ Recall ranks the same on both stores: the full-text index (``tsvector``, GIN) fi
 query's words, and the score is BM25 as SQLite's FTS5 computes it (k1 1.2, b 0.75, its idf floor), from the word
 counts each episode keeps and the document frequencies kept as episodes come and go — PostgreSQL's own
 ``ts_rank`` has no idf. The words are those of the embedded store (``memory.sqlite.query_words``), as are the
-rare-word rule and the common-word window. KNN is an exact cosine scan of the repository's vectors.
+rare-word rule and the common-word window. KNN scans the sign bits of a repository's newest vectors (Hamming
+distance, PostgreSQL's own ``bit_count`` of an XOR: no pgvector release is needed for it) and re-ranks the nearest
+by the cosine of their floats, as the SQLite store does. A search is one statement on an autocommit connection
+(:meth:`fleet.store.FleetStore.reading`); BM25's episode count and average length are kept, not counted.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from fleet.lease import Conn
 from fleet.store import FleetStore
 from memory.errors import EmbeddingError, MemoryUnavailable
 from memory.records import Episode, Match, Memory, RepositoryCount, StoreStatus
-from memory.sqlite import _WORD, COMMON_WINDOW, RARE_DOCS, SHARD_SIZE, query_words
+from memory.sqlite import (
+    _WORD,
+    COMMON_WINDOW,
+    KNN_OVERSAMPLE,
+    OVERSAMPLE_DIMENSIONS,
+    RARE_DOCS,
+    SHARD_SIZE,
+    query_words,
+)
 
 K1, B = 1.2, 0.75  # FTS5's bm25() constants
 IDF_FLOOR = 1e-6  # FTS5 clamps a non-positive idf (a word in most documents) to this
@@ -36,10 +47,18 @@ def words_of(text: str) -> list[str]:
 
 
 KNN_WINDOW = 2 * SHARD_SIZE  # the newest vectors of a repository KNN scans (SQLite: its two newest shards)
+# How many nearest by sign bits are re-ranked by their floats: the SQLite store's KNN_OVERSAMPLE * k from each of its
+# two shards, so as many over the same window.
+KNN_SHARDS = 2
 
 
 def _vector(values: Sequence[float]) -> str:
     return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+def _bits(values: Sequence[float]) -> str:
+    """A vector's sign bits as a ``bit varying`` literal: 1 where the element is positive (binary quantization)."""
+    return "".join("1" if v > 0 else "0" for v in values)
 
 
 def _tsquery(words: Sequence[str]) -> str:
@@ -47,18 +66,19 @@ def _tsquery(words: Sequence[str]) -> str:
 
 
 class PostgresMemoryStore:
-    """Episodes, thread and repository memories in the fleet's PostgreSQL (schema version 2)."""
+    """Episodes, thread and repository memories in the fleet's PostgreSQL (schema versions 2 and 5)."""
 
     def __init__(self, store: FleetStore) -> None:
         self.store = store
         self._dimension: int | None = None  # once known it never changes: read once, not at every recall
 
     @contextmanager
-    def _connection(self) -> Iterator[Conn]:
-        """One transaction; the fleet's store out of reach is :class:`MemoryUnavailable`, as a damaged SQLite file
-        is: recall and recording go on without memory, never fail the task."""
+    def _connection(self, *, reading: bool = False) -> Iterator[Conn]:
+        """One transaction (``reading``: statements that each stand alone, no transaction around them); the fleet's
+        store out of reach is :class:`MemoryUnavailable`, as a damaged SQLite file is: recall and recording go on
+        without memory, never fail the task."""
         try:
-            with self.store.connection() as conn:
+            with self.store.reading() if reading else self.store.connection() as conn:
                 yield conn
         except FleetError as exc:
             raise MemoryUnavailable(f"memory store: {exc}") from None
@@ -100,9 +120,14 @@ class PostgresMemoryStore:
             return
         rows = []
         counted: Counter[str] = Counter()
+        bits: dict[str, str] = {}
+        lengths = 0
         for episode, vector in batch:
             words = words_of(episode.text())
             counted.update(set(words))
+            lengths += len(words) + 1
+            if vector is not None:
+                bits[episode.uuid] = _bits(vector)
             rows.append((
                 episode.uuid, episode.repository, episode.thread, episode.ended_at,
                 json.dumps(episode.to_json(), ensure_ascii=False), json.dumps(Counter(words)), len(words),
@@ -119,7 +144,14 @@ class PostgresMemoryStore:
                     "%s::vector)",
                     rows,
                 )
+            if bits:
+                conn.execute(
+                    "INSERT INTO tasuki_episode_bits (id, repository, bits) SELECT e.id, e.repository, u.bits::varbit "
+                    "FROM unnest(%s::text[], %s::text[]) AS u(uuid, bits) JOIN tasuki_episodes AS e USING (uuid)",
+                    (list(bits), list(bits.values())),
+                )
             self._count_docs(conn, counted)
+            self._count_totals(conn, len(batch), lengths)
 
     def _check_dimension(self, conn: Conn, dimension: int) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('tasuki_memory_dimension'))")
@@ -128,9 +160,6 @@ class PostgresMemoryStore:
             self._set_meta(conn, "vector_dimension", str(dimension))
         elif int(known) != dimension:
             raise EmbeddingError(f"embedding has {dimension} dimensions; the memory store holds {known}")
-
-    def _count_terms(self, conn: Conn, words: Sequence[str], change: int) -> None:
-        self._count_docs(conn, Counter(dict.fromkeys(words, change)))
 
     def _count_docs(self, conn: Conn, changes: Counter[str]) -> None:
         """Add ``changes`` (term → documents gained or lost) to the document frequencies."""
@@ -143,19 +172,29 @@ class PostgresMemoryStore:
                 (terms, [changes[term] for term in terms]),
             )
 
+    def _count_totals(self, conn: Conn, episodes: int, lengths: int) -> None:
+        """Add to the episode count and the total length (each episode's words + 1) that BM25's idf and average use."""
+        if episodes:
+            conn.execute(
+                "UPDATE tasuki_memory_totals SET episodes = episodes + %s, lengths = lengths + %s", (episodes, lengths)
+            )
+
     def _delete(self, conn: Conn, where: str, params: tuple[Any, ...]) -> list[str]:
-        """Delete episodes (rows, words, vectors) and their document frequencies; their UUIDs."""
+        """Delete episodes (rows, words, vectors, sign bits) and their document frequencies; their UUIDs."""
         gone = conn.execute(
-            f"DELETE FROM tasuki_episodes WHERE {where} RETURNING uuid, terms",  # noqa: S608 - fixed clauses only
+            f"DELETE FROM tasuki_episodes WHERE {where} RETURNING uuid, terms, length",  # noqa: S608 - fixed clauses
             params,
         ).fetchall()
-        for _uuid, terms in gone:
-            self._count_terms(conn, list(terms), -1)
-        return [str(uuid) for uuid, _terms in gone]
+        lost: Counter[str] = Counter()
+        for _uuid, terms, _length in gone:
+            lost.update(dict.fromkeys(terms, -1))
+        self._count_docs(conn, lost)
+        self._count_totals(conn, -len(gone), -sum(length + 1 for _uuid, _terms, length in gone))
+        return [str(uuid) for uuid, _terms, _length in gone]
 
     def episode(self, uuid: str) -> Episode | None:
         """One episode by UUID."""
-        with self._connection() as conn:
+        with self._connection(reading=True) as conn:
             row = conn.execute("SELECT data FROM tasuki_episodes WHERE uuid = %s", (uuid,)).fetchone()
         return None if row is None else Episode.from_json(row[0])
 
@@ -170,7 +209,7 @@ class PostgresMemoryStore:
 
     def vector(self, uuid: str) -> list[float] | None:
         """The episode's vector, or None."""
-        with self._connection() as conn:
+        with self._connection(reading=True) as conn:
             row = conn.execute("SELECT embedding::text FROM tasuki_episodes WHERE uuid = %s", (uuid,)).fetchone()
         return None if row is None or row[0] is None else [float(v) for v in json.loads(row[0])]
 
@@ -178,7 +217,7 @@ class PostgresMemoryStore:
         """The episodes of ``uuids`` that belong to ``repository`` (never another repository's)."""
         if not uuids:
             return {}
-        with self._connection() as conn:
+        with self._connection(reading=True) as conn:
             rows = conn.execute(
                 "SELECT uuid, data FROM tasuki_episodes WHERE uuid = ANY(%s) AND repository = %s",
                 (list(uuids), repository),
@@ -197,15 +236,18 @@ class PostgresMemoryStore:
         words = query_words(query)
         if not words:
             return []
-        with self._connection() as conn:
-            frequency = dict(
-                conn.execute(
-                    "SELECT term, docs FROM tasuki_memory_terms WHERE term = ANY(%s) AND docs > 0", (words,)
-                ).fetchall()
-            )
+        with self._connection(reading=True) as conn:
+            found = conn.execute(
+                "SELECT t.term, t.docs, m.episodes, m.lengths FROM tasuki_memory_terms AS t "
+                "CROSS JOIN tasuki_memory_totals AS m WHERE t.term = ANY(%s) AND t.docs > 0",
+                (words,),
+            ).fetchall()
+            frequency = {str(term): int(docs) for term, docs, _episodes, _lengths in found}
             rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
             if rare:
-                return self._ranked(conn, repository, rare, frequency, k)
+                total, lengths = int(found[0][2]), int(found[0][3])
+                idf = [max(_idf(total, frequency[w]), IDF_FLOOR) for w in rare]
+                return self._ranked(conn, repository, rare, idf, lengths / total if total else 1.0, k)
             common = [w for w in words if w in frequency]
             if not common:
                 return []
@@ -217,10 +259,9 @@ class PostgresMemoryStore:
             ).fetchall()
         return [Match(str(row[0]), 0.0) for row in rows]
 
-    def _ranked(self, conn: Conn, repository: str, rare: list[str], frequency: dict[str, int], k: int) -> list[Match]:
-        row = conn.execute("SELECT count(*), coalesce(avg(length + 1), 1) FROM tasuki_episodes").fetchone()
-        total, average = (int(row[0]), float(row[1])) if row else (0, 1.0)
-        idf = [max(_idf(total, frequency[w]), IDF_FLOOR) for w in rare]
+    def _ranked(
+        self, conn: Conn, repository: str, rare: list[str], idf: list[float], average: float, k: int
+    ) -> list[Match]:
         rows = conn.execute(
             """SELECT e.uuid, sum(q.idf * (tf.n * %(k1)s + tf.n) / (tf.n + %(k1)s * (1 - %(b)s + %(b)s * (e.length + 1)
                    / %(average)s))) AS score
@@ -241,22 +282,28 @@ class PostgresMemoryStore:
         return [match.uuid for match in self.knn_scored(repository, vector, k)]
 
     def knn_scored(self, repository: str, vector: Sequence[float], k: int) -> list[Match]:
-        """The repository's episodes nearest to ``vector`` by cosine (pgvector's ``<=>``), each with its similarity:
-        an exact scan of the repository's :data:`KNN_WINDOW` newest vectors, as the SQLite store scans its two
-        newest shards (older episodes are still found by BM25), so that a recall costs the same at 100,000
-        episodes as at 10,000."""
+        """The repository's episodes nearest to ``vector`` by cosine (pgvector's ``<=>``), each with its similarity,
+        among its :data:`KNN_WINDOW` newest vectors, as the SQLite store scans its two newest shards (older episodes
+        are still found by BM25), so that a recall costs the same at 100,000 episodes as at 10,000. As there, the
+        window's sign bits are scanned first (Hamming distance, 48 bytes a vector at 384 dimensions, from a narrow
+        table) and only the nearest by bits are re-ranked by their float vectors: reading the window's floats cost
+        37 ms a query at 100,000 episodes (10,000 vectors of 1.5 KB out of TOAST), the bits a few."""
         known = self.vector_dimension()
         if known is None:
             return []
         if len(vector) != known:
             raise EmbeddingError(f"query embedding has {len(vector)} dimensions; the memory store holds {known}")
-        with self._connection() as conn:
+        coarse = k * KNN_OVERSAMPLE * max(1, OVERSAMPLE_DIMENSIONS // known) * KNN_SHARDS
+        with self._connection(reading=True) as conn:
             rows = conn.execute(
-                "SELECT uuid, embedding <=> %(v)s::vector AS distance FROM ("
-                " SELECT uuid, id, embedding FROM tasuki_episodes WHERE repository = %(r)s AND embedding IS NOT NULL"
-                " ORDER BY id DESC LIMIT %(window)s) AS newest ORDER BY distance, id DESC LIMIT %(k)s",
-                {"v": _vector(vector), "r": repository, "k": k, "window": KNN_WINDOW},
-            ).fetchall()
+                "SELECT e.uuid, e.embedding <=> %(v)s::vector AS distance FROM ("
+                " SELECT id FROM (SELECT id, bits FROM tasuki_episode_bits WHERE repository = %(r)s"
+                "  ORDER BY id DESC LIMIT %(window)s) AS newest"
+                " ORDER BY bit_count(bits # %(b)s::varbit), id LIMIT %(coarse)s) AS near"
+                " JOIN tasuki_episodes AS e USING (id) ORDER BY distance, e.id LIMIT %(k)s",
+                {"v": _vector(vector), "b": _bits(vector), "r": repository, "window": KNN_WINDOW, "coarse": coarse,
+                 "k": k},
+            ).fetchall()  # fmt: skip
         return [Match(str(uuid), 1.0 - float(distance)) for uuid, distance in rows]
 
     # -- thread and repository memories ----------------------------------------------------------
