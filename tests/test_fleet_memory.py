@@ -250,7 +250,7 @@ def test_knn_scans_only_the_repositorys_newest_vectors(
     window; another repository's newer episodes do not push it out."""
     import fleet.memory
 
-    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 3)
+    monkeypatch.setattr(fleet.memory, "KNN_SHARD", 2)  # two parts of 2: the newest 4
     texts = ["flaky test_login in tests/test_auth.py", "release notes", "docs build", "cache keys", "css colours"]
     for n, text in enumerate(texts):
         e = episode(f"a{n}", task=text, days_ago=10 - n)
@@ -258,8 +258,8 @@ def test_knn_scans_only_the_repositorys_newest_vectors(
         other = episode(f"b{n}", "github:other/web", task=text, days_ago=10 - n)
         store.add_episode(other, embed_text(other.text()))
     found = store.knn("github:acme/web", embed_text(texts[0]), 5)
-    assert sorted(found) == ["a2", "a3", "a4"]
-    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 10)
+    assert sorted(found) == ["a1", "a2", "a3", "a4"]
+    monkeypatch.setattr(fleet.memory, "KNN_SHARD", 5)
     assert store.knn("github:acme/web", embed_text(texts[0]), 5)[0] == "a0"
 
 
