@@ -14,7 +14,6 @@ by the cosine of their floats, as the SQLite store does. A search is one stateme
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,8 +61,36 @@ def _bits(values: Sequence[float]) -> str:
     return "".join("1" if v > 0 else "0" for v in values)
 
 
-def _tsquery(words: Sequence[str]) -> str:
-    return " | ".join(f"'{w}'" for w in words)  # words are letters and digits only: never an operator
+# BM25 in one statement (one round trip): the query's words with their document frequencies and the kept totals; the
+# rare ones (at most RARE_DOCS episodes) ranked by FTS5's BM25 over the full-text index's matches; when there are none,
+# the newest matches of the common words among the repository's COMMON_WINDOW newest episodes, scored 0. Words are
+# letters and digits only (memory.sqlite.query_words), so a quoted word is never a tsquery operator.
+BM25 = """
+WITH found AS (
+    SELECT t.term, t.docs::float8 AS docs, m.episodes::float8 AS episodes,
+           m.lengths::float8 / greatest(m.episodes, 1) AS average
+    FROM tasuki_memory_terms AS t CROSS JOIN tasuki_memory_totals AS m
+    WHERE t.term = ANY(%(words)s) AND t.docs > 0),
+rare AS (
+    SELECT term, greatest(ln((episodes - docs + 0.5) / (docs + 0.5)), %(floor)s) AS idf, average
+    FROM found WHERE docs <= %(rare)s),
+ranked AS (
+    SELECT e.uuid, e.id,
+           sum(q.idf * (tf.n * %(k1)s + tf.n) / (tf.n + %(k1)s * (1 - %(b)s + %(b)s * (e.length + 1) / q.average)))
+           AS score
+    FROM tasuki_episodes AS e CROSS JOIN rare AS q CROSS JOIN LATERAL (SELECT (e.terms ->> q.term)::float8 AS n) AS tf
+    WHERE e.repository = %(repository)s AND tf.n > 0
+      AND e.words @@ (SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) FROM rare)
+    GROUP BY e.uuid, e.id ORDER BY score DESC, e.id DESC LIMIT %(k)s),
+common AS (
+    SELECT uuid, id FROM (SELECT uuid, id, words FROM tasuki_episodes WHERE repository = %(repository)s
+                          ORDER BY id DESC LIMIT %(window)s) AS newest
+    WHERE NOT EXISTS (SELECT FROM rare)
+      AND words @@ (SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) FROM found)
+    ORDER BY id DESC LIMIT %(k)s)
+SELECT uuid, score FROM (SELECT uuid, score, id FROM ranked UNION ALL SELECT uuid, 0, id FROM common) AS hits
+ORDER BY score DESC, id DESC
+"""
 
 
 class PostgresMemoryStore:
@@ -238,44 +265,13 @@ class PostgresMemoryStore:
         if not words:
             return []
         with self._connection(reading=True) as conn:
-            found = conn.execute(
-                "SELECT t.term, t.docs, m.episodes, m.lengths FROM tasuki_memory_terms AS t "
-                "CROSS JOIN tasuki_memory_totals AS m WHERE t.term = ANY(%s) AND t.docs > 0",
-                (words,),
-            ).fetchall()
-            frequency = {str(term): int(docs) for term, docs, _episodes, _lengths in found}
-            rare = [w for w in words if 0 < frequency.get(w, 0) <= RARE_DOCS]
-            if rare:
-                total, lengths = int(found[0][2]), int(found[0][3])
-                idf = [max(_idf(total, frequency[w]), IDF_FLOOR) for w in rare]
-                return self._ranked(conn, repository, rare, idf, lengths / total if total else 1.0, k)
-            common = [w for w in words if w in frequency]
-            if not common:
-                return []
             rows = conn.execute(
-                "SELECT uuid FROM (SELECT uuid, id, words FROM tasuki_episodes WHERE repository = %s "
-                "ORDER BY id DESC LIMIT %s) AS newest WHERE words @@ to_tsquery('simple', %s) "
-                "ORDER BY id DESC LIMIT %s",
-                (repository, COMMON_WINDOW, _tsquery(common), k),
-            ).fetchall()
-        return [Match(str(row[0]), 0.0) for row in rows]
-
-    def _ranked(
-        self, conn: Conn, repository: str, rare: list[str], idf: list[float], average: float, k: int
-    ) -> list[Match]:
-        rows = conn.execute(
-            """SELECT e.uuid, sum(q.idf * (tf.n * %(k1)s + tf.n) / (tf.n + %(k1)s * (1 - %(b)s + %(b)s * (e.length + 1)
-                   / %(average)s))) AS score
-               FROM tasuki_episodes AS e
-               CROSS JOIN unnest(%(terms)s::text[], %(idf)s::float8[]) AS q(term, idf)
-               CROSS JOIN LATERAL (SELECT (e.terms ->> q.term)::float8 AS n) AS tf
-               WHERE e.repository = %(repository)s AND e.words @@ to_tsquery('simple', %(query)s) AND tf.n > 0
-               GROUP BY e.uuid, e.id ORDER BY score DESC, e.id DESC LIMIT %(k)s""",
-            {
-                "k1": K1, "b": B, "average": average, "terms": rare, "idf": idf, "repository": repository,
-                "query": _tsquery(rare), "k": k,
-            },
-        ).fetchall()  # fmt: skip
+                BM25,
+                {
+                    "words": words, "rare": RARE_DOCS, "floor": IDF_FLOOR, "k1": K1, "b": B, "repository": repository,
+                    "window": COMMON_WINDOW, "k": k,
+                },
+            ).fetchall()  # fmt: skip
         return [Match(str(uuid), float(score)) for uuid, score in rows]
 
     def knn(self, repository: str, vector: Sequence[float], k: int) -> list[str]:
@@ -423,7 +419,3 @@ class PostgresMemoryStore:
 
     def close(self) -> None:
         """Nothing of its own to close: the fleet store's pool is shared (FleetStore.close closes it)."""
-
-
-def _idf(total: int, docs: int) -> float:
-    return math.log((total - docs + 0.5) / (docs + 0.5))
