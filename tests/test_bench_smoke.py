@@ -167,6 +167,7 @@ def test_quick_fleet_recall_benchmark_prints_its_ratio(tmp_path: Path) -> None:
     run = quick_run("fleet-recall", tmp_path, 280)
     assert re.search(r"^fleet recall: p95 at 2,000 episodes .* ms on SQLite: \d+\.\d\d ", run.stdout, re.M), run.stdout
     assert re.search(r"^fleet recall p95, PostgreSQL vs SQLite at 2,000 +\d+\.\d\d +<= 2 +info$", run.stdout, re.M)
+    assert re.search(r"^fleet recall: recalls whose five hits differ between the stores: \d+ of 5$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
 
 
