@@ -21,6 +21,7 @@ from memory.sqlite import SQLiteMemoryStore
 from memory.store import MemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.memory_support import NOW, episode
+from tests.helpers.postgres import PostgresServer
 from worker.settings import Settings
 from worker.stores import kept_memory, open_memory
 
@@ -335,3 +336,27 @@ def test_knn_re_ranks_the_nearest_by_sign_bits_by_their_floats(store: PostgresMe
     )  # fmt: skip
     assert [m.uuid for m in found] == [uuid for _distance, uuid in exact]
     assert [round(m.score, 5) for m in found] == [round(1 - distance, 5) for distance, _uuid in exact]
+
+
+def test_a_read_skips_the_pools_check_only_on_a_connection_used_within_the_window(
+    private_postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search on a connection used within CHECKED_RECENTLY_S is not checked first (one round trip fewer): after a
+    restart inside that window the dropped connection fails one read (MemoryUnavailable: the task goes on without
+    memory) and the pool replaces it; once the window has passed, the check finds it dropped and no read fails."""
+    import fleet.store
+
+    with FleetStore(private_postgres.dsn(private_postgres.create_database())) as shared:
+        store = PostgresMemoryStore(shared)
+        store.add_episode(episode("a1", task="Fix the login bug"), embed_text("login"))
+        monkeypatch.setattr(fleet.store, "CHECKED_RECENTLY_S", 3600.0)
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+        private_postgres.restart()
+        with pytest.raises(MemoryUnavailable):
+            store.bm25("github:acme/web", "login", 5)
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+
+        monkeypatch.setattr(fleet.store, "CHECKED_RECENTLY_S", 0.0)  # every connection's last use is out of it
+        private_postgres.restart()
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+        assert store.knn("github:acme/web", embed_text("login"), 5) == ["a1"]
