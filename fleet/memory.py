@@ -164,7 +164,7 @@ class PostgresMemoryStore:
         with self._connection() as conn:
             for dimension in sorted({len(vector) for _episode, vector in batch if vector is not None}):
                 self._check_dimension(conn, dimension)
-            self._delete(conn, "uuid = ANY(%s)", ([episode.uuid for episode, _vector in batch],))
+            _gone, replaced, episodes, length = self._remove(conn, "uuid = ANY(%s)", ([e.uuid for e, _v in batch],))
             with conn.cursor() as cursor:
                 cursor.executemany(
                     "INSERT INTO tasuki_episodes (uuid, repository, thread, ended_at, data, terms, length, words, "
@@ -178,8 +178,9 @@ class PostgresMemoryStore:
                     "FROM unnest(%s::text[], %s::text[]) AS u(uuid, bits) JOIN tasuki_episodes AS e USING (uuid)",
                     (list(bits), list(bits.values())),
                 )
+            counted.update(replaced)  # one upsert of the words, then the totals: every write locks them in one order
             self._count_docs(conn, counted)
-            self._count_totals(conn, len(batch), lengths)
+            self._count_totals(conn, len(batch) + episodes, lengths + length)
 
     def _check_dimension(self, conn: Conn, dimension: int) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('tasuki_memory_dimension'))")
@@ -207,8 +208,9 @@ class PostgresMemoryStore:
                 "UPDATE tasuki_memory_totals SET episodes = episodes + %s, lengths = lengths + %s", (episodes, lengths)
             )
 
-    def _delete(self, conn: Conn, where: str, params: tuple[Any, ...]) -> list[str]:
-        """Delete episodes (rows, words, vectors, sign bits) and their document frequencies; their UUIDs."""
+    def _remove(self, conn: Conn, where: str, params: tuple[Any, ...]) -> tuple[list[str], Counter[str], int, int]:
+        """Delete episodes (rows, words, vectors, sign bits): their UUIDs, and the changes to the document frequencies,
+        the episode count and the total length, for the caller to apply."""
         gone = conn.execute(
             f"DELETE FROM tasuki_episodes WHERE {where} RETURNING uuid, terms, length",  # noqa: S608 - fixed clauses
             params,
@@ -216,9 +218,15 @@ class PostgresMemoryStore:
         lost: Counter[str] = Counter()
         for _uuid, terms, _length in gone:
             lost.update(dict.fromkeys(terms, -1))
+        uuids = [str(uuid) for uuid, _terms, _length in gone]
+        return uuids, lost, -len(gone), -sum(length + 1 for _uuid, _terms, length in gone)
+
+    def _delete(self, conn: Conn, where: str, params: tuple[Any, ...]) -> list[str]:
+        """Delete episodes and their document frequencies and totals; their UUIDs."""
+        gone, lost, episodes, length = self._remove(conn, where, params)
         self._count_docs(conn, lost)
-        self._count_totals(conn, -len(gone), -sum(length + 1 for _uuid, _terms, length in gone))
-        return [str(uuid) for uuid, _terms, _length in gone]
+        self._count_totals(conn, episodes, length)
+        return gone
 
     def episode(self, uuid: str) -> Episode | None:
         """One episode by UUID."""
