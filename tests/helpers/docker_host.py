@@ -1,12 +1,13 @@
 """A Docker engine for the compose test, on a machine that reaches Debian's packages and PyPI but no image registry.
 
     engine = docker_engine()                  # dockerd answers (started here, as root, when it does not)
-    build_images(engine)                      # stand-ins for python:3.11-slim and redis:7, then PROJECT_IMAGE
+    build_images(engine)                      # stand-ins for the registry images, then PROJECT_IMAGE
 
 The stand-ins are made from Debian's packages: ``debootstrap`` makes a bookworm root file system with this
 machine's CA bundle in it (the machine's own package clients trust it, so the image's pip and apt do too),
-``docker import`` turns it into a base image, and two small Dockerfiles add Python 3.11 (a virtual
-environment at /usr/local, as the official image has its Python there) and Debian's Redis 7. The project's
+``docker import`` turns it into a base image, and small Dockerfiles add Python 3.11 (a virtual environment at
+/usr/local, as the official image has its Python there), Debian's Redis 7, and for the compose file's ``fleet``
+profile PostgreSQL 16 with pgvector from the ``pgserver`` wheel (pip fetches it when the image is built). The project's
 own Dockerfile is then built unchanged, with host networking (no bridge network exists here) and every
 toolchain it offers (``TOOLCHAINS``; the apt layer comes before the code's, so a code change reuses it).
 
@@ -46,6 +47,7 @@ DOCKERD_LOG = Path(tempfile.gettempdir()) / "tasuki-dockerd.log"
 START_TIMEOUT_S = 60.0
 COMPOSE_SUITE = "trixie"  # the first Debian release with Compose v2
 COMPOSE_CACHE = Path(tempfile.gettempdir()) / "tasuki-compose-v2"
+PGSERVER_VERSION = "0.1.4"  # pyproject.toml's test extra: the PostgreSQL the fleet tests run on the host
 
 # Stand-ins for the registry images the project's Dockerfile and compose file name.
 STANDINS = {
@@ -69,7 +71,71 @@ WORKDIR /data
 LABEL {STANDIN_LABEL}="redis:7 from Debian {SUITE}'s redis-server (tests/helpers/docker_host.py)"
 CMD ["redis-server"]
 """,
+    # PostgreSQL 16 with pgvector from the pgserver wheel the fleet tests run on the host (pyproject.toml's test
+    # extra; --no-deps: only its binaries are used), and an entrypoint with the official image's interface as far
+    # as docker-compose.yml uses it (POSTGRES_ENTRYPOINT below).
+    "pgvector/pgvector:pg16": f"""\
+FROM {BASE_IMAGE}
+RUN apt-get update \\
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \\
+    && rm -rf /var/lib/apt/lists/* \\
+    && python3 -m venv /opt/pgserver \\
+    && /opt/pgserver/bin/pip install --no-cache-dir --no-deps pgserver=={PGSERVER_VERSION} \\
+    && useradd --system --user-group --home-dir /var/lib/postgresql postgres \\
+    && mkdir -p /var/lib/postgresql/data \\
+    && chown -R postgres:postgres /var/lib/postgresql && chmod 0700 /var/lib/postgresql/data
+COPY docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
+ENV PATH=/opt/pgserver/lib/python3.11/site-packages/pgserver/pginstall/bin:$PATH \\
+    PGDATA=/var/lib/postgresql/data LANG=C.UTF-8
+LABEL {STANDIN_LABEL}="pgvector/pgvector:pg16 from the pgserver {PGSERVER_VERSION} wheel (tests/helpers/docker_host.py)"
+ENTRYPOINT ["docker-entrypoint.sh"]
+STOPSIGNAL SIGINT
+EXPOSE 5432
+CMD ["postgres"]
+""",
 }
+# The pgvector image's entrypoint, as much of it as docker-compose.yml uses: started as root, it gives the data
+# directory to ``postgres`` and runs itself again as that user; on a first start (no PG_VERSION) it refuses without
+# POSTGRES_PASSWORD, as the official image does, runs initdb with POSTGRES_USER as the superuser and that password,
+# and creates POSTGRES_DB; later starts keep the data. Connections on the container's socket are trusted (the
+# healthcheck's pg_isready, ``docker compose exec postgres psql``); every TCP connection needs the password
+# (scram-sha-256; the official image trusts 127.0.0.1 too, which the tests' host networking would make every
+# connection). The first start's setup server listens on a private socket only, so the healthcheck never finds it
+# ready before the real server is (the official image's can). A command that starts with ``-`` is postgres's
+# options, as in the official image; PGPORT moves the port for the server and the clients alike.
+POSTGRES_ENTRYPOINT = """\
+#!/bin/bash
+set -euo pipefail
+if [[ "${1:0:1}" == - ]]; then set -- postgres "$@"; fi
+if [[ "$1" == postgres && "$(id -u)" == 0 ]]; then
+    mkdir -p "$PGDATA"
+    chown postgres:postgres "$PGDATA"
+    chmod 0700 "$PGDATA"
+    exec setpriv --reuid=postgres --regid=postgres --init-groups "$0" "$@"
+fi
+if [[ "$1" == postgres && ! -s "$PGDATA/PG_VERSION" ]]; then
+    if [[ -z "${POSTGRES_PASSWORD:-}" ]]; then
+        echo "Error: Database is uninitialized and superuser password is not specified." >&2
+        echo "       You must specify POSTGRES_PASSWORD to a non-empty value for the superuser." >&2
+        exit 1
+    fi
+    user=${POSTGRES_USER:-postgres}
+    initdb --pgdata="$PGDATA" --username="$user" --pwfile=<(printf '%s\\n' "$POSTGRES_PASSWORD") \\
+        --encoding=UTF8 --locale=C.UTF-8 --auth-local=trust --auth-host=scram-sha-256
+    echo "listen_addresses = '*'" >> "$PGDATA/postgresql.conf"
+    database=${POSTGRES_DB:-$user}
+    if [[ "$database" != postgres ]]; then  # on a private socket: pg_isready sees nothing until the real start
+        setup=$(mktemp -d)
+        pg_ctl --pgdata="$PGDATA" --wait --options="-c listen_addresses='' -c unix_socket_directories=$setup" start
+        createdb --host="$setup" --username="$user" "$database"
+        pg_ctl --pgdata="$PGDATA" --wait --mode=fast stop
+        rmdir "$setup"
+    fi
+    echo "PostgreSQL init process complete; ready for start up."
+fi
+exec "$@"
+"""
+STANDIN_FILES = {"pgvector/pgvector:pg16": {"docker-entrypoint.sh": POSTGRES_ENTRYPOINT}}
 
 
 class DockerUnavailable(Exception):
@@ -197,9 +263,12 @@ def _base_image(engine: Engine) -> None:
             raise RuntimeError(f"docker import of the stand-in root file system failed: {imported.stderr.strip()}")
 
 
-def _build(engine: Engine, tag: str, dockerfile: str) -> None:
+def _build(engine: Engine, tag: str, dockerfile: str, files: dict[str, str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tasuki-standin-") as context:
         (Path(context) / "Dockerfile").write_text(dockerfile)
+        for name, text in (files or {}).items():
+            (Path(context) / name).write_text(text)
+            (Path(context) / name).chmod(0o755)
         engine.docker("build", "--network", "host", "-t", tag, context, timeout_s=900)
 
 
@@ -210,7 +279,7 @@ def build_images(engine: Engine, *, project: bool = True) -> None:
         if missing and not _has_image(engine, BASE_IMAGE):
             _base_image(engine)
         for tag in missing:
-            _build(engine, tag, STANDINS[tag])
+            _build(engine, tag, STANDINS[tag], STANDIN_FILES.get(tag))
         if project:
             engine.docker("build", "--network", "host", "--build-arg", f"TOOLCHAINS={TOOLCHAINS}", "-t", PROJECT_IMAGE,
                           str(REPO_ROOT), timeout_s=1800)
