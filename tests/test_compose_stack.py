@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,9 +26,12 @@ from tests.helpers.compose_fleet import (
     OWNER,
     REPO,
     TEST_TIMINGS,
-    TURNS,
     Fleet,
+    assert_each_step_once,
     compose_fleet,
+    healthy_services,
+    resumed_after_its_container_dies,
+    submit_held,
 )
 from tests.helpers.deliveries import github_delivery, load_payload
 from tests.helpers.docker_host import DockerUnavailable
@@ -37,13 +39,6 @@ from tests.helpers.docker_host import DockerUnavailable
 # Deadlines, not timings: a stack of eight containers on a busy 2-core machine took over 300 s to come up.
 pytestmark = [pytest.mark.integration, pytest.mark.compose, pytest.mark.timeout(1200)]
 BUSY_DEADLINE_S = 600
-
-
-def assert_each_step_once(fleet: Fleet, uuid: str) -> None:
-    """Every scripted model answer is in the context exactly once, in order: no step was repeated."""
-    assert fleet.answered_turns(uuid) == list(range(TURNS))
-    seqs = [m["seq"] for m in fleet.messages(uuid)]
-    assert seqs == list(range(1, len(seqs) + 1))
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +51,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def test_every_service_of_the_stack_becomes_healthy_with_three_workers(fleet: Fleet) -> None:
-    seen: dict[str, str] = {}
+    services = healthy_services(fleet, BUSY_DEADLINE_S)
 
-    def all_healthy() -> dict[str, str] | None:
-        health = fleet.stack.health()
-        seen.clear()
-        seen.update(health or {})
-        return health if health and set(health.values()) == {"healthy"} else None
-
-    try:
-        health = fleet.stack.wait(all_healthy, BUSY_DEADLINE_S, "every container to be healthy")
-    except AssertionError as exc:  # which one was not, first: the logs' tail may not say
-        raise AssertionError(f"last health seen: {seen}\n{exc}") from None
-
-    services = sorted(re.sub(r"^tasukitest\w+?[-_]|[-_]\d+$", "", name) for name in health)
     assert services == ["beat", "flower", "maintenance", "redis", "webhook", "worker", "worker", "worker"]
 
 
@@ -214,23 +197,9 @@ def test_a_task_through_the_webhook_and_one_through_tasuki_submit_complete_in_th
 
 @pytest.mark.parametrize("how", ["kill", "restart"])
 def test_a_worker_container_that_dies_mid_task_never_strands_its_task(fleet: Fleet, how: str) -> None:
-    number = fleet.new_issue(held=True)
-    uuid = fleet.submit(number)
-    fleet.stack.wait(lambda: fleet.held(number), BUSY_DEADLINE_S, f"task {uuid} to be mid-task", logs_of="worker")
-    container = fleet.holder_container(uuid)
+    number, uuid = submit_held(fleet)
 
-    if how == "kill":
-        fleet.stack.engine.docker("kill", container)
-    else:  # the same container again: same hostname, a new PID namespace whose low pids are reused at once
-        fleet.stack.engine.docker("restart", "-t", "0", container)
-    died = time.time()
-    fleet.release(number)
-
-    state = fleet.wait_finished(uuid)
-    assert state["status"] == "completed", state
-    assert state["attempt"] == 2
-    assert_each_step_once(fleet, uuid)
-    print(f"{how}: {fleet.first_step_after(uuid, died):.1f} s from the container's death to the next step")
+    resumed_after_its_container_dies(fleet, number, uuid, how)
 
 
 def test_flower_lists_the_tasks(fleet: Fleet) -> None:

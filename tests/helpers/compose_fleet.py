@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ TEST_TIMINGS = {
     "TASUKI__CONTEXTS__STALE_AFTER_S": "8",
     "TASUKI__MONITOR__INTERVAL_S": "2",
 }
+POSTGRES_USER = POSTGRES_DB = "tasuki"  # docker-compose.yml's postgres service
 FINISH_TIMEOUT_S = 600.0  # a deadline on a busy machine, not a timing
 
 
@@ -103,6 +106,15 @@ class Fleet:
         assert container, f"no worker container has the lock's PID namespace {lock['pid_namespace']}"
         return container
 
+    def sql(self, query: str, *, password: str | None = None) -> list[list[str]]:
+        """Rows of ``query`` in the fleet profile's database, by psql in the postgres container: on its socket
+        (trusted there), or over TCP with ``password`` (every TCP connection needs one)."""
+        tcp = ["-e", f"PGPASSWORD={password}", "postgres", "psql", "-h", "127.0.0.1"] if password is not None \
+            else ["postgres", "psql"]
+        done = self.stack.compose("exec", "-T", *tcp, "-U", POSTGRES_USER, "-d", POSTGRES_DB, "-v", "ON_ERROR_STOP=1",
+                                  "-AtF", "\t", "-c", query)
+        return [line.split("\t") for line in done.stdout.splitlines()]
+
     def answered_turns(self, uuid: str) -> list[int]:
         """The scripted model's answers in the context, in order (each once: no step repeated)."""
         return [int(n) for m in self.messages(uuid) if m["role"] == "assistant"
@@ -119,8 +131,12 @@ def hold_mark(number: int) -> str:
 
 
 @contextmanager
-def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -> Iterator[Fleet]:
+def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3, fleet_store: bool = False
+                  ) -> Iterator[Fleet]:
     """Build the images (stand-ins once per machine), start the stack and its fakes; stop and remove it all.
+
+    ``fleet_store``: with the ``fleet`` profile's PostgreSQL, set up as docker-compose.yml's top comment tells an
+    operator (TASUKI_FLEET_STORE naming it, POSTGRES_PASSWORD and PGPASSWORD the same password).
 
     Raises :class:`tests.helpers.docker_host.DockerUnavailable` when no Docker engine can be had.
     """
@@ -146,8 +162,16 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -
             "GITHUB_WEBHOOK_SECRET": GITHUB_SECRET,
             "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH),
         }
-        stack = ComposeStack(engine, root, Ports(free_port(), free_port(), free_port()), settings, variables,
-                             workers=workers)
+        ports = Ports(free_port(), free_port(), free_port(), free_port() if fleet_store else None)
+        if fleet_store:
+            password = secrets.token_hex(16)
+            variables.update({
+                "TASUKI_FLEET_STORE": f"postgresql://{POSTGRES_USER}@127.0.0.1:{ports.postgres}/{POSTGRES_DB}",
+                "POSTGRES_PASSWORD": password,
+                "PGPASSWORD": password,
+            })
+        stack = ComposeStack(engine, root, ports, settings, variables, workers=workers,
+                             profiles=("fleet",) if fleet_store else ())
         try:
             stack.up()
             yield Fleet(stack, forge, model, iter(range(100, 1000)))
@@ -156,3 +180,53 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3) -
             raise
         finally:
             stack.down(volumes=True)
+
+
+def assert_each_step_once(fleet: Fleet, uuid: str) -> None:
+    """Every scripted model answer is in the context exactly once, in order: no step was repeated."""
+    assert fleet.answered_turns(uuid) == list(range(TURNS))
+    seqs = [m["seq"] for m in fleet.messages(uuid)]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def healthy_services(fleet: Fleet, timeout_s: float) -> list[str]:
+    """Wait until every container of the stack is healthy; then the services' names, one per container, sorted."""
+    seen: dict[str, str] = {}
+
+    def all_healthy() -> dict[str, str] | None:
+        health = fleet.stack.health()
+        seen.clear()
+        seen.update(health or {})
+        return health if health and set(health.values()) == {"healthy"} else None
+
+    try:
+        health = fleet.stack.wait(all_healthy, timeout_s, "every container to be healthy")
+    except AssertionError as exc:  # which one was not, first: the logs' tail may not say
+        raise AssertionError(f"last health seen: {seen}\n{exc}") from None
+    return sorted(re.sub(r"^tasukitest\w+?[-_]|[-_]\d+$", "", name) for name in health)
+
+
+def submit_held(fleet: Fleet) -> tuple[int, str]:
+    """A task submitted on a held issue, once it waits mid-task at the gate: its issue's number and its uuid."""
+    number = fleet.new_issue(held=True)
+    uuid = fleet.submit(number)
+    fleet.stack.wait(lambda: fleet.held(number), FINISH_TIMEOUT_S, f"task {uuid} to be mid-task", logs_of="worker")
+    return number, uuid
+
+
+def resumed_after_its_container_dies(fleet: Fleet, number: int, uuid: str, how: str) -> None:
+    """``docker kill`` (or ``restart -t 0``) the worker container holding a held task, release the task, and check
+    that it completes on attempt 2 with no step repeated; prints how long until its next step."""
+    container = fleet.holder_container(uuid)
+    if how == "kill":
+        fleet.stack.engine.docker("kill", container)
+    else:  # the same container again: same hostname, a new PID namespace whose low pids are reused at once
+        fleet.stack.engine.docker("restart", "-t", "0", container)
+    died = time.time()
+    fleet.release(number)
+
+    state = fleet.wait_finished(uuid)
+    assert state["status"] == "completed", state
+    assert state["attempt"] == 2
+    assert_each_step_once(fleet, uuid)
+    print(f"{how}: {fleet.first_step_after(uuid, died):.1f} s from the container's death to the next step")

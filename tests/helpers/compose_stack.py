@@ -40,6 +40,7 @@ class Ports:
     redis: int
     webhook: int
     flower: int
+    postgres: int | None = None  # the fleet profile's PostgreSQL (with ``profiles=("fleet",)``)
 
 
 def override(ports: Ports, settings: Mapping[str, str]) -> dict[str, Any]:
@@ -47,8 +48,14 @@ def override(ports: Ports, settings: Mapping[str, str]) -> dict[str, Any]:
     broker = f"redis://127.0.0.1:{ports.redis}/0"
     env = {"TASUKI__BROKER__URL": broker, **settings}
     tasuki = {"network_mode": "host", "environment": env}
+    # The fleet profile's PostgreSQL on a loopback port of its own (the host may run one on 5432): PGPORT moves
+    # the server and its healthcheck's pg_isready alike, so the healthcheck's command stays the project's.
+    postgres = ({"postgres": {"network_mode": "host", "environment": {"PGPORT": str(ports.postgres)},
+                              "healthcheck": HEALTHCHECK_INTERVAL}}
+                if ports.postgres is not None else {})
     return {
         "services": {
+            **postgres,
             "redis": {
                 "network_mode": "host",
                 "command": ["redis-server", "--appendonly", "yes", "--port", str(ports.redis), "--bind", "127.0.0.1"],
@@ -95,6 +102,7 @@ class ComposeStack:
     settings: Mapping[str, str]
     variables: Mapping[str, str]  # the operator's shell or .env: secrets and FLOWER_BASIC_AUTH
     workers: int = 3
+    profiles: tuple[str, ...] = ()  # ``--profile`` on every compose command, as the operator gives it
     project: str = field(default_factory=lambda: f"tasukitest{uuid_module.uuid4().hex[:8]}")
 
     @property
@@ -108,6 +116,8 @@ class ComposeStack:
     def _run(self, files: list[Path], args: tuple[str, ...], timeout_s: float, check: bool
              ) -> subprocess.CompletedProcess[str]:
         argv = [*self.engine.compose, "--project-directory", str(REPO_ROOT), "-p", self.project]
+        for profile in self.profiles:
+            argv += ["--profile", profile]
         for file in files:
             argv += ["-f", str(file)]
         env = {**os.environ, "TASUKI_IMAGE": PROJECT_IMAGE, **self.variables}  # this checkout's image, no other's
