@@ -183,4 +183,5 @@ def test_quick_fleet_failover_benchmark_prints_its_ratio(tmp_path: Path) -> None
     assert re.search(round_line, run.stdout, re.M), run.stdout
     assert re.search(r"^fleet failover / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M), run.stdout
     assert re.search(r"^fleet failover: detect / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
+    assert re.search(r"^fleet failover: resumed / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
