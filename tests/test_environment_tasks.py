@@ -7,8 +7,10 @@ a package index on loopback that logs every request.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import threading
 import uuid as uuid_module
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -156,6 +158,69 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     assert len(index.requests) == asked  # and the restore asked the index nothing
     state = json.loads((second_dir / "state.json").read_text())
     assert state["environment"]["line"].startswith("restored in ")
+
+
+def spares(root: Path) -> list[str]:
+    """What the host's spares directory holds: ``<key>`` ready, ``.building-*`` being made."""
+    directory = root / "environments" / ".spares"
+    return sorted(entry.name for entry in directory.iterdir()) if directory.is_dir() else []
+
+
+def released(fifo: Path) -> bool:
+    """Whether a writer could open ``fifo`` (its reader, the agent's command, is waiting on it) and let it go on."""
+    try:
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # not there yet, or no reader yet (ENXIO)
+        return False
+    try:
+        os.write(descriptor, b"go\n")
+    finally:
+        os.close(descriptor)
+    return True
+
+
+def test_the_spare_a_restore_used_is_made_again_only_once_its_task_is_over(
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+) -> None:
+    """The refill's copy would run beside the task's own commands (its tests): it waits for the task's end."""
+    repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    key = setup_record(first_dir)["result"]["key"]
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
+    shutil.rmtree(tmp_path / "workspaces" / ".idle")  # a fresh warm copy: it restores, from the spare
+
+    seen: dict[str, Any] = {}
+    hold = "mkfifo $HOME/hold && read line < $HOME/hold && echo released-$line"
+    second = threading.Thread(target=lambda: seen.update(task=run_task(make_settings, repo, [IMPORT, hold])))
+    second.start()
+    try:
+        fifo = wait_for(lambda: next((tmp_path / "workspaces").glob("*.home/hold"), None), timeout=120,
+                        what="the agent's command waiting")
+        during = spares(tmp_path)  # the agent's command is running: its restore took the spare, none is being made
+    finally:
+        wait_for(lambda: released(fifo), timeout=60, what="the agent's command reading")
+        second.join(timeout=120)
+    outcome, second_dir, _ = seen["task"]
+    assert outcome["status"] == "completed", outcome
+    assert setup_record(second_dir)["result"]["spare"] is True
+    assert "released-go" in bash_outputs(second_dir)[1]
+    assert during == []
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again once the task was over")
+
+
+def test_a_task_that_fails_after_its_restore_still_leaves_the_spare_made_again(
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+) -> None:
+    repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    key = setup_record(first_dir)["result"]["key"]
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
+    shutil.rmtree(tmp_path / "workspaces" / ".idle")
+
+    outcome, second_dir, _ = run_task(make_settings, repo, [IMPORT, IMPORT], {"TASUKI__AGENT__MAX_STEPS": "1"})
+    assert outcome["status"] == "failed", outcome  # the step limit, after the restore that took the spare
+    assert setup_record(second_dir)["result"]["spare"] is True
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again after the failed task")
 
 
 def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_changed_it(

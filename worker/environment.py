@@ -117,6 +117,9 @@ class TaskEnvironment:
     repository: str  # "owner/repo", or the local path of a local task
     clock: Callable[[], float] = time.time
     on_report: Callable[[EnvironmentReport], None] = field(default=lambda report: None)  # metrics
+    # The spare to make once the task's commands are over (:meth:`refill`): a restore used it, or a restore or a
+    # publish found none; not while the task runs, where its copy would slow the task's own commands.
+    spare_due: tuple[SnapshotStore, Snapshot] | None = field(default=None, init=False)
 
     def prepare(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
         """Find the declaration, then keep, restore or build the environment; record and return how it went.
@@ -200,7 +203,7 @@ class TaskEnvironment:
                 else:
                     created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
-                    refill(store, snapshot)  # the spare it used, or the one a restarted worker never made
+                    self.spare_due = (store, snapshot)  # the spare it used, or one a killed worker never made
                     return self._done(checkout, _with(report, created=created, spare=spare), snapshot)
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
 
@@ -254,7 +257,7 @@ class TaskEnvironment:
                 published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
-                refill(store, published)
+                self.spare_due = (store, published)
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
@@ -310,6 +313,15 @@ class TaskEnvironment:
         created = tuple(f"{path}/" if (checkout.path / path).is_dir() else path for path in warm.paths)
         report = EnvironmentReport("reused", declaration.source, key, time.monotonic() - started, 0, created=created)
         return self._done(checkout, report)
+
+    def refill(self) -> None:
+        """Make the spare this task's restore or publish left due, in the background: called by the worker once the
+        task is over, whichever way it ended. A worker killed before leaves none: the next restore copies, and
+        its own task's end makes one."""
+        if self.spare_due is not None:
+            store, snapshot = self.spare_due
+            self.spare_due = None
+            refill(store, snapshot)
 
     @staticmethod
     def _drop_warm(checkout: Checkout) -> None:
