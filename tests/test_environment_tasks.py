@@ -179,33 +179,42 @@ def released(fifo: Path) -> bool:
     return True
 
 
-def test_the_spare_a_restore_used_is_made_again_only_once_its_task_is_over(
+def test_the_spare_and_the_deletion_of_a_changed_environment_wait_until_the_task_is_over(
     tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
 ) -> None:
-    """The refill's copy would run beside the task's own commands (its tests): it waits for the task's end."""
+    """Copying the next spare and deleting the environment an agent changed would run beside the task's own commands
+    (its tests): both wait for the task's end."""
     repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
     _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
     key = setup_record(first_dir)["result"]["key"]
     wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
-    shutil.rmtree(tmp_path / "workspaces" / ".idle")  # a fresh warm copy: it restores, from the spare
+    _, second_dir, _ = run_task(make_settings, repo, ["touch .venv/changed-by-the-agent"])
+    assert setup_record(second_dir)["result"]["outcome"] == "reused"
 
     seen: dict[str, Any] = {}
     hold = "mkfifo $HOME/hold && read line < $HOME/hold && echo released-$line"
-    second = threading.Thread(target=lambda: seen.update(task=run_task(make_settings, repo, [IMPORT, hold])))
-    second.start()
+    third = threading.Thread(target=lambda: seen.update(task=run_task(make_settings, repo, [IMPORT, hold])))
+    third.start()
     try:
         fifo = wait_for(lambda: next((tmp_path / "workspaces").glob("*.home/hold"), None), timeout=120,
                         what="the agent's command waiting")
-        during = spares(tmp_path)  # the agent's command is running: its restore took the spare, none is being made
+        # The agent's command is running: its restore took the spare and none is being made; the changed
+        # environment was moved out of the checkout and is not being deleted.
+        during = spares(tmp_path), [len(os.listdir(d)) for d in (tmp_path / "workspaces").glob(".discarded-*")]
     finally:
         wait_for(lambda: released(fifo), timeout=60, what="the agent's command reading")
-        second.join(timeout=120)
-    outcome, second_dir, _ = seen["task"]
+        third.join(timeout=120)
+    outcome, third_dir, _ = seen["task"]
     assert outcome["status"] == "completed", outcome
-    assert setup_record(second_dir)["result"]["spare"] is True
-    assert "released-go" in bash_outputs(second_dir)[1]
-    assert during == []
+    restored = setup_record(third_dir)["result"]
+    assert (restored["outcome"], restored["spare"]) == ("restored", True)
+    outputs = bash_outputs(third_dir)
+    assert "tinypkg says 42" in outputs[0]
+    assert "released-go" in outputs[1]
+    assert during == ([], [1])
     wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again once the task was over")
+    wait_for(lambda: not list((tmp_path / "workspaces").glob(".discarded-*")), timeout=60,
+             what="the changed environment deleted once the task was over")
 
 
 def test_a_task_that_fails_after_its_restore_still_leaves_the_spare_made_again(

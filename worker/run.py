@@ -339,7 +339,7 @@ class TaskRun:
             return self._on_error(ctx, checkout, exc)
         finally:  # the task's commands are over, however it ended: the copy no longer slows them
             if self.environment is not None:
-                self.environment.refill()
+                self.environment.after_task()
 
     def _cannot_start(self, exc: Exception) -> dict[str, Any]:
         ended = cannot_start(self.uuid, self.report, self.on_finish, self.store.base_dir, exc)
