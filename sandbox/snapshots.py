@@ -20,9 +20,9 @@ into place, so a crash mid-publish leaves only a ``.building-*`` directory that 
 filesystem can).
 
 A spare (docs/environments.md "Spares") makes the next restore a few renames: :meth:`SnapshotStore.make_spare` copies
-the snapshot into ``.spares/`` (the worker calls it in the background after a publish and after a restore used the
-spare), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies exactly the
-snapshot being restored, and moves its entries into place; anything else and it copies as before.
+the snapshot into ``.spares/`` (the worker calls it in the background once a task that published or restored the
+snapshot is over), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies
+exactly the snapshot being restored, and moves its entries into place; anything else and it copies as before.
 """
 
 from __future__ import annotations
