@@ -20,6 +20,7 @@ from bench import (
     bench_failover,
     bench_fencing,
     bench_fleet,
+    bench_fleet_failover,
     bench_fleet_recall,
     bench_followups,
     bench_index,
@@ -67,6 +68,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "app-tokens": bench_app_tokens.run,  # issue 28: GitHub App token renewals over simulated hours of task
     "fleet-recall": bench_fleet_recall.run,  # issue 27: recall p95 at 100,000 episodes, PostgreSQL vs SQLite
     "fleet": bench_fleet.run,  # issue 27: a step's durable write in PostgreSQL; list and stats at 100,000 vs 1,000
+    "fleet-failover": bench_fleet_failover.run,  # issue 27: SIGKILL of a host -> the task's next step on another
     "environments": bench_environments.run,  # issue 25: restore vs setup on a real project, one build per key
 }
 

@@ -10,6 +10,8 @@ from contexts.errors import CorruptRecordError
 from contexts.names import ACTIVE_STATUSES, FINAL_STATUSES
 from worker.stores import open_store
 
+FOLLOWING_ELSEWHERE = "the context runs on another host of the fleet: following its committed steps"
+
 if TYPE_CHECKING:
     from worker.settings_models import Settings
 
@@ -82,7 +84,8 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError("--follow prints lines as they come; it cannot be combined with --json")
     limit = None if args.messages or args.tools else viewer.SHOWN_BY_DEFAULT
     # A context on another host of the fleet is rebuilt from the durable copy into a temporary directory.
-    with readable(open_store(settings), args.uuid) as (store, here):
+    host_store = open_store(settings)
+    with readable(host_store, args.uuid) as (store, here):
         try:
             detail = show_context(store, args.uuid, limit=limit)
         except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
@@ -93,11 +96,11 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
     out(viewer.format_detail(detail, now=utc_now(), width=width, priced=bool(settings.pricing), **flags))
-    if args.follow and not here:
-        note("the context is on another host of the fleet: --follow follows only this host's contexts")
-    elif args.follow and detail.summary.status not in FINAL_STATUSES:
+    if args.follow and detail.summary.status not in FINAL_STATUSES:
+        if not here:
+            note(FOLLOWING_ELSEWHERE)
         out("")
-        viewer.follow(store, detail.summary.uuid, detail.summary.message_count, out, width=width)
+        viewer.follow(host_store, detail.summary.uuid, detail.summary.message_count, out, width=width)
     return EXIT_OK
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 from contexts import jsonl
 from contexts.clock import parse_iso
+from contexts.errors import ContextNotFoundError
 from contexts.names import FINAL_STATUSES, MESSAGES_FILE
-from contexts.queries import ContextDetail, ContextSummary, Stats
+from contexts.queries import ContextDetail, ContextSummary, Stats, readable
 from contexts.state import read_state
 from contexts.store import ContextStore
 from contexts.usage import format_cost, format_tokens
@@ -316,15 +317,26 @@ def follow(
     interval_s: float = 0.5,
 ) -> str:
     """Print messages newer than ``after_seq`` and every change of state (status, step, tokens, compressions,
-    attempt) as they are written, until the context ends; returns its final status."""
+    attempt) as they are written, until the context ends; returns its final status.
+
+    Each look goes through :func:`~contexts.queries.readable`: this host's directory when the context is here, else
+    (fleet mode) a private copy rebuilt from the durable copy as its last committed step left it, so another host's
+    task is followed step by step too (a rebuild reads the whole context: tens of milliseconds at 10,000 messages,
+    once per look)."""
     from cli.progress import progress_line
 
     last_state = ""
     while True:
-        directory = store.locate(uuid)  # running/ until it completes, then completed/
         try:
-            state = read_state(directory)
-        except OSError:  # moved to completed/ between locate and read: look again
+            with readable(store, uuid) as (where, _here):
+                directory = where.locate(uuid)  # running/ until it completes, then completed/
+                state = read_state(directory)
+                fresh: list[dict[str, Any]] = []
+                for record in jsonl.iter_records_reversed(directory / MESSAGES_FILE):
+                    if int(record.get("seq", 0)) <= after_seq:
+                        break
+                    fresh.append(record)
+        except (OSError, ContextNotFoundError):  # moved to completed/ between locate and read: look again
             time.sleep(interval_s)
             continue
         status = str(state.get("status"))
@@ -332,11 +344,6 @@ def follow(
         if line != last_state:
             write(line)
             last_state = line
-        fresh: list[dict[str, Any]] = []
-        for record in jsonl.iter_records_reversed(directory / MESSAGES_FILE):
-            if int(record.get("seq", 0)) <= after_seq:
-                break
-            fresh.append(record)
         for record in reversed(fresh):
             write(message_line(record, width))
             after_seq = int(record["seq"])

@@ -123,6 +123,13 @@ class Context:
         """True once this holder learned that its lock was taken over."""
         return self._lock.fenced or (self._heartbeat is not None and self._heartbeat.fenced)
 
+    @property
+    def cancel_requested_elsewhere(self) -> bool:
+        """A cancel request in the durable copy that this holder's take or last state commit found: ``tasuki
+        cancel`` on any host of a fleet, even one whose Redis flag was lost (one host: False, its ``state.json``
+        has the request)."""
+        return self._durable.cancel_requested
+
     def assert_owner(self) -> None:
         """Raise :class:`FencedError` unless this process still holds the context: the one check the worker makes
         before every effect outside the context (a tool run, a model call, a push, a forge write). One ``fstat``

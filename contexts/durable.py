@@ -10,7 +10,7 @@ this holder's lease is current. ``contexts/`` names no store and imports no driv
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,10 @@ class DurableWriter(Protocol):
 
     epoch: int
     """The lease's fencing token this holder writes under (0: no lease, one host)."""
+
+    cancel_requested: bool
+    """A cancel request the durable copy held at this holder's take or its last state commit: someone else's
+    (:meth:`DurableCopy.amend`, ``tasuki cancel`` on any host), which the holder's commits keep (one host: False)."""
 
     def check(self) -> None:
         """Raise :class:`~contexts.errors.FencedError` once this holder knows it lost the lease (no I/O)."""
@@ -83,11 +87,28 @@ class DurableCopy(Protocol):
     def committed(self, uuid: str) -> Committed | None:
         """The context's metadata, last committed state and lease; None when the durable copy has no such context."""
 
+    def amend(self, uuid: str, change: Amendment) -> Mapping[str, Any] | None:
+        """A write to the committed state by someone other than its holder, under no lease (a cancel request,
+        usage metered after the task ended): ``change`` gets the committed state, locked against every other
+        writer until the write lands, and returns the state to write (None: nothing). The holder's later commits
+        keep a ``cancel_requested`` written here; anything else a holder may overwrite, so ``change`` writes it
+        only where no holder writes any more (a final status). Returns the committed state as it is afterwards;
+        None when the durable copy has no such context (one host keeps none)."""
+
+    def expired(self, limit: int = 1000) -> list[str]:
+        """Contexts whose lease ran out without a release, by the store's clock (their holder is lost, wherever it
+        ran), oldest first and at most ``limit``; those in a final status are not among them (one host: none)."""
+
+
+Amendment = Callable[[dict[str, Any]], Mapping[str, Any] | None]
+"""What :meth:`DurableCopy.amend` does to a committed state: the state to write, or None to write nothing."""
+
 
 class _NoWriter:
     """One host: the directory is the only copy and the ``.lock`` the only ownership."""
 
     epoch = 0
+    cancel_requested = False
 
     def check(self) -> None:
         return None
@@ -125,6 +146,12 @@ class _OneHost:
 
     def committed(self, uuid: str) -> Committed | None:
         return None
+
+    def amend(self, uuid: str, change: Amendment) -> Mapping[str, Any] | None:
+        return None  # the directory is the only copy: its writers write state.json themselves
+
+    def expired(self, limit: int = 1000) -> list[str]:
+        return []  # no leases: the .lock and the heartbeat index find lost holders
 
 
 NO_WRITER: DurableWriter = _NoWriter()

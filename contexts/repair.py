@@ -23,7 +23,8 @@ import filelock
 
 from contexts.atomic import fsync_dir
 from contexts.clock import parse_iso
-from contexts.errors import ContextError
+from contexts.durable import NO_WRITER, DurableWriter
+from contexts.errors import ContextCompletedError, ContextError, ContextNotFoundError, LockHeldError
 from contexts.filelocks import file_lock
 from contexts.lock import MUTEX_TIMEOUT_S, LockInfo, holder_alive, is_stale, lock_mutex_path, read_lock
 from contexts.names import FINAL_STATUSES, GZIP_SUFFIX, JSONL_FILES, LOCK_FILE, MUTEX_DIR, STAGING_DIR
@@ -77,41 +78,65 @@ def _remove_lock_unless_live(directory: Path, store: ContextStore, now: datetime
     return True
 
 
+@contextlib.contextmanager
+def _repairers_lease(store: ContextStore, uuid: str) -> Iterator[DurableWriter]:
+    """Fleet mode: the repairer's own lease on the context, for its final state in the durable copy (a new epoch:
+    whatever the dead holder still tried is fenced), released at the end. :class:`RepairSkipped`, before anything
+    is changed, while the holder's lease is still live. One host, or a durable copy that already has the final
+    state (or never had the context): no lease, nothing written there."""
+    try:
+        writer = store.durable.take(uuid, store.holder)
+    except LockHeldError as exc:
+        raise RepairSkipped(f"{uuid}: its fleet lease is still live ({exc})") from None
+    except (ContextCompletedError, ContextNotFoundError):
+        writer = NO_WRITER
+    try:
+        yield writer
+    finally:
+        writer.release()
+
+
+def _still_completing(directory: Path, copy: str, store: ContextStore, now: datetime) -> dict[str, Any]:
+    """The state of a ``copy`` (running, completed) stopped in ``completing`` whose finisher is gone (quiet for
+    ``stale_after_s``); :class:`RepairSkipped` otherwise. Under the lock mutex."""
+    if not directory.is_dir():
+        raise RepairSkipped(f"{directory.name}: no {copy} copy")
+    state = read_state(directory)
+    if state.get("status") != "completing":
+        raise RepairSkipped(f"{directory.name}: status is {state.get('status')}, not completing")
+    if not _quiet_for(state, store, now):
+        raise RepairSkipped(f"{directory.name}: finishing right now")
+    return state
+
+
 def finish_move(store: ContextStore, uuid: str, now: datetime) -> str:
-    """A running context stopped in ``completing``: drop its dead lock, move it to ``completed/``, set its status."""
+    """A running context stopped in ``completing``: drop its dead lock, move it to ``completed/``, set its status
+    (in a fleet, in the durable copy too, under the repairer's own lease)."""
     running, target = store.running_path(uuid), store.completed_path(uuid)
-    with _mutex(store, uuid):
-        if not running.is_dir():
-            raise RepairSkipped(f"{uuid}: no running copy")
-        state = read_state(running)
-        if state.get("status") != "completing":
-            raise RepairSkipped(f"{uuid}: status is {state.get('status')}, not completing")
-        if not _quiet_for(state, store, now):
-            raise RepairSkipped(f"{uuid}: finishing right now")
-        if target.exists():
-            raise RepairSkipped(f"{uuid}: a completed copy exists too")
-        _remove_lock_unless_live(running, store, now)
-        os.rename(running, target)
-        fsync_dir(target.parent)
-    status = final_status_of(state)
-    update_state(target, now, fsync=True, set_fields={"status": status})
+    with contextlib.ExitStack() as leased:
+        with _mutex(store, uuid):
+            state = _still_completing(running, "running", store, now)
+            if target.exists():
+                raise RepairSkipped(f"{uuid}: a completed copy exists too")
+            _remove_lock_unless_live(running, store, now)
+            writer = leased.enter_context(_repairers_lease(store, uuid))
+            os.rename(running, target)
+            fsync_dir(target.parent)
+        status = final_status_of(state)
+        writer.commit(update_state(target, now, fsync=True, set_fields={"status": status}))
     store.mirror(lambda index: index.record(target))
     return f"moved to completed/ as {status}"
 
 
 def finish_status(store: ContextStore, uuid: str, now: datetime) -> str:
-    """A completed context still ``completing`` (a crash after the rename): set its final status."""
+    """A completed context still ``completing`` (a crash after the rename): set its final status (in a fleet, in the
+    durable copy too, under the repairer's own lease)."""
     directory = store.completed_path(uuid)
     with _mutex(store, uuid):
-        if not directory.is_dir():
-            raise RepairSkipped(f"{uuid}: no completed copy")
-        state = read_state(directory)
-        if state.get("status") != "completing":
-            raise RepairSkipped(f"{uuid}: status is already {state.get('status')}")
-        if not _quiet_for(state, store, now):
-            raise RepairSkipped(f"{uuid}: finishing right now")
+        state = _still_completing(directory, "completed", store, now)
         status = final_status_of(state)
-        update_state(directory, now, fsync=True, set_fields={"status": status})
+        with _repairers_lease(store, uuid) as writer:
+            writer.commit(update_state(directory, now, fsync=True, set_fields={"status": status}))
     store.mirror(lambda index: index.record(directory))
     return f"status set to {status}"
 

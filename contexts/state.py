@@ -48,6 +48,15 @@ def read_state(directory: Path) -> dict[str, Any]:
     return data
 
 
+def add_calls(state: dict[str, Any], usage: Sequence[tuple[Usage, float | None]], now: datetime) -> None:
+    """Add model calls' ``(usage, cost)`` to ``state``'s totals (the day's figures under ``now``'s date), and stamp
+    it ``updated_at`` ``now``; the same for a ``state.json`` and a durable copy's committed state."""
+    for call, cost in usage:
+        state["usage"] = add_usage(state.get("usage"), call, cost, now.date().isoformat())
+        state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + call.tokens
+    state["updated_at"] = iso(now)
+
+
 def update_state(
     directory: Path,
     now: datetime,
@@ -74,10 +83,7 @@ def update_state(
                 state.update(mask_value(dict(set_fields)))  # type: ignore[call-overload]
             for key, delta in (add or {}).items():
                 state[key] = int(state.get(key, 0)) + delta
-            for call, cost in usage:
-                state["usage"] = add_usage(state.get("usage"), call, cost, now.date().isoformat())
-                state["total_tokens_used"] = int(state.get("total_tokens_used", 0)) + call.tokens
-            state["updated_at"] = iso(now)
+            add_calls(state, usage, now)
             if alongside is not None:
                 start(lambda: alongside(state))
             if first is not None:

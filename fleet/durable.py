@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import structlog
 
 from contexts.atomic import fsync_dir, write_json_atomic
-from contexts.durable import Committed
+from contexts.durable import Amendment, Committed
 from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
 from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
 from fleet import lease
@@ -58,12 +58,29 @@ WHERE r.uuid = %(uuid)s AND r.epoch = %(epoch)s AND EXISTS (
     WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
     FOR SHARE)"""
 
+# A cancel request someone else wrote (PostgresCopy.amend) stays, whatever the holder's own state says, and the
+# holder learns of it from the answer.
 _WRITE_STATE = """
-UPDATE tasuki_contexts SET state = %(state)s::jsonb, epoch = %(epoch)s, updated_at = now()
+UPDATE tasuki_contexts AS c
+SET state = %(state)s::jsonb || CASE WHEN c.state @> '{"cancel_requested": true}'
+                                     THEN '{"cancel_requested": true}'::jsonb ELSE '{}'::jsonb END,
+    epoch = %(epoch)s, updated_at = now()
 WHERE uuid = %(uuid)s AND EXISTS (
     SELECT 1 FROM tasuki_leases
     WHERE uuid = %(uuid)s AND epoch = %(epoch)s AND holder = %(holder)s
-    FOR SHARE)"""
+    FOR SHARE)
+RETURNING c.state @> '{"cancel_requested": true}'"""
+
+# Someone other than the holder (PostgresCopy.amend): the row locked against every other writer until the write.
+_LOCK_STATE = "SELECT state FROM tasuki_contexts WHERE uuid = %s FOR UPDATE"
+_AMEND_STATE = "UPDATE tasuki_contexts SET state = %s::jsonb, updated_at = now() WHERE uuid = %s"
+
+# Leases that ran out without a release (their holder lost, wherever it ran), of contexts not finished.
+_EXPIRED = """
+SELECT l.uuid FROM tasuki_leases AS l JOIN tasuki_contexts AS c ON c.uuid = l.uuid
+WHERE l.holder IS NOT NULL AND l.expires_at <= now()
+  AND NOT (coalesce(c.state->>'status', '') = ANY(%(final)s))
+ORDER BY l.expires_at LIMIT %(limit)s"""
 
 # An effect outside the context (a push, a forge write) holds the lease row, this writer's epoch, until it is over;
 # a taker's epoch increment waits for it. The checkpoint recorded last comes with it: what a push is leased on.
@@ -103,12 +120,15 @@ def _json(value: Mapping[str, Any]) -> str:
 class PostgresWriter:
     """One holder's writes to one context under the epoch it took; lines wait in memory for the step's commit."""
 
-    def __init__(self, store: FleetStore, uuid: str, holder: str, epoch: int) -> None:
+    def __init__(
+        self, store: FleetStore, uuid: str, holder: str, epoch: int, *, cancel_requested: bool = False
+    ) -> None:
         self.store = store
         self.uuid = uuid
         self.holder = holder
         self.epoch = epoch
         self.fenced = False
+        self.cancel_requested = cancel_requested
         self.retries = 0  # commits tried again after the database was out of reach
         self._staged: list[tuple[str, int, str]] = []
         self._guard = threading.Lock()  # one commit at a time (the task's, a compression's, a release's)
@@ -189,7 +209,10 @@ class PostgresWriter:
             if inserted != len(staged) and conn.execute(_MINE_ALREADY, batch).fetchone() != (len(staged),):
                 return False  # fenced, or a line of another epoch where this one's belongs
         if state is not None:
-            return conn.execute(_WRITE_STATE, {**params, "state": _json(state)}).rowcount == 1
+            row = conn.execute(_WRITE_STATE, {**params, "state": _json(state)}).fetchone()
+            if row is None:
+                return False
+            self.cancel_requested = bool(row[0])
         return True
 
     @contextmanager
@@ -277,7 +300,10 @@ class PostgresCopy:
     def take(self, uuid: str, holder: str) -> PostgresWriter:
         """Take the lease of a known context: a new epoch, which fences whoever held it before."""
         with self.store.connection() as conn:
-            found = conn.execute("SELECT state->>'status' FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
+            found = conn.execute(
+                "SELECT state->>'status', state @> '{\"cancel_requested\": true}' FROM tasuki_contexts WHERE uuid = %s",
+                (uuid,),
+            ).fetchone()
             if found is None:
                 raise ContextNotFoundError(f"no context {uuid} in the fleet's store")
             if found[0] in FINAL_STATUSES:
@@ -286,7 +312,7 @@ class PostgresCopy:
             if epoch is None:
                 current = lease.read(conn, uuid)
                 raise LockHeldError(f"context {uuid}: leased by {current.holder if current else 'another holder'}")
-        return PostgresWriter(self.store, uuid, holder, epoch)
+        return PostgresWriter(self.store, uuid, holder, epoch, cancel_requested=bool(found[1]))
 
     def knows(self, uuid: str) -> bool:
         """Whether the fleet's store has the context."""
@@ -301,6 +327,27 @@ class PostgresCopy:
             return None
         metadata, state, holder, epoch, live = row
         return Committed(metadata, state, f"{holder}#{epoch}" if holder else None, bool(live))
+
+    def amend(self, uuid: str, change: Amendment) -> Mapping[str, Any] | None:
+        """Someone other than the holder writes the committed state (a cancel request, usage metered after the end):
+        ``change`` decides from the state as it is, the row locked until the write lands, under no lease. The
+        holder's own commits keep the ``cancel_requested`` written here (``_WRITE_STATE``)."""
+        with self.store.connection() as conn:
+            row = conn.execute(_LOCK_STATE, (uuid,)).fetchone()
+            if row is None:
+                return None
+            current: dict[str, Any] = row[0]
+            changed = change(dict(current))
+            if changed is None:
+                return current
+            conn.execute(_AMEND_STATE, (_json(changed), uuid))
+        return changed
+
+    def expired(self, limit: int = 1000) -> list[str]:
+        """Unfinished contexts whose lease ran out without a release, by the database's clock, oldest first."""
+        with self.store.connection() as conn:
+            found = conn.execute(_EXPIRED, {"final": sorted(FINAL_STATUSES), "limit": limit}).fetchall()
+        return [str(row[0]) for row in found]
 
     def rebuild(self, uuid: str, directory: Path) -> None:
         """Write the context's files into ``directory`` (created 0700 if missing) as its committed steps left them:

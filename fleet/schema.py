@@ -177,6 +177,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             updated_at timestamptz NOT NULL DEFAULT now()
         )""",
     ),
+    # 5: recall at scale (fleet/memory.py). Each vector's sign bits in a narrow table of their own, which KNN scans
+    # first (Hamming distance) before re-ranking the nearest by their floats, as the SQLite store does; and the
+    # episode count and total length BM25 needs, kept as episodes come and go instead of counted per query.
+    (
+        """CREATE TABLE tasuki_episode_bits (
+            id         bigint PRIMARY KEY REFERENCES tasuki_episodes (id) ON DELETE CASCADE,
+            repository text NOT NULL,
+            bits       bit varying NOT NULL
+        )""",
+        """INSERT INTO tasuki_episode_bits (id, repository, bits)
+            SELECT id, repository, (SELECT string_agg(CASE WHEN x > 0 THEN '1' ELSE '0' END, '' ORDER BY n)
+                                    FROM unnest(embedding::real[]) WITH ORDINALITY AS u(x, n))::varbit
+            FROM tasuki_episodes WHERE embedding IS NOT NULL""",
+        "CREATE INDEX tasuki_episode_bits_newest ON tasuki_episode_bits (repository, id)",
+        """CREATE TABLE tasuki_memory_totals (
+            one      boolean PRIMARY KEY DEFAULT true CHECK (one),
+            episodes bigint NOT NULL,
+            lengths  bigint NOT NULL
+        )""",
+        "INSERT INTO tasuki_memory_totals SELECT true, count(*), coalesce(sum(length + 1), 0) FROM tasuki_episodes",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

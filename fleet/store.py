@@ -4,8 +4,10 @@ open, and the lease operations every host runs (SPEC §12)."""
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import psycopg
 import psycopg_pool
@@ -19,6 +21,12 @@ from fleet.lease import Conn, LeaseRow
 log = structlog.get_logger(__name__)
 
 POOL_MAX = 4  # a worker process: its task's writes, its heartbeat's renewals, and a reader or two
+# A pooled connection is checked (an empty query: one round trip) before it is handed out; for a read (reading())
+# not when its last use ended without error this recently: a recall's five searches in a row paid five checks, half
+# its round trips. A restarted server is down for seconds, so a connection it dropped is still checked; one lost
+# within this second fails the read, as a connection lost just after its check would (memory: MemoryUnavailable,
+# and the task goes on without it). Writes are always checked.
+CHECKED_RECENTLY_S = 1.0
 
 
 class FleetStore:
@@ -33,6 +41,8 @@ class FleetStore:
         self.connect_timeout_s = connect_timeout_s
         self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
         self._opening = threading.Lock()
+        self._used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()  # last use without error
+        self._reader = threading.local()  # .reading: this thread is taking a connection for reading()
         if open:
             self.open()
 
@@ -48,7 +58,7 @@ class FleetStore:
                 max_size=POOL_MAX,
                 open=False,
                 timeout=self.connect_timeout_s,
-                check=psycopg_pool.ConnectionPool.check_connection,  # a restarted server leaves dead connections
+                check=self._check,  # a restarted server leaves dead connections
                 kwargs={"connect_timeout": max(1, round(self.connect_timeout_s))},
                 name="tasuki-fleet",
             )
@@ -87,11 +97,37 @@ class FleetStore:
         with self._transaction(self._pool) as conn:
             yield conn
 
+    def _check(self, conn: Conn) -> None:
+        """The pool's check of a connection before it is handed out, skipped for a read when the connection was used
+        without error within :data:`CHECKED_RECENTLY_S`."""
+        used = self._used.get(conn)
+        if not getattr(self._reader, "reading", False) or used is None or time.monotonic() - used >= CHECKED_RECENTLY_S:
+            psycopg_pool.ConnectionPool.check_connection(conn)
+
+    @contextmanager
+    def reading(self) -> Iterator[Conn]:
+        """:meth:`connection` for reads whose statements each stand alone: autocommit, so a statement is one round
+        trip, without a BEGIN before it and a COMMIT after; and the connection is not checked when it was used within
+        :data:`CHECKED_RECENTLY_S` (a recall's searches: one round trip each, not four)."""
+        self._reader.reading = True
+        try:
+            with self.connection() as conn:
+                self._reader.reading = False
+                conn.autocommit = True
+                try:
+                    yield conn
+                finally:
+                    with suppress(psycopg.Error):  # a lost connection: the pool replaces it
+                        conn.autocommit = False
+        finally:
+            self._reader.reading = False
+
     @contextmanager
     def _transaction(self, pool: psycopg_pool.ConnectionPool[Conn]) -> Iterator[Conn]:
         try:
             with pool.connection() as conn:
                 yield conn
+                self._used[conn] = time.monotonic()
         # A session the server ended for idling in its transaction (an effect's hold past lease_s, fleet/durable.py)
         # is gone as a lost connection is.
         except (

@@ -97,6 +97,10 @@ class EnvironmentsSettings(Section):
     """Days a snapshot is kept unused before the hourly sweep deletes it."""
     max_snapshot_bytes: PositiveInt = 4 * GiB
     """A larger environment is not kept as a snapshot (the task still uses it)."""
+    max_spares_bytes: Annotated[int, Field(ge=0)] = 8 * GiB
+    """Disk (apparent size) all of this host's spares may take together (ready copies of snapshots that make a restore
+    a few renames, docs/environments.md "Spares"): one that would go over is not made, the sweep drops the oldest
+    first; 0: no spares (set it when snapshots_dir is on another file system than contexts.workspaces_dir)."""
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     """Paths never committed nor pushed, beside the repository's .gitignore and what a setup created."""
     max_file_bytes: PositiveInt = 5 * 1024 * 1024

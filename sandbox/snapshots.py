@@ -9,8 +9,9 @@ Layout under the store's root (every directory 0700)::
     .building-<key>-<random>/               a publish under way (renamed into place when complete)
     .locks/<key>.lock                       one build per key per host (filelock, cross-process)
     .locks/<key>.spare.lock                 one spare being made per key per host
+    .locks/spares.lock                      held while a maker checks the spares' disk and claims its share
     .spares/<key>/home/, checkout/          the key's spare: a private copy of its snapshot made off any task's path
-               /spare.json                  which snapshot it copies (key, created, paths, bytes)
+               /spare.json                  which snapshot it copies (key, created, paths, bytes); its mtime: made
     .spares/.building-<key>-<random>/       a spare being made (renamed to .spares/<key> when complete)
     .spares/.claimed-<key>-<random>/        a spare a restore took (its entries are moved into the task's copy)
 
@@ -22,7 +23,11 @@ filesystem can).
 A spare (docs/environments.md "Spares") makes the next restore a few renames: :meth:`SnapshotStore.make_spare` copies
 the snapshot into ``.spares/`` (the worker calls it in the background once a task that published or restored the
 snapshot is over), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies
-exactly the snapshot being restored, and moves its entries into place; anything else and it copies as before.
+exactly the snapshot being restored, and moves its entries into place; anything else and it copies as before. All
+spares together stay within ``max_spares_bytes`` (their snapshots' apparent sizes): one that would go over is not
+made, and the sweep drops the oldest first. A spare on another filesystem than the task's home or checkout is never
+claimed (a rename cannot cross filesystems); a move that fails anyway (``EXDEV`` across two mounts of one
+filesystem) falls back to the copy.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ SPARES = ".spares"
 SPARE_FILE = "spare.json"
 CLAIMED = ".claimed-"
 SPARE_LOCK = ".spare"
+SPARES_LOCK = "spares.lock"
 SPARE_WAIT_S = 120.0  # a restore waits this long for a spare being made before it copies
 STALE_BUILD_S = 3600  # a .building-* directory this old whose lock is free was left by a crash
 KEY_FORMAT = re.compile(r"^[0-9a-f]{32}$")
@@ -160,11 +166,20 @@ def repository_slug(repository: str) -> str:
 class SnapshotStore:
     """This host's snapshots under ``root``: build once per key, restore private copies, sweep the unused."""
 
-    def __init__(self, root: Path, *, keep_per_repository: int, keep_days: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep_per_repository: int,
+        keep_days: int,
+        max_bytes: int,
+        max_spares_bytes: int | None = None,
+    ) -> None:
         self.root = root
         self.keep_per_repository = keep_per_repository
         self.keep_days = keep_days
         self.max_bytes = max_bytes
+        self.max_spares_bytes = max_spares_bytes  # None: one spare per kept snapshot, no other bound
 
     @contextmanager
     def building(self, key: str, *, timeout: float | None = None) -> Iterator[None]:
@@ -209,7 +224,10 @@ class SnapshotStore:
     def _use_spare(self, snapshot: Snapshot, home: Path, checkout: Path) -> bool:
         """Claim the key's spare (a rename: of two restores, one wins) and move it into place; False when there is
         none, it copies another snapshot (swept and built again), or a move failed (then the copy, made next,
-        writes over what was moved: the same files)."""
+        writes over what was moved: the same files). A spare on another filesystem than ``home`` or ``checkout``
+        is left for a task that can move it (never claimed: each rename would fail with EXDEV)."""
+        if not _same_filesystem(self.root / SPARES, home, checkout):
+            return False
         claimed = self.root / SPARES / f"{CLAIMED}{snapshot.key}-{token.token_hex(4)}"
         try:
             os.rename(self.root / SPARES / snapshot.key, claimed)
@@ -253,7 +271,7 @@ class SnapshotStore:
     def make_spare(self, snapshot: Snapshot) -> bool:
         """Copy ``snapshot`` into its key's spare, unless one of it is ready or another process is making it;
         whether one was made. Built under a temporary name and renamed when complete; SnapshotError when the
-        snapshot went meanwhile (nothing is left)."""
+        snapshot went meanwhile (nothing is left) or the spare would take all spares over ``max_spares_bytes``."""
         lock = self._lock(snapshot.key, SPARE_LOCK)
         try:
             lock.acquire(timeout=0)
@@ -266,13 +284,11 @@ class SnapshotStore:
                 if _spare_of(final) == _identity(snapshot):
                     return False
                 self._delete(final)
-            self._make_dir(spares)
-            temp = spares / f"{BUILDING}{snapshot.key}-{token.token_hex(4)}"
-            temp.mkdir(mode=0o700)
+            temp = self._reserve_spare(snapshot)
             try:
                 copy_entries(snapshot.home, temp / "home", background=True)
                 copy_entries(snapshot.checkout, temp / "checkout", background=True)
-                write_private(temp / SPARE_FILE, json.dumps(_identity(snapshot)).encode())
+                os.utime(temp / SPARE_FILE)  # made now: the sweep drops the oldest spares first
                 if _load(snapshot.path) != snapshot:
                     raise SnapshotError(f"snapshot {snapshot.key} went while its spare was made")
                 os.rename(temp, final)
@@ -282,6 +298,57 @@ class SnapshotStore:
             return True
         finally:
             lock.release()
+
+    def _reserve_spare(self, snapshot: Snapshot) -> Path:
+        """The spare's temporary directory, its ``spare.json`` written first so that makers at work count each
+        other's share of ``max_spares_bytes`` (checked and reserved under one lock); SnapshotError when over."""
+        spares = self.root / SPARES
+        self._make_dir(spares)
+        with filelock.FileLock(self.root / LOCKS / SPARES_LOCK, mode=0o600):
+            if self.max_spares_bytes is not None:
+                taken = sum(size for _entry, size in self._spares_taking_disk(making=snapshot.key))
+                if taken + snapshot.size_bytes > self.max_spares_bytes:
+                    limit = f"environments.max_spares_bytes ({_human(self.max_spares_bytes)})"
+                    raise SnapshotError(
+                        f"a spare of {_human(snapshot.size_bytes)} beside the {_human(taken)} of spares would go"
+                        f" over {limit}: not made"
+                    )
+            temp = spares / f"{BUILDING}{snapshot.key}-{token.token_hex(4)}"
+            temp.mkdir(mode=0o700)
+            write_private(temp / SPARE_FILE, json.dumps(_identity(snapshot)).encode())
+        return temp
+
+    def _spares_taking_disk(self, making: str | None = None) -> list[tuple[Path, int]]:
+        """The spares that count against ``max_spares_bytes`` and the size each records: the ready ones, and those
+        being made by a live maker (one whose key's spare lock is held); a dead maker's half is the sweep's.
+        ``making``: the key whose spare lock the caller holds (its halves are a dead maker's)."""
+        spares = self.root / SPARES
+        if not spares.is_dir():
+            return []
+        found = []
+        for entry in sorted(spares.iterdir()):
+            if entry.name.startswith(CLAIMED) or entry.name.startswith(DELETING):
+                continue  # being moved into a task, or deleted
+            if entry.name.startswith(BUILDING) and (
+                _building_key(entry.name) == making or not self._locked(_building_key(entry.name), SPARE_LOCK)
+            ):
+                continue
+            identity = _spare_of(entry)
+            size = identity.get("bytes") if identity is not None else None
+            found.append((entry, size if isinstance(size, int) else bytes_under(entry)))
+        return found
+
+    def _locked(self, key: str, kind: str = "") -> bool:
+        """Whether some process holds the lock of ``key`` (``kind``: of its spare) now."""
+        if not KEY_FORMAT.match(key):
+            return False
+        lock = self._lock(key, kind)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return True
+        lock.release()
+        return False
 
     def publish(
         self,
@@ -362,7 +429,7 @@ class SnapshotStore:
         removed: list[str] = []
         for entry in sorted(self.root.iterdir()):
             if entry.name.startswith(BUILDING):
-                key = entry.name[len(BUILDING) :].rsplit("-", 1)[0]
+                key = _building_key(entry.name)
                 if now - entry.lstat().st_mtime > STALE_BUILD_S and self._remove_unlocked(key, entry):
                     removed.append(entry.name)
             elif entry.name.startswith(DELETING):
@@ -370,7 +437,25 @@ class SnapshotStore:
                 removed.append(entry.name)
             elif not entry.name.startswith(".") and entry.is_dir():
                 removed.extend(f"{entry.name}/{key}" for key in self._sweep_repository(entry, now))
-        return removed + [f"{SPARES}/{name}" for name in self._sweep_spares()]
+        spares = self._sweep_spares()
+        return removed + [f"{SPARES}/{name}" for name in spares + self._sweep_over_cap()]
+
+    def _sweep_over_cap(self) -> list[str]:
+        """Ready spares, oldest made first, until all spares are within ``max_spares_bytes`` again (it was lowered,
+        or makers raced past it); the removed names."""
+        if self.max_spares_bytes is None:
+            return []
+        counted = self._spares_taking_disk()
+        total = sum(size for _entry, size in counted)
+        ready = sorted((_made(entry), entry.name, size) for entry, size in counted if KEY_FORMAT.match(entry.name))
+        removed = []
+        for _when, name, size in ready:
+            if total <= self.max_spares_bytes:
+                break
+            self._delete(self.root / SPARES / name)  # a rename: a restore claiming it meanwhile gets it whole or not
+            total -= size
+            removed.append(name)
+        return removed
 
     def _sweep_spares(self) -> list[str]:
         """Spares of snapshots no longer kept (or built again), spares half made by a process that is gone, and
@@ -381,8 +466,7 @@ class SnapshotStore:
         removed = []
         for entry in sorted(spares.iterdir()):
             if entry.name.startswith(BUILDING):
-                key = entry.name[len(BUILDING) :].rsplit("-", 1)[0]
-                gone = self._remove_unlocked(key, entry, SPARE_LOCK)
+                gone = self._remove_unlocked(_building_key(entry.name), entry, SPARE_LOCK)
             elif entry.name.startswith(CLAIMED):
                 gone = self._remove_unlocked(entry.name[len(CLAIMED) :].rsplit("-", 1)[0], entry)
             else:
@@ -448,6 +532,22 @@ def _check_key(key: str) -> None:
         raise SnapshotError(f"not an environment key: {key!r}")
 
 
+def _building_key(name: str) -> str:
+    """The key in a temporary directory's name, ``.building-<key>-<random>``."""
+    return name[len(BUILDING) :].rsplit("-", 1)[0]
+
+
+def _same_filesystem(*paths: Path) -> bool:
+    """Whether the paths (or, for one not made yet, its nearest existing parent) are on one filesystem."""
+    devices = set()
+    for path in paths:
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        devices.add(existing.stat().st_dev)
+    return len(devices) == 1
+
+
 def _relative(path: str) -> str:
     """A path of the checkout as the setup reported it; one that leaves the checkout is refused."""
     normal = posixpath.normpath(path)
@@ -499,6 +599,14 @@ def _spare_of(directory: Path) -> dict[str, object] | None:
     except _UNREADABLE:
         return None
     return found if isinstance(found, dict) else None
+
+
+def _made(spare: Path) -> float:
+    """When the spare was made (its ``spare.json`` touched as it was completed); 0 when it has none."""
+    try:
+        return (spare / SPARE_FILE).stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _last_used(directory: Path) -> float:

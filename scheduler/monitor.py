@@ -1,8 +1,9 @@
 """The monitor (SPEC §7): find contexts whose worker died, resume or fail them, repair interrupted completions.
 
-``observe`` finds candidates through the Redis heartbeat index (entries older than ``stale_after_s``) and a
-listing of ``running/`` (contexts the index lacks: a Redis restart, a heartbeat that never registered) —
-it reads only those, never every context.  :func:`scheduler.plan.plan` decides; ``carry_out`` does it,
+``observe`` finds candidates through the Redis heartbeat index (entries older than ``stale_after_s``), a
+listing of ``running/`` (contexts the index lacks: a Redis restart, a heartbeat that never registered) and, in
+fleet mode, the leases that ran out unreleased (another host's lost holder that the index lacks) — it reads only
+those, never every context.  :func:`scheduler.plan.plan` decides; ``carry_out`` does it,
 re-checking under the context's lock so that two monitors at once take one action per context.
 """
 
@@ -79,16 +80,26 @@ class Monitor:
         cutoff = now.timestamp() - self.policy.stale_after_s
         stale = {_text(member) for member, score in entries if score < cutoff}
         candidates = stale | (set(self.store.running_uuids()) - indexed)
+        # Fleet mode: a lease that ran out unreleased is a lost holder on some host, found even where its heartbeat
+        # never reached the index or Redis lost it (one host: none).
+        candidates |= self._expired_leases()
         if deep:
             candidates |= set(self.store.completed_uuids())
         return [self.inspect(uuid, indexed=uuid in indexed) for uuid in sorted(candidates)]
+
+    def _expired_leases(self) -> set[str]:
+        try:
+            return set(self.store.durable.expired())
+        except UNREADABLE as exc:  # the fleet's store out of reach: the heartbeat index's candidates still count
+            log.warning("monitor: expired leases not read", error=str(exc)[:300])
+            return set()
 
     def inspect(self, uuid: str, *, indexed: bool = False) -> Seen:
         """Read both possible copies of one context (in fleet mode, the durable copy's where it decides)."""
         try:
             running = self._copy(self.store.running_path(uuid))
             completed = self._copy(self.store.completed_path(uuid))
-            if completed is None:
+            if completed is None and not _interrupted_here(running):
                 found = self._fleet_view(uuid, running.lock if running else None, local=running is not None)
                 if found is not None:
                     running, completed = _fleet_copy(found)
@@ -248,6 +259,13 @@ class Monitor:
             self.ended(uuid, task_key, status)
         except Exception as exc:
             log.warning("monitor: the task's ending was not announced", uuid=uuid, error=mask(str(exc))[:300])
+
+
+def _interrupted_here(running: Copy | None) -> bool:
+    """A directory of this host whose completion stopped between its lock's removal and the move to ``completed/``:
+    only its holder gets there (the lock's removal checks the owner), so it is this host's to repair, in a fleet too
+    (the repair takes a lease of its own, and waits while the dead holder's is live: contexts/repair.py)."""
+    return running is not None and running.status == "completing" and running.lock is None
 
 
 def _fleet_copy(found: Committed) -> tuple[Copy | None, Copy | None]:

@@ -11,6 +11,7 @@ import pytest
 
 from bench.bench_prompt import History
 from bench.common import new_store, start_context
+from tests.helpers.ci import cannot_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO_LINES = (
@@ -23,6 +24,16 @@ RATIO_LINES = (
     r"^index: list with [\d,]+ completed contexts .*: \d+\.\d\d$",
     r"^stats, [\d,]+ vs 10 completed +\d+\.\d\d +<= 2 +(PASS|MISS)$",
 )
+
+
+def quick_run(name: str, tmp_path: Path, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.run --quick --only NAME`` in ``tmp_path``; it must exit 0."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--only", name, "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
 
 
 @pytest.mark.timeout(300)
@@ -83,42 +94,28 @@ def test_bulk_written_history_is_what_append_message_writes(tmp_path: Path) -> N
 
 @pytest.mark.timeout(120)
 def test_the_sandbox_benchmark_prints_its_ratio(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "sandbox", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
-    )
-    assert run.returncode == 0, run.stderr
+    run = quick_run("sandbox", tmp_path, 110)
     printed = r"^sandbox: (bash tool call unsandboxed .* ratio \d+\.\d\d|skipped, )"
     assert re.search(printed, run.stdout, re.M), run.stdout
 
 
 @pytest.mark.timeout(120)
 def test_quick_recall_benchmark_prints_its_ratios(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "recall", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )
-    assert run.returncode == 0, run.stderr
+    run = quick_run("recall", tmp_path)
     assert re.search(r"^recall p95 1,000/100 +\d+\.\d\d +<= 2 +info$", run.stdout, re.MULTILINE), run.stdout
     assert re.search(r"^recall p95 at 1,000 \(ms\) +\d+\.\d +<= 50 +info$", run.stdout, re.MULTILINE), run.stdout
     assert list(tmp_path.iterdir()) == []
 
 
 def test_quick_outcomes_benchmark_prints_its_ratios(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "outcomes", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert run.returncode == 0, run.stderr
+    run = quick_run("outcomes", tmp_path, 300)
     for name in ("total", "--by repo", "--by week", "--by model"):
         assert re.search(rf"^outcomes: {name} at 500 threads .* at 100: \d+\.\d\d$", run.stdout, re.M), run.stdout
 
 
 @pytest.mark.timeout(120)
 def test_quick_run_of_the_app_token_benchmark_prints_its_figures(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--only", "app-tokens", "--dir", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = quick_run("app-tokens", tmp_path)
     assert re.search(r"^installation 101: 1 h of task, 360 API calls and 12 pushes, \d+ tokens", run.stdout,
                      re.MULTILINE)
     assert re.search(r"^app tokens: minutes between renewals, installation 101 +\d+\.\d +~55 +(PASS|MISS)$",
@@ -139,11 +136,7 @@ def test_recall_quality_prints_both_labelled_sets_with_hash_vectors() -> None:
 
 @pytest.mark.timeout(1200)  # a deadline: four real tasks and a pip install in bubblewrap on a busy machine
 def test_quick_environments_benchmark_builds_once_and_prints_its_ratios(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "environments", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1100, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
+    run = quick_run("environments", tmp_path, 1100)
     if "environments: skipped" in run.stdout:
         pytest.skip(run.stdout.strip().splitlines()[-1])
     for arrival, outcome in (("back to back", r"restored(\+spare)?"), ("once the host is idle", r"restored\+spare")):
@@ -165,11 +158,7 @@ def test_quick_environments_benchmark_builds_once_and_prints_its_ratios(tmp_path
 
 @pytest.mark.timeout(300)
 def test_quick_fleet_benchmark_prints_its_ratios(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "fleet", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = quick_run("fleet", tmp_path, 280)
     assert re.search(r"^fleet: a step's durable write .* ms on one host: \d+\.\d\d$", run.stdout, re.M), run.stdout
     for name in ("list", "stats"):
         assert re.search(rf"^fleet: {name}, 2,000 vs 100 +\d+\.\d\d +<= 2 +(PASS|MISS)$", run.stdout, re.M), run.stdout
@@ -179,11 +168,23 @@ def test_quick_fleet_benchmark_prints_its_ratios(tmp_path: Path) -> None:
 
 
 def test_quick_fleet_recall_benchmark_prints_its_ratio(tmp_path: Path) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--only", "fleet-recall", "--dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280, check=False,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = quick_run("fleet-recall", tmp_path, 280)
     assert re.search(r"^fleet recall: p95 at 2,000 episodes .* ms on SQLite: \d+\.\d\d ", run.stdout, re.M), run.stdout
     assert re.search(r"^fleet recall p95, PostgreSQL vs SQLite at 2,000 +\d+\.\d\d +<= 2 +info$", run.stdout, re.M)
+    assert re.search(r"^fleet recall: recalls whose five hits differ between the stores: \d+ of 5$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)  # a deadline: a fleet of network namespaces, PostgreSQL and five workers on a busy machine
+def test_quick_fleet_failover_benchmark_prints_its_ratio(tmp_path: Path) -> None:
+    run = quick_run("fleet-failover", tmp_path, 580)
+    if "fleet failover: skipped" in run.stdout:
+        cannot_run(run.stdout.strip().splitlines()[-1])
+    assert "fleet failover: settings heartbeat 1 s, stale 3 s, lease 4 s, monitor 1 s; load before " in run.stdout
+    round_line = (r"^fleet failover round 1: kill -> next step on another host \d+\.\d\d s \(detect \d+\.\d\d: .*"
+                  r"rebuild \d+\.\d ms.*\); bound \d+\.\d{3} s: \d+\.\d{3}; load ")
+    assert re.search(round_line, run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet failover / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M), run.stdout
+    assert re.search(r"^fleet failover: detect / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []

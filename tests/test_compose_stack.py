@@ -56,11 +56,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def test_every_service_of_the_stack_becomes_healthy_with_three_workers(fleet: Fleet) -> None:
+    seen: dict[str, str] = {}
+
     def all_healthy() -> dict[str, str] | None:
         health = fleet.stack.health()
+        seen.clear()
+        seen.update(health or {})
         return health if health and set(health.values()) == {"healthy"} else None
 
-    health = fleet.stack.wait(all_healthy, BUSY_DEADLINE_S, "every container to be healthy")
+    try:
+        health = fleet.stack.wait(all_healthy, BUSY_DEADLINE_S, "every container to be healthy")
+    except AssertionError as exc:  # which one was not, first: the logs' tail may not say
+        raise AssertionError(f"last health seen: {seen}\n{exc}") from None
 
     services = sorted(re.sub(r"^tasukitest\w+?[-_]|[-_]\d+$", "", name) for name in health)
     assert services == ["beat", "flower", "maintenance", "redis", "webhook", "worker", "worker", "worker"]

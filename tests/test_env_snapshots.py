@@ -3,6 +3,7 @@ the refusals, a crash mid-publish, the sweep, and two processes that need the sa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -32,10 +33,14 @@ from sandbox.snapshots import (
 )
 from tests.helpers.context_support import wait_for
 from tests.helpers.environments import make_venv, next_clock_tick, time_restore, venv_runs
+from tests.helpers.tmpfs import bind_mounted, mounted_tmpfs
+from worker.environment import snapshot_store
+from worker.settings_models import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = 1_800_000_000.0
 KEY = "0123456789abcdef0123456789abcdef"
+MIB = 1024 * 1024
 
 
 def make_store(root: Path, **limits: int) -> SnapshotStore:
@@ -591,3 +596,213 @@ def test_a_restore_waits_for_the_spare_being_made_instead_of_copying_beside_it(
     restoring.join(timeout=120)
     assert used == [True]
     assert tree(home) == tree(snapshot.home)
+
+
+# -- a worker killed in the middle of a copy (SIGKILL to its process group: the python and its cp) ------------
+
+MANY_FILES = 2000
+
+
+def many_files(built: tuple[Path, Path]) -> tuple[Path, Path]:
+    """The built home and checkout with two thousand files more under ``data``: a copy of them lasts far longer than
+    the test's poll (every 10 ms), so the test kills the process that makes it in the middle."""
+    home, checkout = built
+    (checkout / "data").mkdir()
+    for index in range(MANY_FILES):
+        (checkout / "data" / f"{index:05}.txt").write_text(f"file {index}\n" * 64)
+    return home, checkout
+
+
+def group_gone(group: int) -> bool:
+    """Whether no live process (zombies aside) is left in the process group ``group``."""
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == group and fields[0] != "Z":
+            return False
+    return True
+
+
+def kill_when(child: subprocess.Popen[bytes], predicate: Callable[[], object], what: str) -> None:
+    """SIGKILL ``child``'s whole process group (it runs in a session of its own) once ``predicate`` holds, as a
+    host or a cgroup kill takes a worker and its ``cp``; wait until none of them is left."""
+    wait_for(lambda: predicate() or child.poll() is not None, timeout=120, what=what)
+    assert child.poll() is None, f"the child ended before it was killed ({what}): make the copy bigger"
+    os.killpg(child.pid, 9)
+    assert child.wait(timeout=60) == -9
+    wait_for(lambda: group_gone(child.pid), timeout=60, what="the killed process group to be gone")
+
+
+def in_background(root: Path, home: Path, checkout: Path, report: Path, mode: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.snapshot_builder", *map(str, (root, KEY, home, checkout, report)), mode],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
+def files_under(root: Path) -> int:
+    return sum(len(names) for _directory, _dirs, names in os.walk(root))
+
+
+def test_a_maker_killed_mid_copy_leaves_half_a_spare_never_claimed_and_swept_once_its_lock_is_free(
+    tmp_path: Path, built: tuple[Path, Path]
+) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *many_files(built), [".venv", "build/gen", "data"], [], NOW)
+    maker = in_background(root, tmp_path / "unused", tmp_path / "unused", tmp_path / "report", "--spare")
+    half_made = root / ".spares"
+
+    def copying_the_checkout() -> list[Path]:
+        return [half for half in half_made.glob(f".building-{KEY}-*") if (half / "checkout").is_dir()]
+
+    kill_when(maker, copying_the_checkout, "the maker to be copying the snapshot's checkout")
+    assert lines(tmp_path / "report") == []
+    (half,) = half_made.glob(f".building-{KEY}-*")
+    assert not (half_made / KEY).exists()
+    assert files_under(half / "checkout") < files_under(snapshot.checkout)  # killed mid-copy
+
+    home, checkout = fresh(tmp_path, "next")
+    assert store.restore(snapshot, home, checkout, now=NOW + 1) is False  # not claimed: copied
+    assert half.is_dir()
+    assert tree(home) == tree(snapshot.home)
+    assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
+    assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"
+
+    with filelock.FileLock(root / ".locks" / f"{KEY}.spare.lock"):  # a maker at work: not the sweep's
+        assert store.sweep(NOW + 2) == []
+    assert store.sweep(NOW + 2) == [f".spares/{half.name}"]  # the dead maker's lock went with it
+    assert list(half_made.iterdir()) == []
+    assert not list(root.glob(".deleting-*"))
+    assert store.make_spare(snapshot) is True
+    assert tree(half_made / KEY / "checkout") == tree(snapshot.checkout)
+
+
+def test_a_restore_killed_mid_copy_is_restored_whole_by_the_next_one(tmp_path: Path, built: tuple[Path, Path]) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root)
+    snapshot = store.publish(KEY, "owner/repo", *many_files(built), [".venv", "build/gen", "data"], [], NOW)
+    as_published = tree(snapshot.path)
+    home, checkout = fresh(tmp_path, "next")
+    restoring = in_background(root, home, checkout, tmp_path / "report", "--restore")
+    kill_when(restoring, (checkout / "data").is_dir, "the restore to be copying the checkout")
+    assert lines(tmp_path / "report") == []
+    assert files_under(checkout / "data") < MANY_FILES  # killed mid-copy
+
+    assert store.restore(snapshot, home, checkout, now=NOW + 1) is False
+    assert tree(home) == tree(snapshot.home)
+    assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
+    assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"
+    assert tree(snapshot.path) == as_published  # only read
+
+
+# -- snapshots and tasks on different file systems: a rename cannot cross, the restore copies ----------------
+
+
+@pytest.mark.parametrize("layout", ["snapshots on a tmpfs", "the task on a tmpfs", "the task through a bind mount"])
+def test_across_file_systems_the_restore_falls_back_to_a_private_copy(
+    tmp_path: Path, built: tuple[Path, Path], layout: str
+) -> None:
+    with contextlib.ExitStack() as mounts:
+        if layout == "snapshots on a tmpfs":
+            root = mounts.enter_context(mounted_tmpfs(tmp_path / "other", 256 * MIB)) / "snapshots"
+            tasks = tmp_path / "tasks"
+        elif layout == "the task on a tmpfs":
+            root, tasks = tmp_path / "snapshots", mounts.enter_context(mounted_tmpfs(tmp_path / "other", 256 * MIB))
+        else:  # one file system, so the devices agree: the claim is made, and the first rename fails with EXDEV
+            (tmp_path / "disk").mkdir()
+            tasks = mounts.enter_context(bind_mounted(tmp_path / "disk", tmp_path / "bound"))
+            root = tmp_path / "snapshots"
+        store = make_store(root)
+        snapshot = store.publish(KEY, "owner/repo", *built, [".venv", "build/gen"], [], NOW)
+        assert store.make_spare(snapshot) is True
+        spare = tree(root / ".spares" / KEY)
+        for round_ in range(2):  # the second finds the spare as the first did (kept), or none (claimed, discarded)
+            home, checkout = fresh(tasks, f"task{round_}")
+            assert store.restore(snapshot, home, checkout, now=NOW + round_) is False
+            assert tree(home) == tree(snapshot.home)
+            assert {k: v for k, v in tree(checkout).items() if k != "src"} == tree(snapshot.checkout)
+            assert venv_runs(checkout / ".venv/bin/python") == f"{checkout / '.venv'} 42"
+            assert (
+                os.stat(checkout / "build/gen/schema.py").st_ino
+                != os.stat(snapshot.checkout / "build/gen/schema.py").st_ino
+            )  # a copy of its own
+            (checkout / "build/gen/schema.py").write_text("changed by the task\n")
+            assert (snapshot.checkout / "build/gen/schema.py").read_text() == "generated\n"
+        leftover = sorted(path.name for path in (root / ".spares").iterdir())
+        if layout == "the task through a bind mount":
+            assert leftover == []  # claimed, its move refused, deleted
+        else:
+            assert leftover == [KEY]  # never claimed: left whole, for a task on its file system
+            assert tree(root / ".spares" / KEY) == spare
+        assert not list(root.glob(".deleting-*"))
+
+
+# -- all spares together within environments.max_spares_bytes ---------------------------------------------
+
+
+def sized_snapshots(store: SnapshotStore, tmp_path: Path, count: int) -> list[Snapshot]:
+    """``count`` snapshots of distinct keys, each holding one file of 1 MiB in its checkout."""
+    home, checkout = tmp_path / "sized/home", tmp_path / "sized/checkout"
+    home.mkdir(parents=True)
+    (checkout / "blob").mkdir(parents=True)
+    (checkout / "blob/data").write_bytes(b"x" * MIB)
+    return [store.publish(f"{i:032x}", "owner/repo", home, checkout, ["blob"], [], NOW + i) for i in range(count)]
+
+
+def test_spares_are_not_made_past_max_spares_bytes_and_a_claimed_one_makes_room(tmp_path: Path) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root, max_spares_bytes=int(2.5 * MIB))
+    first, second, third = sized_snapshots(store, tmp_path, 3)
+    assert store.make_spare(first) is True
+    assert store.make_spare(second) is True
+    with pytest.raises(SnapshotError, match=r"beside the 2\.0 MiB of spares would go over environments\."):
+        store.make_spare(third)
+    assert sorted(path.name for path in (root / ".spares").iterdir()) == [first.key, second.key]  # nothing left
+
+    home, checkout = fresh(tmp_path, "next")
+    assert store.restore(first, home, checkout, now=NOW + 10) is True  # its spare is the task's now
+    assert store.make_spare(third) is True
+    assert (root / ".spares" / third.key / "checkout/blob/data").stat().st_size == MIB
+
+    without = make_store(tmp_path / "none", max_spares_bytes=0)  # no spares at all
+    with pytest.raises(SnapshotError, match=r"over environments\.max_spares_bytes \(0\.0 MiB\): not made"):
+        without.make_spare(without.publish(KEY, "owner/repo", home, checkout, [], [], NOW))
+    assert list((tmp_path / "none/.spares").iterdir()) == []
+
+
+def test_a_live_makers_spare_counts_and_a_dead_makers_half_does_not(tmp_path: Path) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root, max_spares_bytes=int(1.5 * MIB))
+    first, second = sized_snapshots(store, tmp_path, 2)
+    assert store.make_spare(first) is True
+    half = root / ".spares" / f".building-{first.key}-cafe"  # its spare claimed meanwhile, a new one being made
+    os.rename(root / ".spares" / first.key, half)
+    maker = filelock.FileLock(root / ".locks" / f"{first.key}.spare.lock")
+    with maker, pytest.raises(SnapshotError, match="max_spares_bytes"):  # its maker is at work
+        store.make_spare(second)
+    assert store.make_spare(second) is True  # the maker is gone: its half is the sweep's, not a share
+
+
+def test_the_sweep_drops_the_oldest_spares_first_until_within_the_cap(tmp_path: Path) -> None:
+    root = tmp_path / "snapshots"
+    store = make_store(root, keep_per_repository=9, max_spares_bytes=10 * MIB)
+    snapshots = sized_snapshots(store, tmp_path, 4)
+    for made_at, snapshot in zip((NOW + 30, NOW + 10, NOW + 40, NOW + 20), snapshots, strict=True):
+        assert store.make_spare(snapshot) is True
+        os.utime(root / ".spares" / snapshot.key / "spare.json", (made_at, made_at))
+    assert store.sweep(NOW + 50) == []
+    lowered = make_store(root, keep_per_repository=9, max_spares_bytes=int(2.5 * MIB))  # the operator lowered it
+    assert lowered.sweep(NOW + 50) == [f".spares/{snapshots[1].key}", f".spares/{snapshots[3].key}"]
+    assert sorted(path.name for path in (root / ".spares").iterdir()) == sorted([snapshots[0].key, snapshots[2].key])
+    assert all(lowered.find(snapshot.key) for snapshot in snapshots)  # the snapshots are not the cap's
+    assert lowered.sweep(NOW + 50) == []
+
+
+def test_the_cap_is_the_operators_setting(make_settings: Callable[..., Settings]) -> None:
+    assert snapshot_store(make_settings()).max_spares_bytes == 8 * 1024**3
+    settings = make_settings({"TASUKI__ENVIRONMENTS__MAX_SPARES_BYTES": "0"})
+    assert snapshot_store(settings).max_spares_bytes == 0

@@ -15,7 +15,6 @@ import pytest
 import redis
 
 from contexts.compression import CompressionPolicy
-from contexts.context import Context
 from contexts.durable import ONE_HOST
 from contexts.errors import ContextCompletedError, FencedError, LockHeldError
 from contexts.names import JSONL_FILES
@@ -29,7 +28,7 @@ from scheduler.monitor import Monitor
 from scheduler.plan import Policy
 from scheduler.reconcile import reconcile
 from tests.helpers.context_support import CONFIG, TASK_KEY, wait_for
-from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_lock
+from tests.helpers.fleet_hosts import HostFactory, committed_state, lease_expired, one_step, waiting_for_a_lock
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.schemas import validate_context_dir
 from worker.names import HEARTBEATS_KEY
@@ -46,23 +45,6 @@ def rows(dsn: str, uuid: str) -> list[tuple[str, int, int, str]]:
             (uuid,),
         ).fetchall()
     return [(str(f), int(i), int(e), str(c)) for f, i, e, c in found]
-
-
-def committed_state(dsn: str, uuid: str) -> dict[str, object]:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT state FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
-    assert row is not None
-    state: dict[str, object] = row[0]
-    return state
-
-
-def one_step(ctx: Context, text: str) -> None:
-    """An agent step's records: the model's answer, a tool call and its result, then the step's commit."""
-    ctx.append_message("assistant", text, tool_calls=[{"id": "c1", "type": "function"}])
-    ctx.append_tool("bash", {"command": "ls"}, "success", 12, result="README.md")
-    ctx.append_message("tool", "README.md", tool_call_id="c1")
-    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, status="processing")
-    ctx.step_done()
 
 
 def test_lines_reach_postgresql_only_at_the_step_commit(host: HostFactory, fleet_dsn: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from replay.trajectory import MARKER_PATTERN
 from tests.helpers.celery_worker import REPO_ROOT
-from tests.helpers.fleet_netns import OWNER, REPO, Fleet, tasuki_fleet
+from tests.helpers.fleet_netns import OWNER, REPO, Fleet, logging_turns, tasuki_fleet
 from tests.helpers.netns import SUBNET, Host, ip, network
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
@@ -63,50 +63,19 @@ def test_hosts_have_their_own_hostname_and_pids_and_are_removed_with_their_proce
 
 
 def turns(gate: str) -> list[dict[str, Any]]:
-    """``STEPS`` bash steps, each adding a line with its step and its host to ``log.txt``, then ``finish``; turn
-    ``GATE_TURN`` is held at ``gate`` until the test opens it."""
-    entries: list[dict[str, Any]] = [
-        {
-            "content": f"Step {n}.",
-            "tool_calls": [{"name": "bash", "arguments": {"command": f'echo "step {n} host=$(hostname)" >> log.txt'}}],
-        }
-        for n in range(STEPS)
-    ]
-    entries.append({"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Logged."}}]})
-    entries[GATE_TURN]["gate"] = gate
-    return entries
-
-
-def holders(fleet: Fleet) -> dict[str, str]:
-    """The live leases' holders: hostname -> the task's UUID."""
-    rows = fleet.query("SELECT uuid, holder FROM tasuki_leases WHERE holder IS NOT NULL")
-    return {str(holder).split(":", 1)[0]: str(uuid) for uuid, holder in rows}
-
-
-def checkpoint(fleet: Fleet, uuid: str) -> str:
-    """The subject of the task's newest checkpoint on the remote ("" before the first)."""
-    bare = fleet.forge.git_root / OWNER / f"{REPO}.git"
-    listed = subprocess.run(
-        ["git", "for-each-ref", "--format=%(refname) %(contents:subject)", "refs/heads/tasuki-checkpoints/"],
-        cwd=bare,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    ref = next((line for line in listed.stdout.splitlines() if line.split(" ", 1)[0].endswith(f"-{uuid[:8]}")), "")
-    return ref.split(" ", 1)[1] if " " in ref else ""
+    return logging_turns(STEPS, gate, GATE_TURN)
 
 
 def in_flight_on_every_host(fleet: Fleet, gate: str) -> dict[str, str] | None:
     """Every host holds a task, and every task waits at the gate with its earlier steps committed and their
     checkpoint on the remote (the push overlaps the next model call: a fault before it lands loses the step's
     checkout, which the next holder tells the model to redo — a scripted model would not)."""
-    held = holders(fleet)
+    held = fleet.holders()
     reached = fleet.model.model.gates().get(gate, {}).get("reached", 0)
     names = {host.hostname for host in fleet.hosts}
     if set(held) != names or reached < len(names):
         return None
-    pushed = all(checkpoint(fleet, uuid) == f"tasuki: checkpoint after step {GATE_TURN}" for uuid in held.values())
+    pushed = all(fleet.checkpoint(uuid) == f"tasuki: checkpoint after step {GATE_TURN}" for uuid in held.values())
     return held if pushed else None
 
 

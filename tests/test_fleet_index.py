@@ -6,9 +6,10 @@ the ``pgserver`` wheel); the commands run as subprocesses, as an operator runs t
 from __future__ import annotations
 
 import json
-import os
+import queue
 import subprocess
-import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from cli.reading import FOLLOWING_ELSEWHERE
 from contexts.context import Context
 from contexts.durable import ONE_HOST
 from contexts.index import ContextIndex
@@ -28,6 +30,8 @@ from fleet.index import PostgresIndex
 from fleet.store import FleetStore
 from tests.helpers.cli_process import ok
 from tests.helpers.context_support import CONFIG, TASK_KEY
+from tests.helpers.fleet_hosts import TASUKI, host_cli_options
+from tests.helpers.fleet_hosts import host_cli as tasuki
 from tests.helpers.model_server import model_server
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, fix_calc_trajectory, local_request, make_buggy_repo
@@ -155,6 +159,51 @@ def test_context_show_on_another_host_rebuilds_from_the_durable_copy(
     assert not list((elsewhere / COMPLETED_DIR).iterdir())  # read, not copied to this host
 
 
+def test_context_show_follow_on_another_host_prints_each_committed_step_until_the_end(
+    host: HostFactory, fleet_dsn: str, tmp_path: Path
+) -> None:
+    a = host("a")
+    running = a.create(TASK_KEY, CONFIG, user="alice", heartbeat=False)
+    running.append_message("user", "Fix the bug.")
+    one_step(running, "first step on a")
+    elsewhere = tmp_path / "c" / "contexts"
+    elsewhere.mkdir(parents=True)
+    proc = subprocess.Popen(
+        [*TASUKI, "context", "show", running.uuid, "--follow"],
+        **host_cli_options(elsewhere, fleet_dsn),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, ""):
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 120
+        while text not in lines.get(timeout=max(deadline - time.monotonic(), 0)):
+            pass
+
+    try:
+        wait_for("first step on a")  # the view as committed, then the follow
+        one_step(running, "second step on a")  # committed on host a after the viewer began
+        wait_for("second step on a")
+        running.finish("completed")
+        wait_for("Status: completed")
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.stderr is not None
+    assert proc.stderr.read().strip() == f"tasuki: note: {FOLLOWING_ELSEWHERE}"
+    assert not list((elsewhere / RUNNING_DIR).iterdir())  # followed, never copied to this host
+
+
 def test_the_registry_picks_the_index_by_the_stores_scheme(tmp_path: Path, fleet_dsn: str) -> None:
     assert set(CONTEXT_INDEXES) == {"", "postgresql", "postgres"}
     one = open_store(Settings(contexts={"base_dir": str(tmp_path / "one")}), must_exist=False)
@@ -167,25 +216,6 @@ def test_the_registry_picks_the_index_by_the_stores_scheme(tmp_path: Path, fleet
 
 
 # -- tasuki fleet import -----------------------------------------------------------------------------
-
-
-def tasuki(base: Path, dsn: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    config = base.parent / "config.yaml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.touch()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
-    env |= {"TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "100"}
-    if dsn:
-        env["TASUKI__FLEET__STORE"] = dsn
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-        cwd=base.parent,
-    )
 
 
 @pytest.fixture

@@ -3,6 +3,9 @@ index, and recall@5 equal to the SQLite store's on the same labelled data."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -11,13 +14,14 @@ import psycopg
 import pytest
 
 from bench.bench_recall_quality import SETS, HashEmbedder, load, scores
-from fleet.memory import PostgresMemoryStore
+from fleet.memory import PostgresMemoryStore, words_of
 from fleet.store import FleetStore
 from memory import EmbeddingError, Memory, MemoryUnavailable
 from memory.sqlite import SQLiteMemoryStore
 from memory.store import MemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.memory_support import NOW, episode
+from tests.helpers.postgres import PostgresServer
 from worker.settings import Settings
 from worker.stores import kept_memory, open_memory
 
@@ -29,12 +33,20 @@ def store(fleet_dsn: str) -> Iterator[PostgresMemoryStore]:
 
 
 def raw_counts(dsn: str) -> dict[str, int]:
+    """The rows, vectors and counted words; checked on the way: the kept totals and sign bits agree with the rows."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*), count(embedding) FROM tasuki_episodes").fetchone()
+        row = conn.execute("SELECT count(*), count(embedding), coalesce(sum(length + 1), 0) FROM tasuki_episodes")
+        episodes, vectors, lengths = row.fetchone() or (0, 0, 0)
         terms = conn.execute("SELECT count(*) FROM tasuki_memory_terms WHERE docs > 0").fetchone()
-    assert row is not None
+        kept = conn.execute("SELECT episodes, lengths FROM tasuki_memory_totals").fetchall()
+        bits = conn.execute(
+            "SELECT count(*) FROM tasuki_episode_bits AS b JOIN tasuki_episodes AS e USING (id) "
+            "WHERE b.repository = e.repository AND length(b.bits) = vector_dims(e.embedding)"
+        ).fetchone()
     assert terms is not None
-    return {"episodes": row[0], "vectors": row[1], "terms": terms[0]}
+    assert kept == [(episodes, lengths)]
+    assert bits == (vectors,)
+    return {"episodes": episodes, "vectors": vectors, "terms": terms[0]}
 
 
 def test_it_is_a_memory_store(store: PostgresMemoryStore) -> None:
@@ -239,7 +251,7 @@ def test_knn_scans_only_the_repositorys_newest_vectors(
     window; another repository's newer episodes do not push it out."""
     import fleet.memory
 
-    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 3)
+    monkeypatch.setattr(fleet.memory, "KNN_SHARD", 2)  # two parts of 2: the newest 4
     texts = ["flaky test_login in tests/test_auth.py", "release notes", "docs build", "cache keys", "css colours"]
     for n, text in enumerate(texts):
         e = episode(f"a{n}", task=text, days_ago=10 - n)
@@ -247,8 +259,8 @@ def test_knn_scans_only_the_repositorys_newest_vectors(
         other = episode(f"b{n}", "github:other/web", task=text, days_ago=10 - n)
         store.add_episode(other, embed_text(other.text()))
     found = store.knn("github:acme/web", embed_text(texts[0]), 5)
-    assert sorted(found) == ["a2", "a3", "a4"]
-    monkeypatch.setattr(fleet.memory, "KNN_WINDOW", 10)
+    assert sorted(found) == ["a1", "a2", "a3", "a4"]
+    monkeypatch.setattr(fleet.memory, "KNN_SHARD", 5)
     assert store.knn("github:acme/web", embed_text(texts[0]), 5)[0] == "a0"
 
 
@@ -270,3 +282,81 @@ def test_a_batch_of_episodes_is_recorded_as_one_at_a_time_would_be(store: Postgr
     for e in batch:
         store.add_episode(e, embed_text(e.text()) if e.uuid != "a3" else None)
     assert (raw_counts(fleet_dsn), store.bm25_scored("github:acme/web", "flaky login", 5)) == together
+
+
+def test_a_store_made_before_the_sign_bits_is_migrated_and_recalls_as_a_new_one(
+    fleet_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 5 adds the sign bits and BM25's totals: a fleet database of schema 4 gets both from its rows, and then
+    ranks as a store filled afresh does."""
+    from fleet import schema
+
+    monkeypatch.setattr(schema, "LATEST", 4)
+    FleetStore(fleet_dsn).close()
+    tasks = ["Fix flaky test_login in tests/test_auth.py", "Speed up the token signer", "Document the signer's salt"]
+    with psycopg.connect(fleet_dsn) as conn:  # as schema 4's store wrote them
+        for n, task in enumerate(tasks):
+            e = episode(f"a{n}", task=task, days_ago=5 - n)
+            words = words_of(e.text())
+            conn.execute(
+                "INSERT INTO tasuki_episodes (uuid, repository, thread, ended_at, data, terms, length, words, "
+                "embedding) VALUES (%s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, to_tsvector('simple', %s), %s::vector)",
+                (e.uuid, e.repository, e.thread, e.ended_at, json.dumps(e.to_json()), json.dumps(Counter(words)),
+                 len(words), " ".join(words), str(embed_text(e.text()))),
+            )  # fmt: skip
+        conn.execute(
+            "INSERT INTO tasuki_memory_terms (term, docs) SELECT w, count(*) FROM tasuki_episodes, "
+            "jsonb_object_keys(terms) AS w GROUP BY w"
+        )
+        conn.execute("INSERT INTO tasuki_memory_meta VALUES ('vector_dimension', '64')")
+    monkeypatch.setattr(schema, "LATEST", len(schema.MIGRATIONS))
+    with FleetStore(fleet_dsn) as fleet:
+        migrated = PostgresMemoryStore(fleet)
+        assert raw_counts(fleet_dsn)["vectors"] == 3  # with their sign bits, and the totals counted
+        assert migrated.knn("github:acme/web", embed_text("flaky test_login"), 3)[0] == "a0"
+        scored = migrated.bm25_scored("github:acme/web", "signer salt", 5)
+        migrated.forget_repository("github:acme/web")
+        for n, task in enumerate(tasks):
+            e = episode(f"a{n}", task=task, days_ago=5 - n)
+            migrated.add_episode(e, embed_text(e.text()))
+        assert migrated.bm25_scored("github:acme/web", "signer salt", 5) == scored
+        assert migrated.knn("github:acme/web", embed_text("flaky test_login"), 3)[0] == "a0"
+
+
+def test_knn_re_ranks_the_nearest_by_sign_bits_by_their_floats(store: PostgresMemoryStore) -> None:
+    """The sign bits only choose the candidates: the order and the similarities are the float vectors' cosines."""
+    texts = ["flaky test_login in tests/test_auth.py", "release notes", "docs build", "cache keys", "flaky login"]
+    for n, text in enumerate(texts):
+        store.add_episode(episode(f"a{n}", task=text, days_ago=10 - n), embed_text(text))
+    query = embed_text("flaky test_login")
+    found = store.knn_scored("github:acme/web", query, 5)
+    exact = sorted(
+        (1 - sum(a * b for a, b in zip(query, embed_text(t), strict=True)) / math.hypot(*query) / math.hypot(
+            *embed_text(t)), f"a{n}") for n, t in enumerate(texts)
+    )  # fmt: skip
+    assert [m.uuid for m in found] == [uuid for _distance, uuid in exact]
+    assert [round(m.score, 5) for m in found] == [round(1 - distance, 5) for distance, _uuid in exact]
+
+
+def test_a_read_skips_the_pools_check_only_on_a_connection_used_within_the_window(
+    private_postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search on a connection used within CHECKED_RECENTLY_S is not checked first (one round trip fewer): after a
+    restart inside that window the dropped connection fails one read (MemoryUnavailable: the task goes on without
+    memory) and the pool replaces it; once the window has passed, the check finds it dropped and no read fails."""
+    import fleet.store
+
+    with FleetStore(private_postgres.dsn(private_postgres.create_database())) as shared:
+        store = PostgresMemoryStore(shared)
+        store.add_episode(episode("a1", task="Fix the login bug"), embed_text("login"))
+        monkeypatch.setattr(fleet.store, "CHECKED_RECENTLY_S", 3600.0)
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+        private_postgres.restart()
+        with pytest.raises(MemoryUnavailable):
+            store.bm25("github:acme/web", "login", 5)
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+
+        monkeypatch.setattr(fleet.store, "CHECKED_RECENTLY_S", 0.0)  # every connection's last use is out of it
+        private_postgres.restart()
+        assert store.bm25("github:acme/web", "login", 5) == ["a1"]
+        assert store.knn("github:acme/web", embed_text("login"), 5) == ["a1"]

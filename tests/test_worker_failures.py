@@ -9,16 +9,14 @@ checkout — so the operator can see what became of the task.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis
-from celery import Celery
 
 from contexts import ContextStore
 from contexts.names import MESSAGES_FILE, TOOLS_FILE
+from tests.helpers.celery_worker import celery_client
 from tests.helpers.model_server import wait_for_request
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, git, local_request, make_buggy_repo
@@ -38,15 +36,6 @@ from worker.submit import enqueue, request_cancel, task_key_id
 pytestmark = pytest.mark.integration
 
 SECRET = "the-secret-outside-the-checkout"
-
-
-@contextmanager
-def celery_client(redis_url: str) -> Iterator[Celery]:
-    app = Celery(broker=redis_url)
-    try:
-        yield app
-    finally:
-        app.close()
 
 
 def cancel(stack: Stack, client: redis.Redis, uuid: str) -> str:

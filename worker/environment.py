@@ -388,6 +388,7 @@ def snapshot_store(settings: Settings) -> SnapshotStore:
         keep_per_repository=environments.keep_per_repository,
         keep_days=environments.keep_days,
         max_bytes=environments.max_snapshot_bytes,
+        max_spares_bytes=environments.max_spares_bytes,
     )
 
 

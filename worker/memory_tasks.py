@@ -67,8 +67,7 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
     structlog.contextvars.bind_contextvars(uuid=uuid)
     try:
         s = settings()
-        directory = finished_directory(s, uuid)
-        spent = MemoryCalls(s, directory)
+        spent = MemoryCalls(s, finished_directory(s, uuid), uuid)
         try:
             store = open_memory(s, must_exist=True)  # no store: no episode was recorded, nothing to update
         except MemoryUnavailable as exc:
@@ -110,7 +109,7 @@ def merge_memory(self: Task, repository: str) -> dict[str, Any]:
             return {"repository": repository, "status": "memory unavailable"}
         try:
             batch = next_merge(s, store, repository, waiting, utc_now())
-            spent = MemoryCalls(s, finished_directory(s, batch.newest) if batch.newest else None)
+            spent = MemoryCalls(s, finished_directory(s, batch.newest) if batch.newest else None, batch.newest)
             try:
                 status = "nothing to merge"
                 if batch.threads:
@@ -147,16 +146,30 @@ def finished_directory(s: Settings, uuid: str) -> Path | None:
 
 class MemoryCalls:
     """A memory job's model calls and embeddings, in the task's model, metered in its finished context in ONE
-    ``state.json`` write when the job is done (not one per call)."""
+    ``state.json`` write when the job is done (not one per call): this host's directory, and in a fleet the durable
+    copy (which is all there is of a task that ended on another host)."""
 
-    def __init__(self, s: Settings, directory: Path | None) -> None:
+    def __init__(self, s: Settings, directory: Path | None, uuid: str | None = None) -> None:
         self.settings, self.directory = s, directory
+        self.uuid = uuid or (directory.name if directory is not None else None)
         self.usages: list[Usage] = []
+        self.metadata = self._metadata()
+        config = self.metadata.get("config") if self.metadata is not None else None
+        # No config: a task that never had a context, so the configured model.
+        self.provider = provider_for(config if isinstance(config, dict) else llm_config(s))
+
+    def _metadata(self) -> dict[str, Any] | None:
+        """The task's ``metadata.json``: this host's, else the fleet's durable copy's; None when neither has it."""
         try:
-            config = read_json(directory / METADATA_FILE)["config"] if directory is not None else llm_config(s)
-        except (OSError, KeyError, ValueError):
-            config = llm_config(s)  # a task that never had a context: the configured model
-        self.provider = provider_for(config)
+            if self.directory is not None:
+                found = read_json(self.directory / METADATA_FILE)
+                return found if isinstance(found, dict) else None
+            if self.uuid is not None:
+                committed = context_store(self.settings, index=False).durable.committed(self.uuid)
+                return dict(committed.metadata) if committed is not None else None
+        except (OSError, ValueError, TasukiError) as exc:
+            log.info("memory job: the task's context not read", reason=str(exc)[:200])
+        return None
 
     def chat(self, messages: list[dict[str, str]]) -> str | None:
         """Ask the model; its usage is kept for :meth:`meter`."""
@@ -169,13 +182,15 @@ class MemoryCalls:
         self.usages.append(Usage("embedding", str(self.settings.memory.embedder), tokens))
 
     def meter(self) -> None:
-        """Write the calls kept so far to the task's ``state.json`` (one write) and the Redis counters."""
-        if not self.usages or self.directory is None:
+        """Write the calls kept so far to the task's ``state.json`` (one write), in a fleet its durable copy, and the
+        Redis counters."""
+        if not self.usages or self.metadata is None:
             return
         usages, self.usages = self.usages, []
         try:
-            task_key = read_json(self.directory / METADATA_FILE)["task_key"]
-            Meter(self.settings, repo_of(task_key), redis_client).record_finished(self.directory, usages)
-            respend(self.directory)  # a pull/merge request's outcome counts its thread's memory calls too
+            task_key = self.metadata["task_key"]
+            Meter(self.settings, repo_of(task_key), redis_client).record_finished(self.directory, usages, self.uuid)
+            if self.directory is not None:
+                respend(self.directory)  # a pull/merge request's outcome counts its thread's memory calls too
         except (OSError, KeyError, ValueError, TasukiError) as exc:  # the task never had a context to count in
             log.info("memory update not metered: no context", reason=str(exc)[:200])

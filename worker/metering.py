@@ -12,9 +12,11 @@ from typing import Any
 import redis
 import structlog
 
-from contexts import Context
+from contexts import Context, ContextStore
 from contexts.clock import utc_now
-from contexts.state import update_state
+from contexts.errors import StoreUnavailable
+from contexts.names import FINAL_STATUSES
+from contexts.state import add_calls, update_state
 from contexts.usage import Usage, call_record, cost_of, over_task_limit
 from worker.llm.base import Reply
 from worker.runtime import context_store
@@ -81,10 +83,37 @@ class Meter:
         model = str(self.settings.memory.embedder)
         return lambda tokens: self.record(ctx, Usage("embedding", model, tokens))
 
-    def record_finished(self, directory: Path, usages: Sequence[Usage]) -> None:
-        """Calls made for a task that has ended (a memory job's): into its ``state.json`` in one write, and Redis."""
-        update_state(directory, self.clock(), fsync=True, usage=[self.priced(usage) for usage in usages])
-        # The index's copy of the totals too: ``tasuki usage`` reads completed contexts from the index.
-        context_store(self.settings).mirror(lambda index: index.record(directory))
+    def record_finished(self, directory: Path | None, usages: Sequence[Usage], uuid: str | None = None) -> None:
+        """Calls made for a task that has ended (a memory job's): into its ``state.json`` in one write (when this host
+        has its directory), in a fleet into its durable copy too (``uuid``: the directory's name by default), and
+        Redis."""
+        priced, now = [self.priced(usage) for usage in usages], self.clock()
+        store = context_store(self.settings)
+        if directory is not None:
+            update_state(directory, now, fsync=True, usage=priced)
+            # The index's copy of the totals too: ``tasuki usage`` reads completed contexts from the index.
+            store.mirror(lambda index: index.record(directory))
+        uuid = uuid or (directory.name if directory is not None else None)
+        if uuid is not None:
+            self._into_durable_copy(store, uuid, priced, now)
         for usage in usages:
             self.count(usage)
+
+    @staticmethod
+    def _into_durable_copy(
+        store: ContextStore, uuid: str, priced: list[tuple[Usage, float | None]], now: datetime
+    ) -> None:
+        """Fleet mode: the calls into the committed state, under no lease, once the task is finished (no holder
+        writes its state any more); a task still held keeps them in its host's ``state.json`` only."""
+
+        def with_calls(state: dict[str, Any]) -> dict[str, Any] | None:
+            if state.get("status") not in FINAL_STATUSES:
+                log.warning("usage not written to the fleet's store: the task is not finished", uuid=uuid)
+                return None
+            add_calls(state, priced, now)
+            return state
+
+        try:
+            store.durable.amend(uuid, with_calls)
+        except StoreUnavailable as exc:
+            log.warning("usage not written to the fleet's store", uuid=uuid, error=str(exc)[:300])

@@ -209,7 +209,10 @@ def branch_name(task_key: dict[str, str], uuid: str) -> str:
 def acquire(store: ContextStore, uuid: str, request: TaskRequest, config: dict[str, Any]) -> Context | None:
     """Create the context, or resume it; ``None`` when this delivery must be dropped."""
     try:
-        if not store.running_path(uuid).is_dir() and not store.completed_path(uuid).is_dir():
+        # A context the fleet already has (its holder on another host was lost) is resumed straight away: a create
+        # the store refuses would first stage and fsync a directory for nothing, on the failover's path.
+        here = store.running_path(uuid).is_dir() or store.completed_path(uuid).is_dir()
+        if not here and not store.durable.knows(uuid):
             try:
                 # The request goes into metadata.json: the monitor re-enqueues a lost task from it.
                 return store.create(
@@ -307,7 +310,7 @@ class TaskRun:
         if stop is not None:  # its last holder ended it but could not finish the context: finish it as it meant to
             log.info("finishing a task its last holder ended without room to record it", status=stop["status"])
             return self._finish(ctx, stop["status"], stop.get("error"), stop.get("result") or None)
-        if self.cancel_flagged():
+        if self.cancel_flagged() or ctx.cancel_requested_elsewhere:
             return self._finish(ctx, "cancelled", None, None)
         checkout: Checkout | None = None
         fence = fence_of(ctx)
@@ -497,8 +500,9 @@ class TaskRun:
 
     def _after_step(self, ctx: Context) -> None:
         state = ctx.read_state()
-        if not state.get("cancel_requested") and self.cancel_flagged():
-            # `tasuki cancel` or the API on a host that cannot see this context: the Redis flag is all it set.
+        if not state.get("cancel_requested") and (ctx.cancel_requested_elsewhere or self.cancel_flagged()):
+            # `tasuki cancel` or the API on a host that cannot see this context: the Redis flag, and in a fleet the
+            # durable copy (which the step's commit just read), is all it set.
             state = ctx.update_state(cancel_requested=True)
         # The fence outside the try: a fenced holder stops here, it does not just skip a report.
         with fence_of(ctx).holding():

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import structlog
 
 from contexts import ContextCompletedError, ContextNotFoundError, ContextStore, validate_uuid
+from contexts.errors import StoreUnavailable
+from contexts.names import FINAL_STATUSES
 from contexts.state import update_state
 from worker.admission import Admission, admit
 from worker.bookkeeping import release
@@ -18,6 +21,7 @@ from worker.settings_models import Settings
 from worker.task_message import run_task_arguments, run_task_message
 
 CANCEL_FLAG_TTL_S = 8 * 24 * 3600
+log = structlog.get_logger(__name__)
 
 
 def task_key_id(task_key: dict[str, str]) -> str:
@@ -73,22 +77,42 @@ def release_active(client: redis.Redis, task_key: dict[str, str], uuid: str) -> 
 def request_cancel(app: Any, client: redis.Redis, store: ContextStore, uuid: str) -> str:
     """Flag the task to stop at its next step (or never start); returns what was done, for the operator.
 
-    An unknown UUID (no context, never enqueued here) raises ContextNotFoundError and writes nothing.
+    In a fleet the request goes into the durable copy too, under no lease: the holder on whatever host reads it at
+    its next step's commit, a host that takes the task next finds it in the state it rebuilds, and ``tasuki context
+    show`` shows it on every host. An unknown UUID (no context, never enqueued here) raises ContextNotFoundError and
+    writes nothing.
     """
     uuid = validate_uuid(uuid)
     running = store.running_path(uuid)
-    known = running.is_dir() or store.completed_path(uuid).is_dir() or client.exists(TASK_PREFIX + uuid)
-    if not known:
+    try:
+        committed = store.durable.amend(uuid, _asking_to_cancel)
+    except StoreUnavailable as exc:  # the Redis flag still reaches the holder
+        log.warning("cancel not written to the fleet's store", uuid=uuid, error=str(exc)[:300])
+        committed = None
+    known = running.is_dir() or store.completed_path(uuid).is_dir() or committed is not None
+    if not (known or client.exists(TASK_PREFIX + uuid)):
         raise ContextNotFoundError(f"no such task {uuid} (no context under {store.base_dir}, nothing queued)")
     client.set(CANCEL_PREFIX + uuid, "1", ex=CANCEL_FLAG_TTL_S)
     if running.is_dir():
         update_state(running, store.clock(), fsync=True, set_fields={"cancel_requested": True})
         return "cancel requested; the task stops at its next step"
-    if store.completed_path(uuid).is_dir():
+    status = committed.get("status") if committed is not None else None
+    if store.completed_path(uuid).is_dir() or status in FINAL_STATUSES:
         raise ContextCompletedError(f"context {uuid} is already finished")
+    if status == "completing":
+        raise ContextCompletedError(f"context {uuid} is finishing on another host")
+    if committed is not None:
+        return "cancel requested; the task stops at its next step, on whichever host holds it"
     app.control.revoke(uuid)
     try:
         store.locate(uuid)
     except ContextNotFoundError:
         return "task revoked before it started"
     return "cancel requested"
+
+
+def _asking_to_cancel(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The committed state with the cancel request; nothing for a task that is finished or finishing."""
+    if state.get("status") in (*FINAL_STATUSES, "completing") or state.get("cancel_requested"):
+        return None
+    return {**state, "cancel_requested": True}

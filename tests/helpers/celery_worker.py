@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,16 @@ from celery import Celery
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def celery_client(redis_url: str) -> Iterator[Celery]:
+    """A Celery app on the broker at ``redis_url`` for a test that sends or revokes (``request_cancel``'s)."""
+    app = Celery(broker=redis_url)
+    try:
+        yield app
+    finally:
+        app.close()
 
 
 @dataclass

@@ -6,6 +6,9 @@ Fixture (registered in tests/conftest.py): ``host`` — ``host("a", lease_s=0.5)
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from contexts.context import Context
 from contexts.store import ContextStore
 from fleet.durable import PostgresCopy
 from fleet.store import FleetStore
@@ -37,6 +41,24 @@ def host(tmp_path: Path, fleet_dsn: str) -> Iterator[HostFactory]:
         fleet.close()
 
 
+def one_step(ctx: Context, text: str) -> None:
+    """An agent step's records: the model's answer, a tool call and its result, then the step's commit."""
+    ctx.append_message("assistant", text, tool_calls=[{"id": "c1", "type": "function"}])
+    ctx.append_tool("bash", {"command": "ls"}, "success", 12, result="README.md")
+    ctx.append_message("tool", "README.md", tool_call_id="c1")
+    ctx.stage_state(add={"llm_call_count": 1, "tool_call_count": 1}, status="processing")
+    ctx.step_done()
+
+
+def committed_state(dsn: str, uuid: str) -> dict[str, Any]:
+    """The context's ``state.json`` as its last commit left it in the database."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT state FROM tasuki_contexts WHERE uuid = %s", (uuid,)).fetchone()
+    assert row is not None
+    state: dict[str, Any] = row[0]
+    return state
+
+
 def lease_expired(dsn: str, uuid: str) -> bool:
     """Whether the task's lease ran out, by the database's clock."""
     with psycopg.connect(dsn) as conn:
@@ -53,3 +75,32 @@ def waiting_for_a_lock(dsn: str) -> bool:
             "AND query LIKE '%tasuki_leases%'"
         ).fetchone()
     return bool(row and row[0])
+
+
+TASUKI = [sys.executable, "-m", "cli.main"]  # the command, as an operator runs it on a host
+
+
+def host_cli_options(base: Path, dsn: str | None, **extra: str) -> dict[str, Any]:
+    """The environment and directory of a ``tasuki`` command on a host whose contexts are under ``base``, in the fleet
+    of ``dsn`` (None: one host); ``extra`` adds to its environment (``TASUKI__BROKER__URL``, say)."""
+    config = base.parent / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env |= {"TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base), "COLUMNS": "100", **extra}
+    env["PYTHONSAFEPATH"] = "1"  # `-m` in a directory holding `contexts/` must not import it as the package
+    if dsn:
+        env["TASUKI__FLEET__STORE"] = dsn
+    return {"env": env, "cwd": base.parent}
+
+
+def host_cli(base: Path, dsn: str | None, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``tasuki ARGS`` on a host whose contexts are under ``base``, in the fleet of ``dsn``."""
+    return subprocess.run(
+        [*TASUKI, *args],
+        **host_cli_options(base, dsn, **extra),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -62,6 +62,21 @@ TIMINGS = {
 }
 
 
+def logging_turns(steps: int, gate: str, gate_turn: int) -> list[dict[str, Any]]:
+    """``steps`` bash steps, each adding a line with its step and its host to ``log.txt``, then ``finish``; turn
+    ``gate_turn`` is held at ``gate`` until the caller opens it."""
+    entries: list[dict[str, Any]] = [
+        {
+            "content": f"Step {n}.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": f'echo "step {n} host=$(hostname)" >> log.txt'}}],
+        }
+        for n in range(steps)
+    ]
+    entries.append({"content": "Done.", "tool_calls": [{"name": "finish", "arguments": {"summary": "Logged."}}]})
+    entries[gate_turn]["gate"] = gate
+    return entries
+
+
 @dataclass
 class Fleet:
     """The fleet's parts, and the worker processes started on its hosts."""
@@ -187,6 +202,24 @@ class Fleet:
         """Rows of ``sql`` on the fleet's database."""
         with psycopg.connect(self.dsn, connect_timeout=5) as conn:
             return list(conn.execute(sql, args).fetchall())
+
+    def holders(self) -> dict[str, str]:
+        """The live leases' holders: hostname -> the task's UUID."""
+        rows = self.query("SELECT uuid, holder FROM tasuki_leases WHERE holder IS NOT NULL")
+        return {str(holder).split(":", 1)[0]: str(uuid) for uuid, holder in rows}
+
+    def checkpoint(self, uuid: str) -> str:
+        """The subject of the task's newest checkpoint on the remote ("" before the first)."""
+        bare = self.forge.git_root / OWNER / f"{REPO}.git"
+        listed = subprocess.run(
+            ["git", "for-each-ref", "--format=%(refname) %(contents:subject)", "refs/heads/tasuki-checkpoints/"],
+            cwd=bare,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ref = next((line for line in listed.stdout.splitlines() if line.split(" ", 1)[0].endswith(f"-{uuid[:8]}")), "")
+        return ref.split(" ", 1)[1] if " " in ref else ""
 
     def states(self) -> dict[str, dict[str, Any]]:
         """Every context's last committed ``state.json`` in the durable copy, by UUID."""

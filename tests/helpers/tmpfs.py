@@ -16,15 +16,28 @@ from tests.helpers.ci import cannot_run
 def mounted_tmpfs(mount_point: Path, size_bytes: int) -> Iterator[Path]:
     """Mount a tmpfs of ``size_bytes`` at ``mount_point`` (made if missing); unmounted on exit. Skips the test
     (fails it in CI) where mounting is not permitted."""
+    with _mounted(["-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs"], mount_point, "a tmpfs"):
+        yield mount_point
+
+
+@contextmanager
+def bind_mounted(source: Path, mount_point: Path) -> Iterator[Path]:
+    """``source`` seen again at ``mount_point`` (made if missing) through a bind mount: the same file system, yet a
+    rename between the two mounts fails with EXDEV; unmounted on exit. Skips as :func:`mounted_tmpfs` does."""
+    with _mounted(["--bind", str(source)], mount_point, "a bind mount"):
+        yield mount_point
+
+
+@contextmanager
+def _mounted(arguments: list[str], mount_point: Path, what: str) -> Iterator[None]:
     mount_point.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
-        cannot_run("mounting a tmpfs needs root (CI runs as root)")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, check=False)
+        cannot_run(f"mounting {what} needs root (CI runs as root)")
+    mounted = subprocess.run(["mount", *arguments, str(mount_point)], capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
-        cannot_run(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        cannot_run(f"cannot mount {what} here: {mounted.stderr.strip()}")
     try:
-        yield mount_point
+        yield
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
