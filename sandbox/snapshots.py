@@ -21,13 +21,13 @@ into place, so a crash mid-publish leaves only a ``.building-*`` directory that 
 filesystem can).
 
 A spare (docs/environments.md "Spares") makes the next restore a few renames: :meth:`SnapshotStore.make_spare` copies
-the snapshot into ``.spares/`` (the worker calls it in the background after a publish and after a restore used the
-spare), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies exactly the
-snapshot being restored, and moves its entries into place; anything else and it copies as before. All spares
-together stay within ``max_spares_bytes`` (their snapshots' apparent sizes): one that would go over is not made, and
-the sweep drops the oldest first. A spare on another filesystem than the task's home or checkout is never claimed
-(a rename cannot cross filesystems); a move that fails anyway (``EXDEV`` across two mounts of one filesystem) falls
-back to the copy.
+the snapshot into ``.spares/`` (the worker calls it in the background once a task that published or restored the
+snapshot is over), and :meth:`SnapshotStore.restore` first claims it by one rename (one task wins), checks it copies
+exactly the snapshot being restored, and moves its entries into place; anything else and it copies as before. All
+spares together stay within ``max_spares_bytes`` (their snapshots' apparent sizes): one that would go over is not
+made, and the sweep drops the oldest first. A spare on another filesystem than the task's home or checkout is never
+claimed (a rename cannot cross filesystems); a move that fails anyway (``EXDEV`` across two mounts of one
+filesystem) falls back to the copy.
 """
 
 from __future__ import annotations

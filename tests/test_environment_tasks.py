@@ -7,8 +7,10 @@ a package index on loopback that logs every request.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import threading
 import uuid as uuid_module
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -156,6 +158,78 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
     assert len(index.requests) == asked  # and the restore asked the index nothing
     state = json.loads((second_dir / "state.json").read_text())
     assert state["environment"]["line"].startswith("restored in ")
+
+
+def spares(root: Path) -> list[str]:
+    """What the host's spares directory holds: ``<key>`` ready, ``.building-*`` being made."""
+    directory = root / "environments" / ".spares"
+    return sorted(entry.name for entry in directory.iterdir()) if directory.is_dir() else []
+
+
+def released(fifo: Path) -> bool:
+    """Whether a writer could open ``fifo`` (its reader, the agent's command, is waiting on it) and let it go on."""
+    try:
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # not there yet, or no reader yet (ENXIO)
+        return False
+    try:
+        os.write(descriptor, b"go\n")
+    finally:
+        os.close(descriptor)
+    return True
+
+
+def test_the_spare_and_the_deletion_of_a_changed_environment_wait_until_the_task_is_over(
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+) -> None:
+    """Copying the next spare and deleting the environment an agent changed would run beside the task's own commands
+    (its tests): both wait for the task's end."""
+    repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    key = setup_record(first_dir)["result"]["key"]
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
+    _, second_dir, _ = run_task(make_settings, repo, ["touch .venv/changed-by-the-agent"])
+    assert setup_record(second_dir)["result"]["outcome"] == "reused"
+
+    seen: dict[str, Any] = {}
+    hold = "mkfifo $HOME/hold && read line < $HOME/hold && echo released-$line"
+    third = threading.Thread(target=lambda: seen.update(task=run_task(make_settings, repo, [IMPORT, hold])))
+    third.start()
+    try:
+        fifo = wait_for(lambda: next((tmp_path / "workspaces").glob("*.home/hold"), None), timeout=120,
+                        what="the agent's command waiting")
+        # The agent's command is running: its restore took the spare and none is being made; the changed
+        # environment was moved out of the checkout and is not being deleted.
+        during = spares(tmp_path), [len(os.listdir(d)) for d in (tmp_path / "workspaces").glob(".discarded-*")]
+    finally:
+        wait_for(lambda: released(fifo), timeout=60, what="the agent's command reading")
+        third.join(timeout=120)
+    outcome, third_dir, _ = seen["task"]
+    assert outcome["status"] == "completed", outcome
+    restored = setup_record(third_dir)["result"]
+    assert (restored["outcome"], restored["spare"]) == ("restored", True)
+    outputs = bash_outputs(third_dir)
+    assert "tinypkg says 42" in outputs[0]
+    assert "released-go" in outputs[1]
+    assert during == ([], [1])
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again once the task was over")
+    wait_for(lambda: not list((tmp_path / "workspaces").glob(".discarded-*")), timeout=60,
+             what="the changed environment deleted once the task was over")
+
+
+def test_a_task_that_fails_after_its_restore_still_leaves_the_spare_made_again(
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+) -> None:
+    repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    key = setup_record(first_dir)["result"]["key"]
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
+    shutil.rmtree(tmp_path / "workspaces" / ".idle")
+
+    outcome, second_dir, _ = run_task(make_settings, repo, [IMPORT, IMPORT], {"TASUKI__AGENT__MAX_STEPS": "1"})
+    assert outcome["status"] == "failed", outcome  # the step limit, after the restore that took the spare
+    assert setup_record(second_dir)["result"]["spare"] is True
+    wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again after the failed task")
 
 
 def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_changed_it(

@@ -14,7 +14,6 @@ import filelock
 import pytest
 from structlog.testing import capture_logs
 
-from tests.helpers.context_support import wait_for
 from tests.helpers.environments import next_clock_tick
 from tests.helpers.stack import git, make_buggy_repo
 from worker import workcopy
@@ -104,12 +103,15 @@ def test_discarded_paths_leave_the_checkout_at_once_and_a_tracked_file_under_the
 
     workspaces = tmp_path / "workspaces"
 
-    checkout.clean([".venv/", "link"])  # renamed out at once, deleted in the background
+    aside = checkout.clean([".venv/", "link"])  # renamed out at once, for the worker to delete after the task
     assert not (checkout.path / ".venv").exists()
     assert not os.path.lexists(checkout.path / "link")
-    wait_for(lambda: not list(workspaces.glob(".discarded-*")), what="the background deletion")
+    assert aside is not None
+    assert list(workspaces.glob(".discarded-*")) == [aside]
+    assert sorted(os.listdir(aside)) == ["0", "1"]
+    shutil.rmtree(aside)
     assert Path("/bin").is_dir()  # the symlink went, never what it points at
-    checkout.clean(["vendor"])  # a tracked file under it: git's clean, here
+    assert checkout.clean(["vendor"]) is None  # a tracked file under it: git's clean, here
     assert tree_files(checkout.path) == tracked_files(checkout)  # the tracked file stays, the rest is gone
 
     leftover = workspaces / ".discarded-aaaaaaaa-0001-0badf00d"  # a worker killed while it deleted

@@ -24,7 +24,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -333,26 +332,25 @@ class Checkout:
         """Where the worker records the environment this warm copy holds for the next task (None: no warm copies)."""
         return self.cache.environment_path(self.path) if self.cache is not None else None
 
-    def clean(self, paths: Sequence[str]) -> None:
+    def clean(self, paths: Sequence[str]) -> Path | None:
         """Take the untracked and ignored files under ``paths`` (relative, taken literally) out of the checkout.
 
         When nothing under them is tracked and none passes through a symlink, each is one rename into a directory
-        beside the checkout, deleted in the background (thousands of a virtualenv's files cost seconds to delete on
-        a busy disk, none of them the task's); else git's clean deletes them here, leaving tracked files."""
+        beside the checkout, returned for the caller to delete once the task is over (thousands of a virtualenv's
+        files cost seconds to delete on a busy disk, none of them the task's; a worker killed before leaves it to
+        the hourly eviction); else git's clean deletes them here, leaving tracked files, and None is returned."""
         if not paths:
-            return
+            return None
         literal = [f":(literal){path}" for path in paths]
         if self.git("ls-files", "-z", "--", *literal, index=True) or any(map(self._through_symlink, paths)):
             self.git("clean", "-q", "-ffdx", "--", *literal, index=True)
-            return
+            return None
         discarded = self.path.with_name(f"{DISCARDED_PREFIX}{self.path.name}-{secrets.token_hex(4)}")
         discarded.mkdir(mode=0o700)
         for number, path in enumerate(paths):
             with contextlib.suppress(FileNotFoundError):
                 os.rename(self.path / path.rstrip("/"), discarded / str(number))
-        threading.Thread(
-            target=shutil.rmtree, args=(discarded,), kwargs={"ignore_errors": True}, name="discard", daemon=True
-        ).start()  # a worker killed meanwhile leaves it to the hourly eviction
+        return discarded
 
     def _through_symlink(self, path: str) -> bool:
         parts = path.rstrip("/").split("/")

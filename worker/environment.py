@@ -117,6 +117,11 @@ class TaskEnvironment:
     repository: str  # "owner/repo", or the local path of a local task
     clock: Callable[[], float] = time.time
     on_report: Callable[[EnvironmentReport], None] = field(default=lambda report: None)  # metrics
+    # Left for the end of the task (:meth:`after_task`), where it no longer slows the task's own commands: the spare
+    # to make (a restore used it, or a restore or a publish found none), and the paths a changed environment was
+    # moved out into, to delete.
+    spare_due: tuple[SnapshotStore, Snapshot] | None = field(default=None, init=False)
+    discarded: list[Path] = field(default_factory=list, init=False)
 
     def prepare(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
         """Find the declaration, then keep, restore or build the environment; record and return how it went.
@@ -200,7 +205,7 @@ class TaskEnvironment:
                 else:
                     created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
-                    refill(store, snapshot)  # the spare it used, or the one a restarted worker never made
+                    self.spare_due = (store, snapshot)  # the spare it used, or one a killed worker never made
                     return self._done(checkout, _with(report, created=created, spare=spare), snapshot)
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
 
@@ -254,7 +259,7 @@ class TaskEnvironment:
                 published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
-                refill(store, published)
+                self.spare_due = (store, published)
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
@@ -311,20 +316,35 @@ class TaskEnvironment:
         report = EnvironmentReport("reused", declaration.source, key, time.monotonic() - started, 0, created=created)
         return self._done(checkout, report)
 
-    @staticmethod
-    def _drop_warm(checkout: Checkout) -> None:
-        """Delete what the warm copy's previous task left of its environment (not this task's to use); its record
-        goes first, so that a worker killed meanwhile leaves paths the next switch's clean deletes."""
+    def after_task(self) -> None:
+        """In one background thread, make the spare this task's restore or publish left due, then delete what its
+        warm copy's previous environment was moved out into: called by the worker once the task is over, whichever
+        way it ended (docs/environments.md "Spares"). A worker killed before leaves no spare (the next restore copies,
+        and its own task's end makes one) and the discarded paths to the hourly eviction."""
+        due, self.spare_due = self.spare_due, None
+        discarded, self.discarded = self.discarded, []
+        if due is not None or discarded:
+            threading.Thread(
+                target=_after_task, args=(due, discarded), name="environment-after-task", daemon=True
+            ).start()
+
+    def _drop_warm(self, checkout: Checkout) -> None:
+        """Take what the warm copy's previous task left of its environment out of the checkout (not this task's to
+        use; deleted after the task); its record goes first, so that a worker killed meanwhile leaves paths the next
+        switch's clean deletes."""
         record = checkout.environment_record
         warm = recalled(record) if record is not None else None
         if record is None or warm is None:
             return
         forget(record)
         try:
-            checkout.clean(warm.paths)
+            aside = checkout.clean(warm.paths)
         except GitError as exc:  # git could not: the paths go all the same (none of them is tracked, as a rule)
             log.warning("warm copy's environment not cleaned by git; deleting it", error=str(exc)[:300])
             _remove(checkout.path, set(warm.paths))
+        else:
+            if aside is not None:
+                self.discarded.append(aside)
 
     @staticmethod
     def _kept(checkout: Checkout, recorded: dict[str, Any], key: str) -> bool:
@@ -372,17 +392,17 @@ def snapshot_store(settings: Settings) -> SnapshotStore:
     )
 
 
-def refill(store: SnapshotStore, snapshot: Snapshot) -> None:
-    """Make the key's spare in the background (docs/environments.md "Spares"): the next restore moves it into place
-    instead of copying on its task's path. A worker killed meanwhile leaves half a spare, never used, swept."""
-    threading.Thread(target=_make_spare, args=(store, snapshot), name="environment-spare", daemon=True).start()
-
-
-def _make_spare(store: SnapshotStore, snapshot: Snapshot) -> None:
-    try:
-        store.make_spare(snapshot)
-    except (OSError, SnapshotError) as exc:  # the disk is full, or the snapshot was swept meanwhile: no spare
-        log.info("environment spare not made", key=snapshot.key, error=str(exc)[:300])
+def _after_task(due: tuple[SnapshotStore, Snapshot] | None, discarded: list[Path]) -> None:
+    """Make the key's spare (the next restore moves it into place instead of copying on its task's path; a next task
+    that comes meanwhile waits for it), then delete the discarded paths (nobody waits for that)."""
+    if due is not None:
+        store, snapshot = due
+        try:
+            store.make_spare(snapshot)
+        except (OSError, SnapshotError) as exc:  # the disk is full, or the snapshot was swept meanwhile: no spare
+            log.info("environment spare not made", key=snapshot.key, error=str(exc)[:300])
+    for directory in discarded:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def maybe_sweep(settings: Settings, now: float) -> list[str]:

@@ -269,6 +269,8 @@ class TaskRun:
     stopped: Callable[[], dict[str, Any] | None] = lambda: None
     record_stop: Callable[[dict[str, Any]], None] = lambda outcome: None
     on_environment: Callable[[EnvironmentReport], None] = lambda report: None  # the environment is ready (metrics)
+    # This delivery's environment: its spare is made once the task is over (docs/environments.md "Spares")
+    environment: TaskEnvironment | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -338,6 +340,9 @@ class TaskRun:
 
         except Exception as exc:
             return self._on_error(ctx, checkout, exc)
+        finally:  # the task's commands are over, however it ended: the copy no longer slows them
+            if self.environment is not None:
+                self.environment.after_task()
 
     def _cannot_start(self, exc: Exception) -> dict[str, Any]:
         ended = cannot_start(self.uuid, self.report, self.on_finish, self.store.base_dir, exc)
@@ -370,7 +375,8 @@ class TaskRun:
         if base and not state.get("base"):
             ctx.stage_state(base=base)
         repository = repository_of(self.request.task_key, self.request.repo_path)
-        environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment).prepare(ctx, checkout)
+        self.environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment)
+        environment = self.environment.prepare(ctx, checkout)
         # Started again on a resume; stopped when the loop ends, however it ends (a hand-back, a failure).
         with services_for(checkout, repository, self.settings) as services:
             roles = {record.get("role") for record in ctx.pinned}
