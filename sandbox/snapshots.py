@@ -260,7 +260,8 @@ class SnapshotStore:
             pass
         else:
             lock.release()
-            return False  # nobody is making one
+            # Nobody is making one now; a maker that finished after the claim was tried left it in place.
+            return (self.root / SPARES / key).is_dir()
         try:
             lock.acquire(timeout=SPARE_WAIT_S)
         except filelock.Timeout:
