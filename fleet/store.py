@@ -29,6 +29,23 @@ POOL_MAX = 4  # a worker process: its task's writes, its heartbeat's renewals, a
 CHECKED_RECENTLY_S = 1.0
 
 
+def connection_limits(timeout_s: float) -> dict[str, int]:
+    """libpq's limits, each ``timeout_s``: on connecting, and on a connection whose server went silent (its host cut
+    off, its packets dropped): what was sent and not acknowledged for ``timeout_s`` (``tcp_user_timeout``), or no
+    answer to keepalive probes after ``timeout_s`` idle, ends the connection. Without them a query, or the pool's
+    check of an idle connection, waits for the kernel's retransmissions (about 15 minutes) instead of raising: the
+    heartbeat, a step's commit and a delivery that should be deferred hung past the lease."""
+    seconds = max(1, round(timeout_s))
+    return {
+        "connect_timeout": seconds,
+        "tcp_user_timeout": seconds * 1000,
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
+
+
 class FleetStore:
     """One PostgreSQL reached by every host. Opening it migrates the schema; every method is one transaction.
 
@@ -59,7 +76,7 @@ class FleetStore:
                 open=False,
                 timeout=self.connect_timeout_s,
                 check=self._check,  # a restarted server leaves dead connections
-                kwargs={"connect_timeout": max(1, round(self.connect_timeout_s))},
+                kwargs=connection_limits(self.connect_timeout_s),
                 name="tasuki-fleet",
             )
             try:
