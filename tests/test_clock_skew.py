@@ -5,22 +5,19 @@ resumed as soon as its heartbeat is stale by Redis's clock, not two minutes late
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.beat_process import BeatProcess
 from tests.helpers.celery_worker import WorkerProcess
-from tests.helpers.ci import cannot_run
+from tests.helpers.faketime import faketime_env, require_libfaketime
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import running_stack, worker_logs
 from tests.test_monitor_chaos import MONITOR_ENV, assert_one_history, mid_task_on, sleepy_turns
 
 pytestmark = pytest.mark.integration
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
-SLEEP_SHIM = Path(__file__).resolve().parent / "helpers" / "faketime_sleep"
 SKEW = "120"  # seconds: the issue's two minutes
 # A resume that waited for a two-minute skew to pass could not finish inside this; one judged by Redis's
 # clock comes after stale_after_s (3 s) and a monitor pass (1 s).
@@ -28,13 +25,8 @@ PROMPT_S = 60.0
 
 
 def skewed(stack: Stack, offset: str) -> dict[str, str]:
-    """The stack's environment with this process's wall clock moved by ``offset`` seconds (``+120``, ``-120``);
-    its monotonic clock stays real (tests/helpers/faketime_sleep says why). Without the sandbox: bubblewrap
-    refuses to start with libfaketime preloaded into it."""
-    env = stack.env()
-    path = os.pathsep.join(p for p in (str(SLEEP_SHIM), env.get("PYTHONPATH", "")) if p)
-    return {**env, "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "PYTHONPATH": path, "TASUKI__SANDBOX__BACKEND": "none"}
+    """The stack's environment with this process's wall clock moved by ``offset`` seconds (``+120``, ``-120``)."""
+    return faketime_env(stack.env(), offset)
 
 
 def send_task(stack: Stack, root: Path, n: int) -> str:
@@ -51,8 +43,7 @@ def start(stack: Stack, name: str, env: dict[str, str], **kwargs: str) -> Worker
 def test_skewed_clocks_fail_no_healthy_task_and_a_dead_workers_task_resumes_promptly(
     tmp_path: Path, redis_url: str, redis_client: object
 ) -> None:
-    if not LIBFAKETIME.exists():
-        cannot_run("libfaketime is not installed (apt-get install faketime)")
+    require_libfaketime()
     entries = sleepy_turns(30, 0.5)  # long enough that the slow-clocked worker is still busy with the first task
     # when the second is sent (so the second goes to the worker ahead), and for many monitor passes
     with running_stack(tmp_path, redis_url, entries, env=MONITOR_ENV) as (stack, server):

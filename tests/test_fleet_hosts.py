@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,11 @@ import pytest
 
 from replay.trajectory import MARKER_PATTERN
 from tests.helpers.celery_worker import REPO_ROOT
-from tests.helpers.fleet_netns import OWNER, REPO, Fleet, logging_turns, tasuki_fleet
+from tests.helpers.faketime import require_libfaketime
+from tests.helpers.fleet_hosts import lease_expired
+from tests.helpers.fleet_netns import OWNER, REPO, TIMINGS, Fleet, logging_turns, tasuki_fleet
 from tests.helpers.netns import SUBNET, Host, ip, network
+from tests.test_fleet_worker import only_deferrals_traced
 
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_hosts]
 
@@ -147,20 +151,32 @@ def test_a_host_killed_mid_task_its_task_completes_once_on_another_host(tmp_path
         assert dead.pids() == []
         fleet.model.model.open_gate(gate)
         states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
-        assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
-        assert {uuid: s["attempt"] for uuid, s in states.items()} == {u: 2 if u == victim else 1 for u in uuids}
-        for uuid in uuids:
-            assert_once_in_the_durable_copy(fleet, uuid, len(entries))
-        logs = assert_one_pull_request_each(fleet, states)
-        leases = dict(fleet.query("SELECT uuid::text, epoch FROM tasuki_leases WHERE holder IS NULL"))
-        assert leases == {u: 2 if u == victim else 1 for u in uuids}  # all released; the victim's taken twice
-        finisher = str(states[victim]["worker"]).split(":", 1)[0]
-        assert finisher in {host.hostname for host in fleet.hosts[1:]}
-        before, after = logs[victim][:GATE_TURN], logs[victim][GATE_TURN:]
-        assert {line.split(" host=")[1] for line in before} == {dead.hostname}  # its steps before the kill kept
-        assert {line.split(" host=")[1] for line in after} == {finisher}
-        epochs = {epoch for _id, epoch, _record in records(fleet, victim, "messages.jsonl")}
-        assert epochs == {1, 2}  # the dead host's committed steps kept, the rest written by the new holder
+        assert_taken_over_once(fleet, uuids, states, victim, dead)
+
+
+def assert_taken_over_once(
+    fleet: Fleet, uuids: list[str], states: dict[str, dict[str, Any]], victim: str, dead: Host
+) -> None:
+    """Every task completed once (one pull request each, every answer once in the durable copy), ``victim`` by another
+    host than ``dead`` in a second attempt that kept the dead host's committed steps."""
+    assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
+    assert {uuid: s["attempt"] for uuid, s in states.items()} == {u: 2 if u == victim else 1 for u in uuids}
+    for uuid in uuids:
+        assert_once_in_the_durable_copy(fleet, uuid, STEPS + 1)
+    logs = assert_one_pull_request_each(fleet, states)
+    assert released(fleet) == {u: 2 if u == victim else 1 for u in uuids}  # the victim's taken twice
+    finisher = str(states[victim]["worker"]).split(":", 1)[0]
+    assert finisher in {host.hostname for host in fleet.hosts} - {dead.hostname}
+    before, after = logs[victim][:GATE_TURN], logs[victim][GATE_TURN:]
+    assert {line.split(" host=")[1] for line in before} == {dead.hostname}  # its steps before the kill kept
+    assert {line.split(" host=")[1] for line in after} == {finisher}
+    epochs = {epoch for _id, epoch, _record in records(fleet, victim, "messages.jsonl")}
+    assert epochs == {1, 2}  # the dead host's committed steps kept, the rest written by the new holder
+
+
+def released(fleet: Fleet) -> dict[str, int]:
+    """The epoch of every released lease, by task (a live lease is left out)."""
+    return dict(fleet.query("SELECT uuid::text, epoch FROM tasuki_leases WHERE holder IS NULL"))
 
 
 def remote_and_forge(fleet: Fleet) -> str:
@@ -228,3 +244,121 @@ def test_a_host_cut_off_or_paused_past_its_lease_then_back_keeps_running_and_wri
         assert_one_pull_request_each(fleet, states)
         fenced = [(id_, record) for id_, epoch, record in records(fleet, victim, "messages.jsonl") if epoch == 1]
         assert [(id_, record) for id_, _epoch, record in kept] == fenced  # nothing from epoch 1 after the fault
+
+
+SKEW_S = 300  # five minutes: far past the lease (4 s) and the monitor's staleness (3 s)
+
+
+def leases(fleet: Fleet) -> dict[str, tuple[int, datetime]]:
+    """Every task's lease: its epoch and when it runs out (by the database's clock)."""
+    return {uuid: (int(epoch), expires) for uuid, epoch, expires in
+            fleet.query("SELECT uuid::text, epoch, expires_at FROM tasuki_leases")}  # fmt: skip
+
+
+def reap_on(fleet: Fleet, host: Host) -> list[str]:
+    """A monitor pass on ``host`` (``tasuki reap``, under the host's clock); its output lines."""
+    done = host.run([sys.executable, "-m", "cli.main", "reap"], env=fleet.env(host), cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+def host_logs(fleet: Fleet, host: Host) -> str:
+    return "\n".join(log.read_text(errors="replace") for log in fleet.logs if log.name.startswith(f"{host.hostname}-"))
+
+
+def test_hosts_whose_clocks_are_minutes_off_take_no_live_lease_are_not_fenced_and_resume_a_dead_hosts_task(
+    tmp_path: Path,
+) -> None:
+    require_libfaketime()
+    gate = "clocks-off"
+    entries = turns(gate)
+    clocks = {"host-1": f"+{SKEW_S}", "host-2": f"-{SKEW_S}"}  # host-3 keeps time (and runs the beat)
+    with tasuki_fleet(tmp_path, entries, clocks=clocks) as fleet:
+        uuids, _, _ = a_task_on_every_host(fleet, gate)
+        ahead, behind, dead = fleet.hosts
+        held, first = fleet.holders(), leases(fleet)
+        # Every lease lives on past the end it had when its task reached the gate: each holder renews it, whatever
+        # its clock, and the database judges it by its own.
+        lease = timedelta(seconds=float(TIMINGS["TASUKI__FLEET__LEASE_S"]))
+        fleet.wait_until(
+            lambda: all(leases(fleet)[u][1] > first[u][1] + lease for u in uuids), "every lease renewed past its end"
+        )
+        # A monitor pass on the host ahead (to which every lease looks five minutes old) and on the host behind.
+        assert reap_on(fleet, ahead) == ["nothing to do"]
+        assert reap_on(fleet, behind) == ["nothing to do"]
+        assert fleet.holders() == held
+        assert {uuid: epoch for uuid, (epoch, _ends) in leases(fleet).items()} == dict.fromkeys(uuids, 1)
+
+        victim = held[dead.hostname]
+        dead.kill()  # the host that keeps time, its beat with it: only the hosts whose clocks are off are left
+        fleet.model.model.open_gate(gate)
+        fleet.wait_until(lambda: lease_expired(fleet.dsn, victim), "the dead host's lease to run out")
+        # The host behind resumes the task as soon as the database saw its lease run out; by its own clock that
+        # would be five minutes later, past this deadline.
+        resumed = fleet.wait_until(
+            lambda: [line for line in reap_on(fleet, behind) if line.startswith(f"{victim}  resume")],
+            "the host behind to resume the dead host's task",
+            timeout_s=SKEW_S / 3,
+        )
+        assert len(resumed) == 1
+        states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
+        assert_taken_over_once(fleet, uuids, states, victim, dead)  # the skewed hosts' own tasks: attempt 1, epoch 1
+        assert f"this host's clock is {SKEW_S:.1f}s ahead of Redis's" in host_logs(fleet, ahead)
+        assert f"this host's clock is {SKEW_S:.1f}s behind Redis's" in host_logs(fleet, behind)
+        for host in (ahead, behind):
+            assert "this delivery stops writing" not in host_logs(fleet, host)
+
+
+def task_log(fleet: Fleet, host: Host) -> str:
+    return (fleet.root / f"{host.hostname}-tasks.log").read_text(errors="replace")
+
+
+def deferrals(fleet: Fleet, uuid: str) -> int:
+    """How many times a delivery of ``uuid`` was deferred because the fleet's store was out of reach, on any host."""
+    deferred = "delivery deferred: the fleet's store is out of reach"
+    lines = [line for host in fleet.hosts for line in task_log(fleet, host).splitlines()]
+    return sum(1 for line in lines if deferred in line and uuid in line)
+
+
+def test_postgresql_restarted_mid_task_and_unreachable_when_tasks_start_every_task_completes_once_in_its_first_attempt(
+    tmp_path: Path,
+) -> None:
+    gate = "database-away"
+    entries = turns(gate)
+    # The lease outlasts the restart: the hosts wait for the database rather than hand their tasks back.
+    settings = {"TASUKI__FLEET__LEASE_S": "30", "TASUKI__FLEET__CONNECT_TIMEOUT_S": "1"}
+    with tasuki_fleet(tmp_path, entries, settings=settings) as fleet:
+        first, _, _ = a_task_on_every_host(fleet, gate)
+        # Restarted mid-task: stopped while every host waits for a model answer; each host's next write after it
+        # finds no database, and waits.
+        fleet.postgres.stop()
+        fleet.model.model.open_gate(gate)
+        for host in fleet.hosts:
+            fleet.wait_until(
+                lambda host=host: "fleet store unreachable; trying again" in task_log(fleet, host),
+                f"{host.hostname} waiting for the database",
+            )
+        fleet.postgres.start()
+        fleet.wait_until(lambda: ended(fleet, first), "the tasks in flight to end")
+
+        # Unreachable (its packets dropped on the storage host) when three more tasks arrive: each delivery is
+        # deferred in one line, takes and writes nothing, and is sent again until the database answers.
+        let_through = fleet.database_unreachable()
+        second = [fleet.send(fleet.issue(number, f"Log every step ({number})")) for number in (4, 5, 6)]
+        fleet.wait_until(lambda: all(deferrals(fleet, uuid) >= 2 for uuid in second), "each delivery deferred twice")
+        for host in fleet.hosts:
+            assert not [u for u in second if (host.root / "contexts" / "running" / u).exists()]
+        let_through()
+        uuids = first + second
+        states = fleet.wait_until(lambda: ended(fleet, uuids), "every task to end")
+
+        assert {uuid: s["status"] for uuid, s in states.items()} == dict.fromkeys(uuids, "completed")
+        assert {uuid: s["attempt"] for uuid, s in states.items()} == dict.fromkeys(uuids, 1)  # no attempt lost
+        assert released(fleet) == dict.fromkeys(uuids, 1)  # every lease taken once, by the one holder, released
+        for uuid in uuids:
+            assert_once_in_the_durable_copy(fleet, uuid, len(entries))
+        assert_one_pull_request_each(fleet, states)
+        for host in fleet.hosts:
+            log = task_log(fleet, host)
+            assert "handed back" not in log
+            assert only_deferrals_traced(log)

@@ -81,7 +81,7 @@ def test_a_task_whose_fleet_store_is_out_of_reach_at_start_waits_in_the_queue_an
             deferred = "delivery deferred: the fleet's store is out of reach"
             stack.wait_until(lambda: worker.log_text().count(deferred) >= 2, what="the delivery deferred twice")
             assert not (stack.contexts_dir / "running" / uuid).exists()  # nothing taken, nothing written
-            assert only_deferrals_traced(worker)
+            assert only_deferrals_traced(worker.log_text())
 
             private_postgres.start()
             state = stack.wait_finished(uuid)
@@ -115,9 +115,9 @@ def outage_mid_task(
             stack.stop()
 
 
-def only_deferrals_traced(worker: WorkerProcess) -> bool:
-    """Every traceback in the worker's log is Celery's record of a deferred delivery (no error reached the user)."""
-    tracebacks = [line for line in worker.log_text().splitlines() if "Traceback" in line]
+def only_deferrals_traced(log: str) -> bool:
+    """Every traceback in a worker's ``log`` is Celery's record of a deferred delivery (no error reached the user)."""
+    tracebacks = [line for line in log.splitlines() if "Traceback" in line]
     return all("Ignore('delivery deferred')" in line for line in tracebacks)
 
 
@@ -136,7 +136,7 @@ def test_a_store_out_of_reach_for_a_whole_lease_mid_task_hands_the_task_back_and
         state = stack.wait_finished(uuid)
         assert state["status"] == "completed", state
         assert stack.wait_until(lambda: (lease_of(dsn, uuid) or (0, ""))[0] >= 2 or None, what="a new epoch")
-        assert only_deferrals_traced(worker)
+        assert only_deferrals_traced(worker.log_text())
 
 
 def test_a_store_restarted_for_a_few_seconds_mid_task_is_waited_for_and_no_attempt_is_lost(

@@ -9,7 +9,8 @@ with tasuki_fleet(tmp_path, entries, hosts=3) as fleet:
 - ``services`` (10.77.0.2): the scripted model (replay, gates included) and the fake forge with the bare git
   remote. Both serve from this test process, on sockets opened inside that namespace.
 - ``host-1`` .. ``host-N``: each its own network, PID and UTS namespace (hostname ``host-N``), and its own
-  directories for contexts, checkouts and mirrors.
+  directories for contexts, checkouts and mirrors; ``clocks={"host-1": "+300"}`` runs every process of a host with
+  its wall clock that many seconds off (libfaketime, tests/helpers/faketime.py).
 
 The test's own thread stays in the storage namespace while the fleet runs (:func:`tasuki_fleet`), so its clients
 of PostgreSQL, Redis and Celery reach them by their addresses as any host does.
@@ -41,6 +42,7 @@ from replay.trajectory import turns_from_entries
 from tests.helpers.celery_worker import REPO_ROOT, worker_env
 from tests.helpers.context_support import wait_for
 from tests.helpers.fake_forge import FakeForge
+from tests.helpers.faketime import faketime_env
 from tests.helpers.netns import SUBNET, Host, Namespace, Network, network
 from tests.helpers.postgres import PostgresServer, free_port
 from tests.helpers.stack import make_buggy_repo
@@ -91,6 +93,8 @@ class Fleet:
     model: ReplayServer
     forge: FakeForge
     hosts: list[Host]
+    clocks: dict[str, str] = field(default_factory=dict)  # hostname -> its clock's offset in seconds ("+300")
+    settings: dict[str, str] = field(default_factory=dict)  # the test's own TASUKI__ settings over TIMINGS
     logs: list[Path] = field(default_factory=list)
 
     @property
@@ -98,10 +102,11 @@ class Fleet:
         return self.postgres.dsn(self.database)
 
     def env(self, host: Host) -> dict[str, str]:
-        """A worker's settings on ``host``: the fleet's store and broker, the host's own directories."""
+        """A worker's settings on ``host``: the fleet's store and broker, the host's own directories, and its clock
+        when it is off."""
         config = self.root / "config.yaml"
         config.write_text("")
-        return worker_env(
+        env = worker_env(
             {
                 "TASUKI_CONFIG": str(config),
                 "TASUKI__BROKER__URL": self.redis_url,
@@ -116,8 +121,11 @@ class Fleet:
                 "GITHUB_TOKEN": FORGE_TOKEN,
                 "TASUKI__SANDBOX__BACKEND": "none",  # bubblewrap's own namespaces are tested elsewhere
                 **TIMINGS,
+                **self.settings,
             }
         )
+        offset = self.clocks.get(host.hostname)
+        return env if offset is None else faketime_env(env, offset)
 
     def start_worker(self, host: Host, name: str, queues: str = "tasks", pool: str = "prefork") -> None:
         """``celery -A worker worker`` on ``host``, waited for until it answers a ping."""
@@ -221,6 +229,17 @@ class Fleet:
         ref = next((line for line in listed.stdout.splitlines() if line.split(" ", 1)[0].endswith(f"-{uuid[:8]}")), "")
         return ref.split(" ", 1)[1] if " " in ref else ""
 
+    def database_unreachable(self) -> Callable[[], None]:
+        """Drop every packet to PostgreSQL's port on the storage host (a firewall rule in its namespace, gone with it):
+        new connections time out, open ones go silent. Returns how to let them through again."""
+        rule = ["INPUT", "-p", "tcp", "--dport", str(self.postgres.port), "-j", "DROP"]
+
+        def firewall(action: str) -> None:
+            subprocess.run(self.storage.exec_args("iptables", action, *rule), check=True, timeout=30)
+
+        firewall("-I")
+        return lambda: firewall("-D")
+
     def states(self) -> dict[str, dict[str, Any]]:
         """Every context's last committed ``state.json`` in the durable copy, by UUID."""
         return {str(uuid): state for uuid, state in self.query("SELECT uuid, state FROM tasuki_contexts")}
@@ -283,9 +302,17 @@ def _pings(client: redis.Redis) -> bool:
 
 
 @contextlib.contextmanager
-def tasuki_fleet(root: Path, entries: list[dict[str, Any]], hosts: int = 3) -> Iterator[Fleet]:
-    """The storage host, the services host and ``hosts`` worker hosts; every process and namespace is gone after,
-    whatever happened inside."""
+def tasuki_fleet(
+    root: Path,
+    entries: list[dict[str, Any]],
+    hosts: int = 3,
+    *,
+    clocks: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
+) -> Iterator[Fleet]:
+    """The storage host, the services host and ``hosts`` worker hosts (``clocks``: hostname -> its clock's offset;
+    ``settings``: TASUKI__ variables over :data:`TIMINGS`); every process and namespace is gone after, whatever
+    happened inside."""
     with network(root) as net, contextlib.ExitStack() as stack:
         storage, services = net.namespace("storage"), net.namespace("services")
         stack.enter_context(storage.entered())  # this thread is a client on the storage host from here on
@@ -300,4 +327,7 @@ def tasuki_fleet(root: Path, entries: list[dict[str, Any]], hosts: int = 3) -> I
         workers = [net.host(f"host-{n}") for n in range(1, hosts + 1)]
         for host in workers:  # the hosts die before the services they use stop
             stack.callback(host.shutdown)
-        yield Fleet(root, net, storage, services, postgres, database, redis_url, model, forge, workers)
+        yield Fleet(
+            root, net, storage, services, postgres, database, redis_url, model, forge, workers,
+            clocks=dict(clocks or {}), settings=dict(settings or {}),
+        )
