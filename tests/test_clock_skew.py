@@ -5,16 +5,23 @@ resumed as soon as its heartbeat is stale by Redis's clock, not two minutes late
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import uuid as uuid_module
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.helpers.beat_process import BeatProcess
-from tests.helpers.celery_worker import WorkerProcess
+from tests.helpers.celery_worker import REPO_ROOT, WorkerProcess, worker_env
 from tests.helpers.faketime import faketime_env, require_libfaketime
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import running_stack, worker_logs
 from tests.test_monitor_chaos import MONITOR_ENV, assert_one_history, mid_task_on, sleepy_turns
+from worker.names import TASKS_QUEUE
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +79,28 @@ def test_skewed_clocks_fail_no_healthy_task_and_a_dead_workers_task_resumes_prom
     assert "lock taken over" not in logs
     assert "this host's clock is 120.0s behind Redis's" in logs  # each skewed process said so at start
     assert "this host's clock is 120.0s ahead of Redis's" in logs
+
+
+def test_a_delivery_sent_again_from_a_host_minutes_ahead_is_due_by_redis_clock_not_its_own(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """A deferred or handed-back delivery is sent again with a delay; a worker runs it once the message's ``eta``
+    has passed by its own clock. Stamped with the sender's clock, a retry sent from a host five minutes ahead waited
+    five minutes on every host that keeps time; stamped with Redis's, it is due when it should be."""
+    require_libfaketime()
+    uuid, delay_s = str(uuid_module.uuid4()), 60
+    config = tmp_path / "config.yaml"
+    config.write_text("")
+    env = faketime_env(worker_env({"TASUKI_CONFIG": str(config), "TASUKI__BROKER__URL": redis_url}), f"+{SKEW}")
+    send = (
+        "import sys; from worker.runtime import CLOCK, redis_client; from worker.tasks import requeue; "
+        "CLOCK.measure(redis_client()); requeue(sys.argv[1], {'task_key': {}, 'user': 'u'}, float(sys.argv[2]))"
+    )
+    done = subprocess.run([sys.executable, "-c", send, uuid, str(delay_s)], env=env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    headers = [json.loads(raw)["headers"] for raw in redis_client.lrange(TASKS_QUEUE, 0, -1)]
+    eta = next(h["eta"] for h in headers if h["id"] == uuid)
+    seconds, micros = redis_client.time()
+    due_in = datetime.fromisoformat(eta).timestamp() - (seconds + micros / 1e6)
+    assert 0 < due_in <= delay_s  # by the sender's own clock it would be due in delay_s + SKEW

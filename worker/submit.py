@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid as uuid_module
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -37,12 +38,12 @@ class Enqueued:
     already_active: bool
 
 
-def send_run_task(app: Any, uuid: str, request: dict[str, Any], *, countdown_s: float | None = None) -> None:
+def send_run_task(app: Any, uuid: str, request: dict[str, Any], *, eta: datetime | None = None) -> None:
     """Put ``tasuki.run_task(uuid, request)`` on the tasks queue under its UUID through Celery (the monitor, a
-    hand-back, the demo), with the arguments ``run_task_arguments`` makes. Submissions go through ``enqueue``,
-    which pushes the same message itself."""
+    hand-back, the demo), with the arguments ``run_task_arguments`` makes; not to run before ``eta``. Submissions go
+    through ``enqueue``, which pushes the same message itself."""
     args, shown = run_task_arguments(uuid, request)
-    app.send_task(RUN_TASK, args=args, task_id=uuid, queue=TASKS_QUEUE, countdown=countdown_s or None, **shown)
+    app.send_task(RUN_TASK, args=args, task_id=uuid, queue=TASKS_QUEUE, eta=eta, **shown)
 
 
 def run_task_admission(

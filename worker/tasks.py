@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from itertools import takewhile
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ from worker.names import (
 from worker.prompts import summarizer_messages
 from worker.remembering import first_prompt_memory, task_recall
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
-from worker.runtime import context_store, provider_for, redis_client, settings, unindex
+from worker.runtime import CLOCK, context_store, provider_for, redis_client, settings, unindex
 from worker.submit import send_run_task
 from worker.user_config import resolve_llm_config
 
@@ -150,8 +151,13 @@ def stop_recorded(uuid: str) -> dict[str, Any] | None:
 
 def requeue(uuid: str, request: dict[str, Any], countdown_s: float) -> None:
     """Send the task again under its UUID: the baton goes to the next free worker (this one is stopping, or
-    the lock of a killed holder must go stale first).  A duplicate is harmless: the lock drops it."""
-    send_run_task(app, uuid, request, countdown_s=countdown_s)
+    the lock of a killed holder must go stale first).  A duplicate is harmless: the lock drops it.
+
+    Not before ``countdown_s`` from now by Redis's clock: Celery would stamp a ``countdown`` with this host's clock,
+    and every worker judges the stamp by its own, so a retry sent from a host minutes ahead waited minutes on a host
+    that keeps time."""
+    eta = CLOCK() + timedelta(seconds=countdown_s) if countdown_s > 0 else None
+    send_run_task(app, uuid, request, eta=eta)
     log.info("task requeued", countdown_s=countdown_s)
 
 
