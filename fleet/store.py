@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 import psycopg
 import psycopg_pool
 import structlog
+from psycopg.conninfo import conninfo_to_dict
 
 from contexts.masking import mask
 from fleet import lease, schema
@@ -29,13 +30,21 @@ POOL_MAX = 4  # a worker process: its task's writes, its heartbeat's renewals, a
 CHECKED_RECENTLY_S = 1.0
 
 
-def connection_limits(timeout_s: float) -> dict[str, int]:
-    """libpq's limits, each ``timeout_s``: on connecting, and on a connection whose server went silent (its host cut
-    off, its packets dropped): what was sent and not acknowledged for ``timeout_s`` (``tcp_user_timeout``), or no
-    answer to keepalive probes after ``timeout_s`` idle, ends the connection. Without them a query, or the pool's
-    check of an idle connection, waits for the kernel's retransmissions (about 15 minutes) instead of raising: the
-    heartbeat, a step's commit and a delivery that should be deferred hung past the lease."""
+def connection_limits(url: str, timeout_s: float, lease_s: float) -> dict[str, int | str]:
+    """libpq's limits, each ``timeout_s``: on connecting, and on a connection whose other end went silent (a host cut
+    off, packets dropped). What was sent and not acknowledged for ``timeout_s`` (``tcp_user_timeout``), or no answer
+    to keepalive probes after ``timeout_s`` idle, ends the connection, on this side and, through the session's
+    ``options``, on the server's. Without them a query, or the pool's check of an idle connection, waited for the
+    kernel's retransmissions (about 15 minutes): a heartbeat, a commit or a delivery to be deferred hung past the lease;
+    and the server kept the session of a holder cut off inside a transaction (a renewal whose answer or COMMIT was
+    lost) for hours, its row lock on the lease with it, so that no host could take the task over. A session idle in
+    a transaction for ``lease_s`` is ended too, as an effect's hold already was (``fleet/durable.py``)."""
     seconds = max(1, round(timeout_s))
+    server = (
+        f"-c tcp_user_timeout={seconds * 1000} -c tcp_keepalives_idle={seconds} -c tcp_keepalives_interval=1 "
+        f"-c tcp_keepalives_count=3 -c idle_in_transaction_session_timeout={max(1, round(lease_s * 1000))}"
+    )
+    own = conninfo_to_dict(url).get("options")
     return {
         "connect_timeout": seconds,
         "tcp_user_timeout": seconds * 1000,
@@ -43,6 +52,7 @@ def connection_limits(timeout_s: float) -> dict[str, int]:
         "keepalives_idle": seconds,
         "keepalives_interval": 1,
         "keepalives_count": 3,
+        "options": f"{own} {server}" if own else server,
     }
 
 
@@ -76,7 +86,7 @@ class FleetStore:
                 open=False,
                 timeout=self.connect_timeout_s,
                 check=self._check,  # a restarted server leaves dead connections
-                kwargs=connection_limits(self.connect_timeout_s),
+                kwargs=connection_limits(self.url, self.connect_timeout_s, self.lease_s),
                 name="tasuki-fleet",
             )
             try:

@@ -81,6 +81,34 @@ def test_an_expired_lease_renewed_before_anyone_took_it_stays_with_its_holder(fl
     assert fleet.take(task, "host-b:2") is None
 
 
+def test_a_holder_gone_silent_inside_a_renewal_keeps_its_taker_out_for_one_lease_at_most(fleet_dsn: str) -> None:
+    """A renewal whose COMMIT never comes (its host cut off once the UPDATE reached the server) holds the lease's row
+    lock; the server ends the session once it has idled in its transaction for the holder's ``lease_s``, the renewal
+    is rolled back, and the taker goes on (before, the session and its lock stayed until the server's keepalives
+    gave up, hours later, and no host could take the task)."""
+    task = new_uuid()
+    with FleetStore(fleet_dsn, lease_s=1) as holder, FleetStore(fleet_dsn, lease_s=60) as taker:
+        assert holder.take(task, "host-a:1", lease_s=0.1) == 1
+        wait_for(lambda: expired_by_the_database(taker, task), timeout=30, what="the lease to expire by the database")
+        taken: list[int | None] = []
+        with pytest.raises(FleetUnavailable):  # its COMMIT, at last, finds the session ended
+            take_while_a_renewal_waits_for_its_commit(holder, taker, task, taken)
+        assert taken == [2]
+        assert not holder.renew(task, 1, "host-a:1")  # its renewal never landed, and its epoch is gone
+
+
+def take_while_a_renewal_waits_for_its_commit(
+    holder: FleetStore, taker: FleetStore, task: str, taken: list[int | None]
+) -> None:
+    """The holder's renewal of epoch 1, uncommitted while another host tries to take the task."""
+    with holder.connection() as conn:
+        renewal = "UPDATE tasuki_leases SET expires_at = now() + interval '1 hour' WHERE uuid = %s AND epoch = 1"
+        conn.execute(renewal, (task,))
+        thread = threading.Thread(target=lambda: taken.append(taker.take(task, "host-b:2")))
+        thread.start()
+        thread.join(timeout=60)  # the server ends the holder's session after lease_s; the taker is let in
+
+
 def test_concurrent_takers_get_one_winner_per_round_and_epochs_that_only_grow(fleet_dsn: str) -> None:
     task, takers, rounds = new_uuid(), 6, 15
     stores = [FleetStore(fleet_dsn) for _ in range(takers)]
