@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,6 +100,16 @@ class DurableCopy(Protocol):
         """Contexts whose lease ran out without a release, by the store's clock (their holder is lost, wherever it
         ran), oldest first and at most ``limit``; those in a final status are not among them (one host: none)."""
 
+    def ended_before(self, before: datetime, limit: int = 10_000) -> list[tuple[str, datetime]]:
+        """``(uuid, completed_at)`` of the contexts in a final status, whichever host ran them, whose copy was last
+        written before ``before`` (by the store's clock), oldest first and at most ``limit``: what retention may
+        :meth:`forget` once ``completed_at`` is old enough (one host: none)."""
+
+    def forget(self, uuid: str) -> bool:
+        """Delete the context's durable copy (its lines, its lease and its checkpoint with it) in one transaction,
+        only while its committed status is final (never a task still running); True when the copy has it no more
+        (forgotten now or before), False when it refused. One host keeps no copy: True."""
+
 
 Amendment = Callable[[dict[str, Any]], Mapping[str, Any] | None]
 """What :meth:`DurableCopy.amend` does to a committed state: the state to write, or None to write nothing."""
@@ -152,6 +163,12 @@ class _OneHost:
 
     def expired(self, limit: int = 1000) -> list[str]:
         return []  # no leases: the .lock and the heartbeat index find lost holders
+
+    def ended_before(self, before: datetime, limit: int = 10_000) -> list[tuple[str, datetime]]:
+        return []  # the directories are every context there is: retention reads them
+
+    def forget(self, uuid: str) -> bool:
+        return True  # nothing kept beside the directory
 
 
 NO_WRITER: DurableWriter = _NoWriter()

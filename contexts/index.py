@@ -88,8 +88,9 @@ class Index(Protocol):
     def set_status(self, uuid: str, status: str, *, steps: int, tokens: int) -> None:
         """A running context's new status (and its progress so far); a no-op once it is completed."""
 
-    def forget(self, uuid: str) -> None:
-        """Drop a deleted context's row."""
+    def forget(self, uuid: str, *, anywhere: bool = False) -> None:
+        """Drop a deleted context's row: this host's (another host may hold the context now), or, ``anywhere``,
+        whichever host wrote it (a context retention forgot from the fleet's durable copy)."""
 
     def reconcile(self, *, everything: bool = False) -> int:
         """Re-read this host's contexts whose rows may be stale after a crash; how many were re-read."""
@@ -278,8 +279,8 @@ class ContextIndex:
 
         self._attempt(update)
 
-    def forget(self, uuid: str) -> None:
-        """Drop a deleted context's row."""
+    def forget(self, uuid: str, *, anywhere: bool = False) -> None:
+        """Drop a deleted context's row (one host: every row is this host's, ``anywhere`` or not)."""
 
         def delete() -> None:
             with self._write() as db:

@@ -15,12 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
 from contexts.atomic import fsync_dir, write_json_atomic
+from contexts.clock import parse_iso
 from contexts.durable import Amendment, Committed
 from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
 from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
@@ -106,6 +108,21 @@ _CREATE = """
 INSERT INTO tasuki_contexts (uuid, metadata, state, epoch) VALUES (%(uuid)s, %(metadata)s::jsonb, %(state)s::jsonb, 0)
 ON CONFLICT (uuid) DO NOTHING
 RETURNING uuid"""
+
+# Finished contexts (whichever host ran them) whose copy was last written before a bound: retention's candidates.
+_ENDED_BEFORE = """
+SELECT uuid::text, state->>'completed_at', updated_at FROM tasuki_contexts
+WHERE updated_at < %(before)s AND coalesce(state->>'status', '') = ANY(%(final)s)
+ORDER BY updated_at LIMIT %(limit)s"""
+
+# Retention's delete: the context's row locked against every writer, and gone only while its status is final (its
+# lines go with it, ON DELETE CASCADE); its lease and its checkpoint in the same transaction.
+_LOCK_STATUS = "SELECT coalesce(state->>'status', '') FROM tasuki_contexts WHERE uuid = %s FOR UPDATE"
+_FORGET = (
+    "DELETE FROM tasuki_contexts WHERE uuid = %s",
+    "DELETE FROM tasuki_leases WHERE uuid = %s",
+    "DELETE FROM tasuki_checkpoints WHERE uuid = %s",
+)
 
 _COMMITTED = """
 SELECT c.metadata, c.state, l.holder, l.epoch, l.holder IS NOT NULL AND l.expires_at > now()
@@ -349,6 +366,27 @@ class PostgresCopy:
             found = conn.execute(_EXPIRED, {"final": sorted(FINAL_STATUSES), "limit": limit}).fetchall()
         return [str(row[0]) for row in found]
 
+    def ended_before(self, before: datetime, limit: int = 10_000) -> list[tuple[str, datetime]]:
+        """Finished contexts of every host whose copy was last written before ``before`` by the database's clock,
+        oldest first, each with its ``completed_at`` (the last write's time when the state has none readable)."""
+        with self.store.connection() as conn:
+            rows = conn.execute(
+                _ENDED_BEFORE, {"before": before, "final": sorted(FINAL_STATUSES), "limit": limit}
+            ).fetchall()
+        return [(str(uuid), _moment(completed_at, updated_at)) for uuid, completed_at, updated_at in rows]
+
+    def forget(self, uuid: str) -> bool:
+        """Delete the context's copy, lease and checkpoint in one transaction, only when its status is final."""
+        with self.store.connection() as conn:
+            row = conn.execute(_LOCK_STATUS, (uuid,)).fetchone()
+            if row is None:
+                return True  # forgotten before (another host's pass), or never copied
+            if row[0] not in FINAL_STATUSES:
+                return False
+            for statement in _FORGET:
+                conn.execute(statement, (uuid,))
+        return True
+
     def rebuild(self, uuid: str, directory: Path) -> None:
         """Write the context's files into ``directory`` (created 0700 if missing) as its committed steps left them:
         the same names and schemas as on the host that wrote them (SPEC §3), each JSONL line byte for byte."""
@@ -368,6 +406,14 @@ class PostgresCopy:
         for name, text in lines.items():
             _write_lines(directory / name, text)
         fsync_dir(directory)
+
+
+def _moment(text: str | None, fallback: datetime) -> datetime:
+    """``completed_at`` as the state wrote it, or ``fallback`` when it is missing or unreadable."""
+    try:
+        return parse_iso(text) if text else fallback
+    except ValueError:
+        return fallback
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

@@ -152,10 +152,12 @@ class PostgresIndex:
         elif not any((self.root / location / directory.name).is_dir() for location in (RUNNING_DIR, COMPLETED_DIR)):
             self._forget(conn, directory.name)
 
-    def _forget(self, conn: Conn, uuid: str) -> None:
-        # Only this host's row: another host may hold the context now (its row names that host).
-        conn.execute("DELETE FROM tasuki_index WHERE uuid = %s AND host = %s", (uuid, self.host))
-        conn.execute("DELETE FROM tasuki_index_damaged WHERE uuid = %s AND host = %s", (uuid, self.host))
+    def _forget(self, conn: Conn, uuid: str, *, anywhere: bool = False) -> None:
+        # Only this host's row unless told: another host may hold the context now (its row names that host).
+        mine = "" if anywhere else " AND host = %s"
+        params = (uuid,) if anywhere else (uuid, self.host)
+        conn.execute("DELETE FROM tasuki_index WHERE uuid = %s" + mine, params)  # noqa: S608 - a constant clause
+        conn.execute("DELETE FROM tasuki_index_damaged WHERE uuid = %s" + mine, params)  # noqa: S608
 
     def set_status(self, uuid: str, status: str, *, steps: int, tokens: int) -> None:
         """A running context's new status (and its progress so far); a no-op once it is completed."""
@@ -167,9 +169,10 @@ class PostgresIndex:
             )
         )
 
-    def forget(self, uuid: str) -> None:
-        """Drop a deleted context's row."""
-        self._run(lambda conn: self._forget(conn, uuid))
+    def forget(self, uuid: str, *, anywhere: bool = False) -> None:
+        """Drop a deleted context's row: this host's, or, ``anywhere``, whichever host wrote it (a context whose
+        durable copy retention forgot: no host holds it any more)."""
+        self._run(lambda conn: self._forget(conn, uuid, anywhere=anywhere))
 
     def reconcile(self, *, everything: bool = False) -> int:
         """Re-read this host's contexts whose rows may be stale (see :meth:`ContextIndex.reconcile`)."""

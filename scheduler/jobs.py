@@ -115,8 +115,9 @@ def format_reap(outcomes: list[Outcome], *, dry_run: bool = False) -> list[str]:
 
 
 def retention(dry_run: bool = False) -> list[RetentionAction]:
-    """``tasuki retention``: gzip and delete old completed contexts (a full repair pass goes first), and prune
-    memory's episodes older than memory.prune_after_days."""
+    """``tasuki retention``: gzip and delete old completed contexts (a full repair pass goes first), in fleet mode
+    forget old finished contexts of every host from the fleet's store, and prune memory's episodes older than
+    memory.prune_after_days."""
     s = settings()
     now = utc_now()
     if not dry_run:
@@ -134,8 +135,10 @@ def retention(dry_run: bool = False) -> list[RetentionAction]:
 
 
 def format_retention(actions: list[RetentionAction], *, dry_run: bool = False) -> list[str]:
-    """One line per context: ``UUID  gzip|delete  completed AT``."""
+    """One line per context: ``UUID  gzip|delete|forget  (completed AT)``; forget: the fleet's durable copy and
+    index row of a context whose directory is on another host."""
     if not actions:
         return ["nothing to do"]
     verb = "would " if dry_run else ""
-    return [f"{a.uuid}  {verb}{a.action}  (completed {iso(a.completed_at)})" for a in actions]
+    where = {"forget": "; its directory is not on this host"}
+    return [f"{a.uuid}  {verb}{a.action}  (completed {iso(a.completed_at)}{where.get(a.action, '')})" for a in actions]

@@ -21,9 +21,9 @@ def reap_stale() -> dict[str, int]:
 
 @app.task(name=RETENTION, ignore_result=True)
 def retention() -> dict[str, int]:
-    """Daily: a deep repair pass, then gzip and delete old completed contexts."""
+    """Daily: a deep repair pass, then gzip and delete old completed contexts (fleet mode: forget every host's)."""
     actions = jobs.retention()
-    return {kind: sum(a.action == kind for a in actions) for kind in ("gzip", "delete")}
+    return {kind: sum(a.action == kind for a in actions) for kind in ("gzip", "delete", "forget")}
 
 
 @app.task(name=ALERTS, ignore_result=True)

@@ -19,6 +19,7 @@ import pytest
 from contexts.context import Context
 from contexts.store import ContextStore
 from fleet.durable import PostgresCopy
+from fleet.index import PostgresIndex
 from fleet.store import FleetStore
 
 HostFactory = Callable[..., ContextStore]
@@ -26,12 +27,15 @@ HostFactory = Callable[..., ContextStore]
 
 @pytest.fixture
 def host(tmp_path: Path, fleet_dsn: str) -> Iterator[HostFactory]:
-    """``host("a")``: a context store of its own directory and hostname on the test's database."""
+    """``host("a")``: a context store of its own directory and hostname on the test's database; ``indexed=True``:
+    its index in that database too (fleet/index.py), as ``tasuki`` on a fleet host has it."""
     stores: list[FleetStore] = []
 
-    def make(name: str, lease_s: float = 60, **options: Any) -> ContextStore:
+    def make(name: str, lease_s: float = 60, *, indexed: bool = False, **options: Any) -> ContextStore:
         fleet = FleetStore(fleet_dsn, lease_s=lease_s)
         stores.append(fleet)
+        if indexed:
+            options["index"] = lambda root: PostgresIndex(fleet, root, host=f"host-{name}")
         return ContextStore(
             tmp_path / name / "contexts", hostname=f"host-{name}", fsync="never", durable=PostgresCopy(fleet), **options
         )
