@@ -6,6 +6,7 @@ show`` and ``retention --dry-run`` run as subprocesses, as an operator runs them
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from contexts.context import Context
 from contexts.retention import apply_retention
 from contexts.state import update_state
 from contexts.store import ContextStore
+from fleet.durable import PostgresCopy
+from fleet.store import FleetStore
 from tests.helpers.cli_process import one_line_error
 from tests.helpers.context_support import CONFIG, TASK_KEY
 from tests.helpers.fleet_hosts import HostFactory, host_cli, one_step
@@ -133,3 +136,28 @@ def test_the_durable_copy_refuses_to_forget_a_task_not_finished(host: HostFactor
     assert a.durable.forget(running.uuid) is True
     assert kept(fleet_dsn, running.uuid)["tasuki_contexts"] == 0
     assert a.durable.forget(running.uuid) is True  # forgotten before: nothing to do
+
+
+def test_a_copy_not_forgotten_while_the_store_was_out_of_reach_goes_on_the_next_pass(
+    host: HostFactory, fleet_dsn: str
+) -> None:
+    a = host("a", indexed=True)
+    old = finished(a)
+    age(a, old.uuid, fleet_dsn, 40)
+    with socket.socket() as probe:  # a port nothing listens on: the database out of reach
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"postgresql://postgres@127.0.0.1:{probe.getsockname()[1]}/tasuki"
+    cut_off = FleetStore(nowhere, connect_timeout_s=1, open=False)
+    try:
+        alone = ContextStore(a.base_dir, hostname="host-a", fsync="never", durable=PostgresCopy(cut_off))
+        done = apply_retention(alone, utc_now(), GZIP_DAYS, DELETE_DAYS)
+    finally:
+        cut_off.close()
+    assert [(x.uuid, x.action) for x in done] == [(old.uuid, "delete")]
+    assert not a.completed_path(old.uuid).exists()  # the host's disk is freed all the same
+    assert kept(fleet_dsn, old.uuid)["tasuki_contexts"] == 1
+    assert a.durable.knows(old.uuid)
+
+    again = apply_retention(a, utc_now(), GZIP_DAYS, DELETE_DAYS)
+    assert [(x.uuid, x.action) for x in again] == [(old.uuid, "forget")]
+    assert kept(fleet_dsn, old.uuid) == dict.fromkeys(kept(fleet_dsn, old.uuid), 0)
