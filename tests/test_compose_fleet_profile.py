@@ -18,6 +18,7 @@ import pytest
 
 from tests.helpers.ci import cannot_run
 from tests.helpers.compose_fleet import (
+    BUSY_DEADLINE_S,
     TEST_TIMINGS,
     Fleet,
     assert_each_step_once,
@@ -29,7 +30,6 @@ from tests.helpers.compose_fleet import (
 from tests.helpers.docker_host import DockerUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.compose, pytest.mark.timeout(1200)]
-BUSY_DEADLINE_S = 600
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import pytest
 
 from tests.helpers.ci import cannot_run
 from tests.helpers.compose_fleet import (
+    BUSY_DEADLINE_S,
     FLOWER_AUTH,
     GITHUB_SECRET,
     OWNER,
@@ -36,9 +37,7 @@ from tests.helpers.compose_fleet import (
 from tests.helpers.deliveries import github_delivery, load_payload
 from tests.helpers.docker_host import DockerUnavailable
 
-# Deadlines, not timings: a stack of eight containers on a busy 2-core machine took over 300 s to come up.
 pytestmark = [pytest.mark.integration, pytest.mark.compose, pytest.mark.timeout(1200)]
-BUSY_DEADLINE_S = 600
 
 
 @pytest.fixture(scope="module")
