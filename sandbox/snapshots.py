@@ -253,15 +253,10 @@ class SnapshotStore:
         """Wait (at most SPARE_WAIT_S) for a spare of ``key`` that another thread or process is making: it began
         first, so it is ready sooner than a copy begun now, and two copies at once would slow each other down.
         Whether one was being made and its maker is done."""
-        lock = self._lock(key, SPARE_LOCK)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            pass
-        else:
-            lock.release()
+        if not self._locked(key, SPARE_LOCK):
             # Nobody is making one now; a maker that finished after the claim was tried left it in place.
             return (self.root / SPARES / key).is_dir()
+        lock = self._lock(key, SPARE_LOCK)
         try:
             lock.acquire(timeout=SPARE_WAIT_S)
         except filelock.Timeout:
