@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
-from sandbox import envfiles
+from sandbox import envfiles, layers
 from sandbox.settings import SandboxLimits, SandboxSettings
 from sandbox.toolchains import agent_path, toolchain_binds, toolchain_environment, worker_path
 
@@ -154,6 +154,7 @@ class Bubblewrap:
     def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
         self.network = settings.network
         self.egress: Path | None = None  # the task's egress proxy socket on the host
+        self.layers_writable = True  # a task's environment layers (sandbox.layers): writable, or a service's view
         # Tasuki's own virtualenv is neither on the agent's PATH nor bound (sandbox.toolchains).
         entries = agent_path(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
         self.read_only = tool_dirs(entries) + toolchain_binds(entries)
@@ -168,7 +169,10 @@ class Bubblewrap:
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
         # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
         # and the task's home is bound over it at HOME (the same path in every call and every task).
-        options += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
+        # A task whose environment was restored by layers (sandbox.layers) gets them mounted by a helper first.
+        layered = layers.layers_of(home)
+        options += ["--proc", "/proc", *(layers.bwrap_options(layered) if layered else ["--dev", "/dev"])]
+        options += ["--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
@@ -182,6 +186,8 @@ class Bubblewrap:
             for name, value in EGRESS_ENV.items():
                 options += ["--setenv", name, value]
             argv = ["bash", "-c", _BRIDGE, "tasuki-egress", *argv]
+        if layered:
+            argv = layers.helper_argv(layered, WORKSPACE, HOME, argv, writable=self.layers_writable)
         options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
         return [*options, *argv], checkout
 

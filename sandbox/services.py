@@ -44,7 +44,7 @@ from pydantic import TypeAdapter, ValidationError
 from contexts.errors import TasukiError
 from contexts.masking import mask
 from sandbox import envfiles
-from sandbox.jail import SANDBOXES, WORKSPACE, Sandbox
+from sandbox.jail import SANDBOXES, WORKSPACE, Bubblewrap, Sandbox
 from sandbox.settings import EnvironmentsSettings, SandboxSettings, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -119,6 +119,8 @@ class ServiceJail:
 
     def __init__(self, settings: SandboxSettings, checkout: Path, home: Path) -> None:
         self.sandbox: Sandbox = SANDBOXES[settings.backend](settings.model_copy(update={"network": "none"}))
+        if isinstance(self.sandbox, Bubblewrap):
+            self.sandbox.layers_writable = False  # the environment as the task's commands left it, read-only
         self.checkout, self.home = checkout, home
         self.home_inside = self.sandbox.home_inside(home)
 

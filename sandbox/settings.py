@@ -97,6 +97,10 @@ class EnvironmentsSettings(Section):
     """Days a snapshot is kept unused before the hourly sweep deletes it."""
     max_snapshot_bytes: PositiveInt = 4 * GiB
     """A larger environment is not kept as a snapshot (the task still uses it)."""
+    restore: Literal["auto", "layers", "copy"] = "auto"
+    """How a snapshot is restored: layers (its directories seen through overlayfs in the sandbox, nothing copied,
+    docs/environments.md "Layers"), copy (a private copy, or the key's spare moved into place), or auto: layers where
+    this host's probe says they work, else copy."""
     max_spares_bytes: Annotated[int, Field(ge=0)] = 8 * GiB
     """Disk (apparent size) all of this host's spares may take together (ready copies of snapshots that make a restore
     a few renames, docs/environments.md "Spares"): one that would go over is not made, the sweep drops the oldest

@@ -50,6 +50,7 @@ from pathlib import Path
 import filelock
 
 from contexts.errors import BAD_DATA_ERRORS
+from sandbox import layers
 from sandbox.snapshot_files import (
     SnapshotError,
     bytes_under,
@@ -220,6 +221,21 @@ class SnapshotStore:
         if checkout is not None:
             copy_entries(snapshot.checkout, checkout)
         return False
+
+    def lay(self, snapshot: Snapshot, home: Path, checkout: Path, *, now: float | None = None) -> tuple[str, ...]:
+        """Restore by layers (``sandbox.layers``): the task's commands see the snapshot's directories of the checkout
+        through overlays, nothing of them copied; its home, and any file it holds of the checkout, are copied. The
+        paths layered."""
+        try:
+            _touch(snapshot.path / LAST_USED, now)
+        except OSError as exc:
+            raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
+        copy_entries(snapshot.home, home)
+        layered = layers.lay(home, checkout, snapshot.checkout, snapshot.paths)
+        copied = [path for path in snapshot.paths if path not in layered]
+        if copied:
+            copy_paths(snapshot.checkout, copied, checkout)
+        return layered
 
     def _use_spare(self, snapshot: Snapshot, home: Path, checkout: Path) -> bool:
         """Claim the key's spare (a rename: of two restores, one wins) and move it into place; False when there is

@@ -138,3 +138,14 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
         return load_settings(config_path=empty_config, env={**base, **(env or {})})
 
     return make
+
+
+@pytest.fixture
+def copy_settings(make_settings: Callable[..., Settings]) -> Callable[..., Settings]:
+    """:func:`make_settings` with environments restored by copy (``environments.restore: copy``), for tests of what
+    only copies have: spares, and the environment a warm copy keeps for its next task."""
+
+    def make(env: Mapping[str, str] | None = None) -> Settings:
+        return make_settings({"TASUKI__ENVIRONMENTS__RESTORE": "copy", **(env or {})})
+
+    return make

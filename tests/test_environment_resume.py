@@ -4,6 +4,7 @@ key the task began with (whatever the agent changed since), and without bubblewr
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
-from sandbox.jail import Bubblewrap, probe
+from sandbox.jail import Bubblewrap, make_sandbox, probe
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import cannot_run
 from tests.helpers.stack import git, make_buggy_repo
@@ -48,10 +49,18 @@ def checkout_for(settings: Settings, remote: Path, name: str) -> Checkout:
     return checkout
 
 
+def inside(settings: Settings, checkout: Checkout, path: str) -> str:
+    """The file at ``path`` of the checkout as the task's commands see it (a restore by layers copies nothing)."""
+    sandbox = make_sandbox(settings.sandbox, read_only=checkout.shared_paths)
+    argv, cwd = sandbox.command(["cat", path], checkout.path, checkout.home)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.mark.parametrize("restore", ["layers", "copy"])
 def test_a_resume_keeps_its_home_here_and_restores_its_first_key_elsewhere(
-    tmp_path: Path, make_settings: Callable[..., Settings]
+    tmp_path: Path, make_settings: Callable[..., Settings], restore: str
 ) -> None:
-    settings = make_settings()
+    settings = make_settings({"TASUKI__ENVIRONMENTS__RESTORE": restore})
     remote = repo(tmp_path)
     store = ContextStore(settings.contexts.base_dir, fsync="never")
     ctx = store.create(TASK_KEY, {})
@@ -77,9 +86,11 @@ def test_a_resume_keeps_its_home_here_and_restores_its_first_key_elsewhere(
     restored = environment.prepare(ctx, elsewhere)
     assert restored.outcome == "restored"
     assert restored.key == first.key
-    assert (elsewhere.path / ".venv" / "marker").read_text() == "built\n"
+    assert inside(settings, elsewhere, ".venv/marker") == "built\n"
     assert (elsewhere.home / ".cache" / "x").read_text() == "cached\n"
     assert restored.created == (".venv/",)
+    again = environment.prepare(ctx, elsewhere)  # and a resume there keeps it, layers or copy
+    assert (again.outcome, inside(settings, elsewhere, ".venv/marker")) == ("kept", "built\n")
     elsewhere.release()
     ctx.release()
 
@@ -124,14 +135,15 @@ def test_a_declaration_that_cannot_be_read_is_told_and_nothing_runs(
     ctx.release()
 
 
+@pytest.mark.parametrize("restore", ["layers", "copy"])
 def test_a_restore_cut_short_is_restored_whole_at_the_resume_and_still_never_committed(
-    tmp_path: Path, make_settings: Callable[..., Settings]
+    tmp_path: Path, make_settings: Callable[..., Settings], restore: str
 ) -> None:
     """A worker killed mid-restore leaves part of the snapshot's files in the checkout and home, some of them torn,
     and no marker (it is written once the environment is whole). The resume on this host restores over them: the
     environment is whole again, and what the restore made is still excluded from the commit, although git saw it
     before the resume's restore began."""
-    settings = make_settings()
+    settings = make_settings({"TASUKI__ENVIRONMENTS__RESTORE": restore})
     remote = repo(tmp_path)
     store = ContextStore(settings.contexts.base_dir, fsync="never")
     environment = TaskEnvironment(settings, str(remote))
@@ -154,7 +166,7 @@ def test_a_restore_cut_short_is_restored_whole_at_the_resume_and_still_never_com
     resumed = environment.prepare(ctx, cut)
     assert resumed.outcome == "restored"
     assert resumed.key == built.key
-    assert (cut.path / ".venv" / "marker").read_text() == "built\n"
+    assert inside(settings, cut, ".venv/marker") == "built\n"
     assert (cut.home / ".cache" / "x").read_text() == "cached\n"
     assert resumed.created == (".venv/",)
     assert ".venv" not in cut.git("status", "--porcelain")  # excluded: never committed

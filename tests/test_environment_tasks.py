@@ -120,12 +120,16 @@ def first_user_message(directory: Path) -> str:
     return next(r["content"] for r in read_jsonl_lines(directory / "messages.jsonl") if r["role"] == "user")
 
 
+@pytest.mark.parametrize("restore", ["layers", "copy"])
 def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
-    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex, restore: str
 ) -> None:
     repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
+    how = {"TASUKI__ENVIRONMENTS__RESTORE": restore}
 
-    first, first_dir, _ = run_task(make_settings, repo, [IMPORT, "echo 'def add(a, b):\n    return a + b' > calc.py"])
+    first, first_dir, _ = run_task(
+        make_settings, repo, [IMPORT, "echo 'def add(a, b):\n    return a + b' > calc.py"], how
+    )
     assert first["status"] == "completed", first
     built = setup_record(first_dir)
     assert built["result"]["outcome"] == "built", built
@@ -141,17 +145,23 @@ def test_the_first_task_builds_the_next_restores_without_pip_and_runs_offline(
 
     shutil.rmtree(tmp_path / "workspaces" / ".idle")  # a fresh warm copy: its environment comes from the snapshot
     key = built["result"]["key"]
-    wait_for((tmp_path / "environments" / ".spares" / key).is_dir, timeout=60, what="the spare")
+    if restore == "copy":
+        wait_for((tmp_path / "environments" / ".spares" / key).is_dir, timeout=60, what="the spare")
     pip_offline = (
         f".venv/bin/pip download -q --no-cache-dir --disable-pip-version-check --retries 0 --timeout 5 "
         f"--index-url {index.url} -d /tmp/dl tinypkg; echo pip-exit=$?"
     )
-    second, second_dir, _ = run_task(make_settings, repo, [IMPORT, pip_offline], {"TASUKI__SANDBOX__NETWORK": "none"})
+    second, second_dir, _ = run_task(
+        make_settings, repo, [IMPORT, pip_offline], {"TASUKI__SANDBOX__NETWORK": "none", **how}
+    )
     assert second["status"] == "completed", second
     restored = setup_record(second_dir)
     assert restored["result"]["outcome"] == "restored", restored
     assert restored["result"]["key"] == built["result"]["key"]
-    assert restored["result"]["spare"] is True  # the spare made after the publish, moved into place
+    # copy: the spare made after the publish, moved into place; layers: nothing copied, and no spare ever made
+    assert (restored["result"]["spare"], restored["result"]["layers"]) == (restore == "copy", restore == "layers")
+    if restore == "layers":
+        assert spares(tmp_path) == []
     outputs = bash_outputs(second_dir)
     assert "tinypkg says 42" in outputs[0]  # the restored environment works, with no network at all
     assert "pip-exit=0" not in outputs[1]  # the agent's commands had no network
@@ -180,20 +190,20 @@ def released(fifo: Path) -> bool:
 
 
 def test_the_spare_and_the_deletion_of_a_changed_environment_wait_until_the_task_is_over(
-    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+    tmp_path: Path, copy_settings: Callable[..., Settings], index: PackageIndex
 ) -> None:
     """Copying the next spare and deleting the environment an agent changed would run beside the task's own commands
     (its tests): both wait for the task's end."""
     repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
-    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    _, first_dir, _ = run_task(copy_settings, repo, [IMPORT])
     key = setup_record(first_dir)["result"]["key"]
     wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
-    _, second_dir, _ = run_task(make_settings, repo, ["touch .venv/changed-by-the-agent"])
+    _, second_dir, _ = run_task(copy_settings, repo, ["touch .venv/changed-by-the-agent"])
     assert setup_record(second_dir)["result"]["outcome"] == "reused"
 
     seen: dict[str, Any] = {}
     hold = "mkfifo $HOME/hold && read line < $HOME/hold && echo released-$line"
-    third = threading.Thread(target=lambda: seen.update(task=run_task(make_settings, repo, [IMPORT, hold])))
+    third = threading.Thread(target=lambda: seen.update(task=run_task(copy_settings, repo, [IMPORT, hold])))
     third.start()
     try:
         fifo = wait_for(lambda: next((tmp_path / "workspaces").glob("*.home/hold"), None), timeout=120,
@@ -218,25 +228,25 @@ def test_the_spare_and_the_deletion_of_a_changed_environment_wait_until_the_task
 
 
 def test_a_task_that_fails_after_its_restore_still_leaves_the_spare_made_again(
-    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+    tmp_path: Path, copy_settings: Callable[..., Settings], index: PackageIndex
 ) -> None:
     repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
-    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    _, first_dir, _ = run_task(copy_settings, repo, [IMPORT])
     key = setup_record(first_dir)["result"]["key"]
     wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made after the first task")
     shutil.rmtree(tmp_path / "workspaces" / ".idle")
 
-    outcome, second_dir, _ = run_task(make_settings, repo, [IMPORT, IMPORT], {"TASUKI__AGENT__MAX_STEPS": "1"})
+    outcome, second_dir, _ = run_task(copy_settings, repo, [IMPORT, IMPORT], {"TASUKI__AGENT__MAX_STEPS": "1"})
     assert outcome["status"] == "failed", outcome  # the step limit, after the restore that took the spare
     assert setup_record(second_dir)["result"]["spare"] is True
     wait_for(lambda: spares(tmp_path) == [key], timeout=60, what="the spare made again after the failed task")
 
 
 def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_changed_it(
-    tmp_path: Path, make_settings: Callable[..., Settings], index: PackageIndex
+    tmp_path: Path, copy_settings: Callable[..., Settings], index: PackageIndex
 ) -> None:
     repo = repo_with_setup(tmp_path / "repo", venv_setup(index.url))
-    _, first_dir, _ = run_task(make_settings, repo, [IMPORT])
+    _, first_dir, _ = run_task(copy_settings, repo, [IMPORT])
     assert setup_record(first_dir)["result"]["outcome"] == "built"
     asked = len(index.requests)
     module = ".venv/lib/python*/site-packages/tinypkg/__init__.py"
@@ -248,7 +258,7 @@ def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_cha
         "cat $f"
     )
 
-    second, second_dir, _ = run_task(make_settings, repo, [IMPORT, tamper])
+    second, second_dir, _ = run_task(copy_settings, repo, [IMPORT, tamper])
     assert second["status"] == "completed", second
     reused = setup_record(second_dir)["result"]
     assert reused["outcome"] == "reused", reused
@@ -262,11 +272,11 @@ def test_the_next_task_on_a_warm_copy_reuses_its_environment_unless_an_agent_cha
     snapshot_module = next((tmp_path / "environments").glob(f"*/*/checkout/{module}"))
     assert snapshot_module.read_text() == "VALUE = 42\n"  # the agent's change never reached the snapshot
 
-    third, third_dir, _ = run_task(make_settings, repo, [show])
+    third, third_dir, _ = run_task(copy_settings, repo, [show])
     assert setup_record(third_dir)["result"]["outcome"] == "restored"  # changed: not reused, restored afresh
     assert "VALUE = 42" in bash_outputs(third_dir)[0]
 
-    fourth, fourth_dir, _ = run_task(make_settings, repo, [IMPORT])
+    fourth, fourth_dir, _ = run_task(copy_settings, repo, [IMPORT])
     assert setup_record(fourth_dir)["result"]["outcome"] == "reused"  # that restore is the next one's to reuse
     assert "tinypkg says 42" in bash_outputs(fourth_dir)[0]
     assert len(index.requests) == asked

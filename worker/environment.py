@@ -8,6 +8,7 @@ restores (or rebuilds) the environment it began with, whatever the agent changed
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -21,9 +22,10 @@ import structlog
 
 from contexts import Context
 from contexts.masking import mask
+from sandbox import layers
 from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
 from sandbox.egress import EgressError, Refusal, egress_proxy
-from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
 from sandbox.snapshots import Snapshot, SnapshotRefused, SnapshotStore, environment_key, worker_image
@@ -59,6 +61,7 @@ class EnvironmentReport:
     error: str | None = None  # the declaration's error, when it could not be read
     note: str = ""  # what was done about a failure ("What it made was removed: it filled the disk.")
     spare: bool = False  # restored: the key's spare was moved into place (nothing copied on the task's path)
+    layers: bool = False  # restored by layers: the snapshot's directories seen through overlays (nothing copied)
 
     @property
     def line(self) -> str:
@@ -179,7 +182,8 @@ class TaskEnvironment:
         if self._kept(checkout, recorded, key):
             created = tuple(str(path) for path in recorded.get("created") or ())
             report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
-            return self._done(checkout, report)
+            return self._done(checkout, _with(report, layers=bool(layers.layers_of(checkout.home))))
+        layers.drop(checkout.home)  # an earlier attempt's layers: never under a build, nor a restore's copy
         reused = self._reuse(checkout, declaration, key, started)
         if reused is not None:
             return reused
@@ -196,15 +200,23 @@ class TaskEnvironment:
             snapshot = store.find(key)
             if snapshot is not None:
                 before = untracked(checkout.path)
+                layered = self._layered(checkout)
                 try:
-                    spare = store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
+                    if layered:
+                        store.lay(snapshot, checkout.home, checkout.path, now=self.clock())
+                        spare = False
+                    else:
+                        spare = store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
                 except (OSError, SnapshotError) as exc:
                     log.warning("environment snapshot not restored; building it", error=str(exc)[:300])
                     _remove(checkout.path, untracked(checkout.path) - before)  # half a restore
                     _empty(checkout.home)
                 else:
-                    created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     report = EnvironmentReport("restored", declaration.source, key, time.monotonic() - started, 0)
+                    if layered:  # nothing of the checkout's directories copied: the next task lays them again
+                        created = tuple(f"{p}/" if (snapshot.checkout / p).is_dir() else p for p in snapshot.paths)
+                        return self._done(checkout, _with(report, created=created, layers=True))
+                    created = tuple(sorted(_restored(untracked(checkout.path), before, snapshot.paths)))
                     self.spare_due = (store, snapshot)  # the spare it used, or one a killed worker never made
                     return self._done(checkout, _with(report, created=created, spare=spare), snapshot)
             return self._build(declaration, checkout, key, started, keep=key == current and clean, store=store)
@@ -259,7 +271,8 @@ class TaskEnvironment:
                 published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
-                self.spare_due = (store, published)
+                if not self._layered(checkout):  # the next restores copy: a spare makes the next one renames
+                    self.spare_due = (store, published)
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
                 report = _with(report, snapshot=mask(str(exc)))
@@ -348,13 +361,30 @@ class TaskEnvironment:
 
     @staticmethod
     def _kept(checkout: Checkout, recorded: dict[str, Any], key: str) -> bool:
-        """A resume on this host whose home and checkout still hold the environment of ``key``, whole."""
+        """A resume on this host whose home and checkout still hold the environment of ``key``, whole (restored by
+        layers: their snapshot still there)."""
         try:
             marked = (checkout.home / MARKER).read_text().strip()
         except OSError:
             return False
         paths = recorded.get("created") or ()
-        return marked == key and all((checkout.path / str(p)).exists() for p in paths)
+        return marked == key and all((checkout.path / str(p)).exists() for p in paths) and layers.whole(checkout.home)
+
+    def _layered(self, checkout: Checkout) -> bool:
+        """Whether this task restores by layers (``environments.restore``; auto: where the host's probe passes).
+        SnapshotError when they are asked for and cannot be used here."""
+        wanted = self.settings.environments.restore
+        if wanted == "copy":
+            return False
+        sandbox = make_sandbox(self.settings.sandbox, read_only=checkout.shared_paths)
+        why = (
+            layers_unavailable(checkout.path.parent, sandbox.command)
+            if isinstance(sandbox, Bubblewrap)
+            else "they need sandbox.backend: bubblewrap"
+        )
+        if why is not None and wanted == "layers":
+            raise SnapshotError(f"environments.restore is layers, but layers cannot be used here: {why}")
+        return why is None
 
     def store(self) -> SnapshotStore:
         """This host's snapshots."""
@@ -377,6 +407,15 @@ class TaskEnvironment:
             else:
                 found[name] = value
         return found
+
+
+@functools.cache
+def layers_unavailable(scratch_parent: Path, command: layers.Command) -> str | None:
+    """:func:`sandbox.layers.layers_probe`, and the worker's one line when restores copy because of it."""
+    why = layers.layers_probe(scratch_parent, command)
+    if why is not None:
+        log.warning("environments are restored by copy: layers cannot be used here", reason=why[:300])
+    return why
 
 
 def snapshot_store(settings: Settings) -> SnapshotStore:

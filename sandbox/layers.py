@@ -1,0 +1,236 @@
+"""Copy-on-write environments (docs/environments.md "Layers"): a snapshot's directories seen through overlayfs.
+
+A restore by layers copies nothing: each directory the snapshot holds of the checkout (``.venv``, ``node_modules``)
+is mounted, inside every sandbox of the task, as an overlay whose lower layer is the snapshot's directory (bound
+read-only) and whose upper layer is the task's own (empty at first). The agent reads the snapshot's files and
+whatever it writes, deletes or installs lands in the upper layer; the snapshot never changes.
+
+The task's layers live in its home (``.tasuki/layers/N/upper`` and ``work``; overlayfs wants both on one mount),
+described by ``.tasuki/layers/layers.json``, so they last for the task (a resume on this host mounts them again)
+and go with the home. Inside the sandbox a small helper run first mounts them (bubblewrap 0.8, Debian 12's, has no
+overlay option of its own; the sandbox's user namespace may mount overlayfs since Linux 5.11), hides the layers'
+directory under an empty read-only tmpfs, mounts the sandbox's ``/dev/pts``, and then drops every capability
+(``setpriv``: bounding, inheritable and ambient sets emptied, no new privileges) before the command starts: the
+agent's processes hold none, as in a sandbox without layers.
+
+Whether this host can is probed once per process (:func:`layers_probe`); where it cannot (no overlayfs for user
+namespaces, an upper file system without user xattrs, no ``python3`` or ``setpriv`` to run the helper), restores
+copy, as before, and the worker says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from contexts.errors import BAD_DATA_ERRORS
+from sandbox.snapshot_files import SnapshotError
+
+LAYERS_DIR = ".tasuki/layers"  # in the task's home
+LAYERS_FILE = "layers.json"
+LOWER_INSIDE = "/run/tasuki/lower"  # where the sandbox sees the snapshot's directories (read-only), one per number
+FORMAT = 1
+_UNREADABLE: tuple[type[Exception], ...] = (*BAD_DATA_ERRORS, OSError)  # missing, torn or edited
+PROBE_TIMEOUT_S = 30
+# What bubblewrap's --dev makes, by hand: with --dev, a user namespace that is not root's may not mount overlayfs
+# (EPERM on Linux 6.x); the helper mounts /dev/pts itself.
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = (
+    ("/proc/self/fd", "/dev/fd"),
+    ("/proc/self/fd/0", "/dev/stdin"),
+    ("/proc/self/fd/1", "/dev/stdout"),
+    ("/proc/self/fd/2", "/dev/stderr"),
+    ("pts/ptmx", "/dev/ptmx"),
+)
+# The helper, run by the sandbox's python3 with every capability of the sandbox's own user namespace: argv[1] is
+# the mounts (JSON), the rest the command, run by setpriv with none. Errors name the mount and exit 125.
+HELPER = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(source, target, kind, options, flags=0):
+    if libc.mount(source.encode(), target.encode(), kind.encode(), flags, options.encode()) != 0:
+        sys.stderr.write(f"tasuki: mounting {target} failed: {os.strerror(ctypes.get_errno())}\n")
+        sys.exit(125)
+spec = json.loads(sys.argv[1])
+for layer in spec["layers"]:
+    if os.path.realpath(layer["target"]) != layer["target"]:  # a symlink the task's commands put on the way
+        sys.stderr.write(f"tasuki: {layer['target']} passes through a symlink: its layer is not mounted\n")
+        sys.exit(125)
+    os.makedirs(layer["upper"], mode=0o700, exist_ok=True)
+    os.makedirs(layer["work"], mode=0o700, exist_ok=True)
+    if spec["writable"]:
+        layers = f"lowerdir={layer['lower']},upperdir={layer['upper']},workdir={layer['work']}"
+    else:  # what the task's commands changed, over the snapshot, read-only (a service's view)
+        layers = f"lowerdir={layer['upper']}:{layer['lower']}"
+    mount("overlay", layer["target"], "overlay", layers + ",userxattr")
+mount("tmpfs", spec["hide"], "tmpfs", "size=4k,mode=0500", 1)  # MS_RDONLY: the layers' directory looks empty
+mount("devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620", 10)  # MS_NOSUID | MS_NOEXEC
+os.execv(spec["setpriv"], [spec["setpriv"], "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
+                           "--no-new-privs", "--", *sys.argv[2:]])
+"""
+
+
+Command = Callable[[Sequence[str], Path, Path], tuple[list[str], Path]]  # a sandbox's command(argv, checkout, home)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One directory of the checkout seen through an overlay: the snapshot's copy of it (``lower``, on the host) and
+    where it is in the checkout (``path``, relative)."""
+
+    lower: str
+    path: str
+
+
+def layers_dir(home: Path) -> Path:
+    """Where a task's layers live in its home."""
+    return home / LAYERS_DIR
+
+
+def lay(home: Path, checkout: Path, lower: Path, paths: Sequence[str]) -> tuple[str, ...]:
+    """Layer the directories among ``paths`` (relative) of the snapshot's ``lower`` over the same paths of
+    ``checkout`` for every later command of the task whose home is ``home``; the paths layered (the others are
+    not directories: the caller copies them). Their mount points are made in the checkout (empty directories git
+    never sees); the description is written last, whole or not at all."""
+    layered = tuple(path for path in paths if (lower / path).is_dir() and not (lower / path).is_symlink())
+    drop(home)
+    directory = layers_dir(home)
+    directory.mkdir(mode=0o700, parents=True)
+    for number, path in enumerate(layered):
+        _mount_point(checkout, path)
+        (directory / str(number)).mkdir(mode=0o700)
+    described = {"format": FORMAT, "layers": [{"lower": str(lower / path), "path": path} for path in layered]}
+    temporary = directory / f".{LAYERS_FILE}.new"
+    temporary.write_text(json.dumps(described))
+    temporary.chmod(0o600)
+    os.replace(temporary, directory / LAYERS_FILE)
+    return layered
+
+
+def _mount_point(checkout: Path, path: str) -> None:
+    """An empty directory at ``path`` of ``checkout`` (what an earlier attempt left there goes: the layer covers it);
+    SnapshotError when the way there passes through a symlink (the checkout is the agent's)."""
+    parts = path.split("/")
+    if any((checkout.joinpath(*parts[:depth])).is_symlink() for depth in range(1, len(parts) + 1)):
+        raise SnapshotError(f"{path} passes through a symlink in the checkout: not layered")
+    target = checkout / path
+    if target.is_dir() and any(target.iterdir()):
+        shutil.rmtree(target)
+    elif target.exists() and not target.is_dir():
+        target.unlink()
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def layers_of(home: Path) -> tuple[Layer, ...]:
+    """The layers of the task whose home is ``home`` (none when it has none, or their description is unreadable)."""
+    try:
+        described = json.loads((layers_dir(home) / LAYERS_FILE).read_text())
+        if described.get("format") != FORMAT:
+            return ()
+        return tuple(Layer(str(entry["lower"]), str(entry["path"])) for entry in described["layers"])
+    except _UNREADABLE:
+        return ()
+
+
+def whole(home: Path) -> bool:
+    """Whether every lower layer of the task is still there (a swept snapshot takes its layers' lower half)."""
+    return all(Path(layer.lower).is_dir() for layer in layers_of(home))
+
+
+def drop(home: Path) -> None:
+    """The task has no layers any more (what its commands wrote in them is deleted)."""
+    directory = layers_dir(home)
+    if directory.exists():
+        # overlayfs leaves its work directory unreadable (mode 000): made readable again, or rmtree skips it
+        for root, dirnames, _files in os.walk(directory):
+            for name in dirnames:
+                os.chmod(os.path.join(root, name), 0o700)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def bwrap_options(layers: Sequence[Layer]) -> list[str]:
+    """bubblewrap's options for a sandbox with ``layers``: the lower layers bound read-only, a /dev made by hand
+    (see DEVICES), and every capability for the helper (it drops them all before the command)."""
+    options = ["--cap-add", "ALL", "--tmpfs", "/dev"]
+    for device in DEVICES:
+        options += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
+    for target, name in DEV_LINKS:
+        options += ["--symlink", target, name]
+    options += ["--dir", "/dev/shm", "--dir", "/dev/pts"]  # noqa: S108 - inside the sandbox's own /dev
+    for number, layer in enumerate(layers):
+        options += ["--ro-bind", layer.lower, f"{LOWER_INSIDE}/{number}"]
+    return options
+
+
+def helper_argv(
+    layers: Sequence[Layer], workspace: str, home_inside: str, argv: Sequence[str], *, writable: bool = True
+) -> list[str]:
+    """``argv`` behind the helper that mounts ``layers`` over their paths under ``workspace`` (read-only when not
+    ``writable``: what the task's commands changed over the snapshot)."""
+    inside = f"{home_inside}/{LAYERS_DIR}"
+    spec = {
+        "layers": [
+            {
+                "lower": f"{LOWER_INSIDE}/{number}",
+                "upper": f"{inside}/{number}/upper",
+                "work": f"{inside}/{number}/work",
+                "target": f"{workspace}/{layer.path}",
+            }
+            for number, layer in enumerate(layers)
+        ],
+        "hide": inside,
+        "writable": writable,
+        "setpriv": _tool("setpriv") or "setpriv",
+    }
+    return [_tool("python3") or "python3", "-I", "-S", "-c", HELPER, json.dumps(spec), *argv]
+
+
+def _tool(name: str) -> str | None:
+    """A system program the helper uses, by its path in the system directories (the sandbox sees those)."""
+    return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
+
+
+@functools.cache
+def layers_probe(scratch_parent: Path, command: Command) -> str | None:
+    """Why this host cannot restore by layers under ``scratch_parent`` (None: it can), found once per process by
+    running a real layered command: a file of the lower layer rewritten and another deleted, then the lower layer
+    checked unchanged. ``command`` is a bubblewrap sandbox's ``command``."""
+    missing = [name for name in ("python3", "setpriv") if _tool(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found in the system directories (the sandbox's layer helper needs them)"
+    try:
+        scratch_parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".layers-probe-", dir=scratch_parent) as scratch:
+            return _probe_in(Path(scratch), command)
+    except OSError as exc:
+        return f"its probe could not run ({exc})"
+
+
+def _probe_in(scratch: Path, command: Command) -> str | None:
+    lower, home, checkout = scratch / "lower", scratch / "home", scratch / "checkout"
+    (lower / "env" / "sub").mkdir(parents=True)
+    (lower / "env" / "kept").write_text("lower\n")
+    (lower / "env" / "sub" / "gone").write_text("lower\n")
+    home.mkdir()
+    checkout.mkdir()
+    lay(home, checkout, lower, ["env"])
+    script = 'echo upper > env/kept && rm env/sub/gone && test ! -e env/sub/gone && test -z "$(ls -A ~/.tasuki/layers)"'
+    argv, cwd = command(["sh", "-c", script], checkout, home)
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"its probe could not run ({exc})"
+    finally:
+        drop(home)
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    if (lower / "env" / "kept").read_text() != "lower\n" or not (lower / "env" / "sub" / "gone").exists():
+        return "its probe changed the lower layer"
+    return None

@@ -1,0 +1,206 @@
+"""Restores by layers (SPEC §17, docs/environments.md "Layers"): the snapshot's directories seen through overlayfs in
+real bubblewrap sandboxes, nothing copied, the snapshot never changed, the agent without any capability.
+
+The tasks' tests are in tests/test_environment_tasks.py and tests/test_environment_resume.py (both restores);
+these are the mechanism's own: what the agent's writes do, what it can see and hold, and the fallback to copies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from contexts import ContextStore
+from sandbox import layers
+from sandbox.jail import Bubblewrap, probe
+from sandbox.services import ServiceJail
+from sandbox.settings import SandboxSettings
+from sandbox.snapshot_files import SnapshotError
+from tests.helpers.ci import cannot_run
+from worker import environment as environment_module
+from worker.environment import TaskEnvironment
+from worker.settings_models import Settings
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bubblewrap() -> None:
+    problem = probe(Bubblewrap(SandboxSettings()))
+    if problem is not None:
+        cannot_run(problem)
+
+
+@pytest.fixture
+def sandbox() -> Bubblewrap:
+    return Bubblewrap(SandboxSettings(network="none"))
+
+
+@pytest.fixture
+def laid(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """A snapshot's ``.venv`` (a file, a directory, a script), and a task's home and checkout with it laid."""
+    lower = tmp_path / "snapshot" / "checkout"
+    (lower / ".venv" / "lib").mkdir(parents=True)
+    (lower / ".venv" / "lib" / "module.py").write_text("VALUE = 42\n")
+    (lower / ".venv" / "lib" / "old.py").write_text("old\n")
+    (lower / ".venv" / "run").write_text("#!/bin/sh\necho ran from the snapshot\n")
+    (lower / ".venv" / "run").chmod(0o755)
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    assert layers.lay(home, checkout, lower, [".venv"]) == (".venv",)
+    yield lower, home, checkout
+    layers.drop(home)
+
+
+def run(sandbox: Bubblewrap, checkout: Path, home: Path, script: str) -> subprocess.CompletedProcess[str]:
+    argv, cwd = sandbox.command(["bash", "-c", script], checkout, home)
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_agents_writes_land_in_its_own_layer_and_never_in_the_snapshot(
+    sandbox: Bubblewrap, laid: tuple[Path, Path, Path]
+) -> None:
+    lower, home, checkout = laid
+    first = run(sandbox, checkout, home, ".venv/run && echo 'VALUE = 24' > .venv/lib/module.py && rm .venv/lib/old.py"
+                " && mkdir .venv/new && echo installed > .venv/new/pkg.py && ls .venv/lib")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == ["ran", "from", "the", "snapshot", "module.py"]
+    # The next command of the task sees what the last one did (the layer lasts for the task) ...
+    second = run(sandbox, checkout, home, "cat .venv/lib/module.py .venv/new/pkg.py; test -e .venv/lib/old.py; echo $?")
+    assert second.stdout.split("\n")[:3] == ["VALUE = 24", "installed", "1"], second.stderr
+    # ... the snapshot is as it was, and the checkout on the host holds an empty mount point only.
+    assert (lower / ".venv" / "lib" / "module.py").read_text() == "VALUE = 42\n"
+    assert (lower / ".venv" / "lib" / "old.py").exists()
+    assert not (lower / ".venv" / "new").exists()
+    assert list((checkout / ".venv").iterdir()) == []
+    # A new task (its layers laid again) starts from the snapshot.
+    layers.lay(home, checkout, lower, [".venv"])
+    third = run(sandbox, checkout, home, "cat .venv/lib/module.py; ls .venv")
+    assert third.stdout.split() == ["VALUE", "=", "42", "lib", "run"], third.stderr
+
+
+def test_the_agent_holds_no_capability_and_cannot_see_or_undo_its_layers(
+    sandbox: Bubblewrap, laid: tuple[Path, Path, Path]
+) -> None:
+    _, home, checkout = laid
+    script = (
+        "grep -E '^Cap(Eff|Prm|Inh|Bnd|Amb)' /proc/self/status; grep NoNewPrivs /proc/self/status;"
+        " ls -A ~/.tasuki/layers | wc -l; touch ~/.tasuki/layers/x 2>/dev/null && echo wrote-layers;"
+        " umount .venv 2>/dev/null && echo unmounted; mount -t tmpfs t /tmp 2>/dev/null && echo mounted;"
+        " python3 -c 'import pty, os; os.openpty(); print(\"pty ok\")'"
+    )
+    done = run(sandbox, checkout, home, script)
+    lines = done.stdout.splitlines()
+    assert [line.split()[1] for line in lines[:5]] == ["0000000000000000"] * 5, done.stdout
+    assert lines[5].split() == ["NoNewPrivs:", "1"]
+    assert lines[6:] == ["0", "pty ok"], done.stdout + done.stderr
+
+
+def test_a_symlink_on_the_way_to_a_layer_is_refused(
+    sandbox: Bubblewrap, laid: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    _lower, home, checkout = laid
+    nested = tmp_path / "nested"
+    (nested / "lower" / "web" / "node_modules").mkdir(parents=True)
+    (checkout / "web").symlink_to("/usr")
+    with pytest.raises(SnapshotError, match="passes through a symlink"):
+        layers.lay(home, checkout, nested / "lower", ["web/node_modules"])
+    # One the task's commands make between two calls: the helper refuses to mount through it.
+    (checkout / "web").unlink()
+    (checkout / "web").mkdir()
+    layers.lay(home, checkout, nested / "lower", ["web/node_modules"])
+    moved = run(sandbox, checkout, home, "mv web web2 && ln -s /usr web && echo moved")
+    assert moved.stdout.strip() == "moved", moved.stderr
+    refused = run(sandbox, checkout, home, "echo should-not-run")
+    assert refused.returncode == 125
+    assert "passes through a symlink" in refused.stderr
+    assert "should-not-run" not in refused.stdout
+
+
+def test_a_service_sees_the_layers_read_only(
+    tmp_path: Path, laid: tuple[Path, Path, Path]
+) -> None:
+    _, home, checkout = laid
+    sandbox = Bubblewrap(SandboxSettings(network="none"))
+    assert run(sandbox, checkout, home, "echo changed > .venv/lib/module.py").returncode == 0
+    jail = ServiceJail(SandboxSettings(), checkout, home)
+    argv, cwd = jail.command("cat .venv/lib/module.py; echo x > .venv/lib/module.py 2>/dev/null || echo read-only")
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split("\n")[:2] == ["changed", "read-only"], done.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="switches to an unprivileged user (runs as root in CI)")
+def test_an_unprivileged_worker_can_layer_too(tmp_path: Path) -> None:
+    """The compose image's worker runs as its own user, not root: the probe's real layered command, run by bwrap as
+    an unprivileged user (its files that user's), passes."""
+    scratch = Path(tempfile.mkdtemp(prefix="tasuki-nobody-"))  # in /tmp: a path that user can reach
+    sandbox = Bubblewrap(SandboxSettings(), path=["/usr/bin", "/bin"])
+    switch = 'chown -R nobody:nogroup "$0" && exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"'
+
+    def as_nobody(argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
+        wrapped, cwd = sandbox.command(argv, checkout, home)
+        return ["sh", "-c", switch, str(scratch), *wrapped], cwd
+
+    try:
+        assert layers.layers_probe(scratch, as_nobody) is None
+        assert sorted(p.name for p in scratch.iterdir()) == []  # the probe's files went with it
+    finally:
+        shutil.rmtree(scratch)
+
+
+def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
+    tmp_path: Path, make_settings: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe finds no setpriv (the helper's way to drop the capabilities): auto copies and says so; layers
+    asked for by name fail the environment (the task goes on without it) with the same reason."""
+    real_which = shutil.which
+    monkeypatch.setattr(layers.shutil, "which", lambda name, path=None: None if name == "setpriv" else real_which(
+        name, path=path))
+    layers.layers_probe.cache_clear()
+    environment_module.layers_unavailable.cache_clear()
+    try:
+        from tests.test_environment_resume import TASK_KEY, checkout_for, repo
+
+        remote = repo(tmp_path)
+        for restore, outcome in (("auto", "built"), ("layers", "failed")):
+            settings = make_settings({"TASUKI__ENVIRONMENTS__RESTORE": restore})
+            store = ContextStore(settings.contexts.base_dir, fsync="never")
+            ctx = store.create({**TASK_KEY, "task_id": restore}, {})
+            checkout = checkout_for(settings, remote, ctx.uuid)
+            with capture_logs() as logs:
+                report = TaskEnvironment(settings, str(remote)).prepare(ctx, checkout)
+            if restore == "auto":
+                assert report.outcome == outcome
+                checkout.release()
+                ctx.release()
+                shutil.rmtree(checkout.path.parent / ".idle")  # the next task's warm copy holds no environment
+                continue
+            assert report.outcome == outcome, report
+            assert "setpriv not found" in str(report.error)
+            assert "environments.restore is layers" in str(report.error)
+        # auto, on the second task of the key: a restore, by copy, and the one line that says why
+        settings = make_settings({"TASUKI__ENVIRONMENTS__RESTORE": "auto"})
+        store = ContextStore(settings.contexts.base_dir, fsync="never")
+        ctx = store.create({**TASK_KEY, "task_id": "again"}, {})
+        shutil.rmtree(Path(settings.contexts.workspaces_dir) / ".idle", ignore_errors=True)
+        checkout = checkout_for(settings, remote, ctx.uuid)
+        environment_module.layers_unavailable.cache_clear()
+        with capture_logs() as logs:
+            report = TaskEnvironment(settings, str(remote)).prepare(ctx, checkout)
+        assert (report.outcome, report.layers) == ("restored", False)
+        assert (checkout.path / ".venv" / "marker").read_text() == "built\n"  # copied
+        warned = [e for e in logs if e["event"].startswith("environments are restored by copy")]
+        assert len(warned) == 1
+        assert "setpriv" in warned[0]["reason"]
+        state = json.loads((ctx.path / "state.json").read_text())
+        assert state["environment"]["outcome"] == "restored"
+    finally:
+        layers.layers_probe.cache_clear()
+        environment_module.layers_unavailable.cache_clear()
