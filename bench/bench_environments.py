@@ -141,7 +141,7 @@ def served(project: Project) -> Iterator[PackageIndex]:
         yield index
 
 
-def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = ()) -> Settings:
+def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = (), restore: str = "auto") -> Settings:
     """Defaults, the replay model, this benchmark's directories; bubblewrap with the agent offline. With more
     ``read_only`` paths (an environment in place on the host) nothing is detected or set up."""
     config = root / "config.yaml"
@@ -158,12 +158,19 @@ def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = ()) ->
         "TASUKI__SANDBOX__NETWORK": "none",
         "TASUKI__SANDBOX__READ_ONLY_PATHS": json.dumps([sys.base_prefix, *read_only]),
         "TASUKI__ENVIRONMENTS__AUTO": "false" if read_only else "true",
+        "TASUKI__ENVIRONMENTS__RESTORE": restore,
     }
     return load_settings(config_path=config, env=env)
 
 
 def one_task(
-    root: Path, project: Project, repo: Path, venv: str, read_only: tuple[str, ...] = (), before: str = ""
+    root: Path,
+    project: Project,
+    repo: Path,
+    venv: str,
+    read_only: tuple[str, ...] = (),
+    before: str = "",
+    restore: str = "auto",
 ) -> tuple[float, dict[str, Any]]:
     """Seconds of one whole task that runs the project's tests with ``venv`` (after the shell command ``before``);
     and its setup record (or {})."""
@@ -174,7 +181,7 @@ def one_task(
     ]
     server = serve(ReplayModel(turns_from_entries(turns)))
     try:
-        settings = settings_for(root, server.url, read_only)
+        settings = settings_for(root, server.url, read_only, restore)
         uuid = str(uuid_module.uuid4())
         request = TaskRequest(
             {"task_source": "local", "owner": "local", "repo": repo.name, "task_type": "prompt", "task_id": uuid[:8]},
@@ -233,13 +240,13 @@ def fresh_warm_copies(root: Path) -> None:
     shutil.rmtree(root / "workspaces" / ".idle", ignore_errors=True)
 
 
-def host_idle(root: Path, key: str) -> None:
-    """Wait (at most IDLE_WAIT_S) until the host does nothing for the tasks before: the key's spare is made and no
-    environment an agent changed is still being deleted."""
+def host_idle(root: Path, key: str, spare: bool) -> None:
+    """Wait (at most IDLE_WAIT_S) until the host does nothing for the tasks before: the key's spare is made (when
+    ``spare``: restores copy) and no environment an agent changed is still being deleted."""
     spares, workspaces = root / "environments" / ".spares", root / "workspaces"
     deadline = time.monotonic() + IDLE_WAIT_S
     while not (
-        (spares / key).is_dir()
+        ((spares / key).is_dir() or not spare)
         and not any(spares.glob(".building-*"))
         and not any(workspaces.glob(".discarded-*"))
     ):
@@ -258,6 +265,7 @@ def whole_tasks(
     fresh: bool,
     changed: bool = False,
     idle: str | None = None,
+    restore: str = "auto",
 ) -> tuple[float, float, list[str]]:
     """Medians of ``rounds`` whole tasks with the snapshot's environment and with it in place, alternating (each in a
     fresh warm copy when ``fresh``; after a task whose agent changed its environment, untimed, when ``changed``;
@@ -269,28 +277,83 @@ def whole_tasks(
         if fresh:
             fresh_warm_copies(root)
         if changed:
-            one_task(root, project, project.repo, ".venv", before="touch .venv/changed-by-the-agent && ")
+            one_task(
+                root, project, project.repo, ".venv", before="touch .venv/changed-by-the-agent && ", restore=restore
+            )
         if idle is not None:
-            host_idle(root, idle)
-        seconds, setup = one_task(root, project, project.repo, ".venv")
+            host_idle(root, idle, spare=restore == "copy")
+        seconds, setup = one_task(root, project, project.repo, ".venv", restore=restore)
         times["snapshot"].append(seconds)
         outcomes.append(described(setup))
         if fresh:
             fresh_warm_copies(root)
         if idle is not None:
-            host_idle(root, idle)
+            host_idle(root, idle, spare=restore == "copy")
         times["in place"].append(one_task(root, project, plain, str(in_place), (str(in_place.parent),))[0])
     return statistics.median(times["snapshot"]), statistics.median(times["in place"]), outcomes
 
 
 def described(setup: dict[str, Any]) -> str:
-    """A setup's outcome, and whether a restore moved the key's spare into place ("restored+spare")."""
-    return f"{setup.get('outcome')}{'+spare' if setup.get('spare') else ''}"
+    """A setup's outcome, and how a restore was made: the key's spare moved into place ("restored+spare"), or by
+    layers ("restored+layers"; else it was copied)."""
+    how = "+spare" if setup.get("spare") else "+layers" if setup.get("layers") else ""
+    return f"{setup.get('outcome')}{how}"
 
 
 def disk_bytes(path: Path) -> int:
     """Bytes of the files under ``path`` (their apparent sizes)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def restored_rows(root: Path, project: Project, plain: Path, in_place: Path, rounds: int, key: str) -> list[Result]:
+    """The whole task restored vs in place: after an agent changed the environment and in a fresh warm copy, back to
+    back and once the host is idle; and in a fresh warm copy back to back by copy, for comparison."""
+    restored: list[Result] = []  # the whole task restored vs in place, per case and arrival
+    for label, case, fresh, changed in (
+        ("its agent changed it",
+         "after its warm copy's previous agent changed the environment (discarded, restored from the snapshot)",
+         False, True),
+        ("fresh warm copy", "in a fresh warm copy, environment restored from the snapshot", True, False),
+    ):
+        for idle in (False, True):
+            snapshot_task, in_place_task, outcomes = whole_tasks(
+                root, project, plain, in_place, rounds, fresh=fresh, changed=changed, idle=key if idle else None
+            )
+            figure = snapshot_task / in_place_task
+            arrival = (
+                "each task once the host is idle (its spare made, nothing being deleted), in both arms"
+                if idle else "back to back"
+            )
+            print(
+                f"environments: whole task {case} {snapshot_task:.2f} s vs already in place {in_place_task:.2f} "
+                f"s, ratio {figure:.2f} ({arrival}; median of {rounds}, alternating; outcomes {outcomes})",
+                flush=True,
+            )
+            restored.append(
+                Result(
+                    f"whole task, env restored ({label}, {'host idle' if idle else 'back to back'}) vs in place",
+                    f"{figure:.2f}",
+                    f"<= {WHOLE_TASK_TARGET}",
+                    figure <= WHOLE_TASK_TARGET,
+                )
+            )
+    # The same fresh-warm-copy case back to back with restores by copy (environments.restore: copy), for
+    # comparison: the spare the last task's end began to make is what the next restore waits for.
+    copy_task, in_place_task, outcomes = whole_tasks(
+        root, project, plain, in_place, rounds, fresh=True, restore="copy"
+    )
+    by_copy = copy_task / in_place_task
+    print(
+        f"environments: whole task in a fresh warm copy, environment restored by copy {copy_task:.2f} s vs "
+        f"already in place {in_place_task:.2f} s, ratio {by_copy:.2f} (back to back; median of {rounds}, "
+        f"alternating; outcomes {outcomes})",
+        flush=True,
+    )
+    restored.append(
+        Result("whole task, env restored by copy (fresh warm copy, back to back) vs in place", f"{by_copy:.2f}",
+               "", None)
+    )
+    return restored
 
 
 def run(root: Path, *, quick: bool = False) -> list[Result]:
@@ -310,13 +373,15 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         setup_s = float(built["duration_s"])
         key = str(built["key"])
         ratios: dict[str, float] = {}
+        layered = True  # known after the first restore (auto: layers where this host's probe passes)
         for arrival in ("back to back", "once the host is idle"):
             restores = []
             for _ in range(1 if quick else 3):
                 fresh_warm_copies(root)  # else the next task reuses what the last one left, copying nothing
                 if arrival != "back to back":
-                    host_idle(root, key)
+                    host_idle(root, key, spare=not layered)
                 restores.append(one_task(root, project, project.repo, ".venv")[1])
+                layered = bool(restores[0].get("layers"))
             outcomes = [built.get("outcome"), *(restored.get("outcome") for restored in restores)]
             if outcomes != ["built"] + ["restored"] * len(restores):
                 raise RuntimeError(f"environments: expected built then restored, got {outcomes}")
@@ -359,35 +424,7 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
             f"place {in_place_task:.2f} s, ratio {reused:.2f} (median of {rounds}, alternating; outcomes {outcomes})",
             flush=True,
         )
-        restored: list[Result] = []  # the whole task restored vs in place, per case and arrival
-        for label, case, fresh, changed in (
-            ("its agent changed it",
-             "after its warm copy's previous agent changed the environment (discarded, restored from the snapshot)",
-             False, True),
-            ("fresh warm copy", "in a fresh warm copy, environment restored from the snapshot", True, False),
-        ):
-            for idle in (False, True):
-                snapshot_task, in_place_task, outcomes = whole_tasks(
-                    root, project, plain, in_place, rounds, fresh=fresh, changed=changed, idle=key if idle else None
-                )
-                figure = snapshot_task / in_place_task
-                arrival = (
-                    "each task once the host is idle (its spare made, nothing being deleted), in both arms"
-                    if idle else "back to back"
-                )
-                print(
-                    f"environments: whole task {case} {snapshot_task:.2f} s vs already in place {in_place_task:.2f} "
-                    f"s, ratio {figure:.2f} ({arrival}; median of {rounds}, alternating; outcomes {outcomes})",
-                    flush=True,
-                )
-                restored.append(
-                    Result(
-                        f"whole task, env restored ({label}, {'host idle' if idle else 'back to back'}) vs in place",
-                        f"{figure:.2f}",
-                        f"<= {WHOLE_TASK_TARGET}",
-                        figure <= WHOLE_TASK_TARGET,
-                    )
-                )
+        restored = restored_rows(root, project, plain, in_place, rounds, key)
     snapshots = list((root / "environments").rglob("manifest.json"))
     sizes = [disk_bytes(p.parent) for p in snapshots]
     size = statistics.median(sizes) / 2**20 if sizes else 0.0
@@ -405,7 +442,7 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         ),
         Result(f"builds of {TOGETHER} tasks of one key started together", str(builds), "1", builds == 1),
         Result(
-            "whole task, env reused on its warm copy vs in place",
+            "whole task, env on its warm copy's next task vs in place",
             f"{reused:.2f}",
             f"<= {WHOLE_TASK_TARGET}",
             reused <= WHOLE_TASK_TARGET,
