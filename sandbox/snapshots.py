@@ -32,6 +32,7 @@ filesystem) falls back to the copy.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -72,6 +73,7 @@ SPARE_FILE = "spare.json"
 CLAIMED = ".claimed-"
 SPARE_LOCK = ".spare"
 SPARES_LOCK = "spares.lock"
+IN_USE = ".in-use"  # .locks/<key>.in-use: held shared (flock) by each task whose layers are the snapshot's directories
 SPARE_WAIT_S = 120.0  # a restore waits this long for a spare being made before it copies
 STALE_BUILD_S = 3600  # a .building-* directory this old whose lock is free was left by a crash
 KEY_FORMAT = re.compile(r"^[0-9a-f]{32}$")
@@ -503,6 +505,8 @@ class SnapshotStore:
         for rank, (last_used, snapshot) in enumerate(used):
             if rank < self.keep_per_repository and now - last_used <= self.keep_days * DAY_S:
                 continue
+            if KEY_FORMAT.match(snapshot.name) and self._in_use(snapshot.name):
+                continue  # a running task's layers are its directories
             if self._remove_unlocked(snapshot.name, snapshot):
                 removed.append(snapshot.name)
         if len(removed) == len(used) and not any(directory.iterdir()):
@@ -527,6 +531,28 @@ class SnapshotStore:
         finally:
             if lock is not None:
                 lock.release()
+
+    def hold(self, key: str) -> int:
+        """Mark the snapshot of ``key`` in use until the returned descriptor is closed (or this process dies): the
+        sweep keeps it. Taken by a task restored by layers (its lower layers are the snapshot's directories)."""
+        self._lock(key)  # the directories exist
+        descriptor = os.open(self.root / LOCKS / f"{key}{IN_USE}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(descriptor, fcntl.LOCK_SH)
+        return descriptor
+
+    def _in_use(self, key: str) -> bool:
+        """Whether a task holds the snapshot of ``key`` (:meth:`hold`)."""
+        try:
+            descriptor = os.open(self.root / LOCKS / f"{key}{IN_USE}", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(descriptor)  # and with it the probe's lock
+        return False
 
     def _lock(self, key: str, kind: str = "") -> filelock.FileLock:
         _check_key(key)

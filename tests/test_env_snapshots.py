@@ -312,6 +312,34 @@ def test_sweep_leaves_a_snapshot_whose_key_is_being_built(tmp_path: Path) -> Non
     assert store.find(KEY) is None
 
 
+def test_sweep_leaves_a_snapshot_a_task_holds_even_from_another_process(tmp_path: Path) -> None:
+    """A task restored by layers holds its snapshot (its lower layers are the snapshot's directories) until its end,
+    or its process's: the sweep, in this process or another, leaves it until then."""
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+    store = make_store(tmp_path / "snapshots", keep_days=1)
+    store.publish(KEY, "owner/repo", home, checkout, [], [], NOW)
+    held = store.hold(KEY)
+    assert store.sweep(NOW + 3 * DAY_S) == []
+    os.close(held)
+    holder = subprocess.Popen(  # another worker's process holds it, then is killed
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sandbox.snapshots import SnapshotStore"
+         "; SnapshotStore(Path(sys.argv[1]), keep_per_repository=1, keep_days=1, max_bytes=1 << 30).hold(sys.argv[2])"
+         "; print('held', flush=True); time.sleep(600)", str(tmp_path / "snapshots"), KEY],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1],
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n"
+        assert store.sweep(NOW + 3 * DAY_S) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(store.sweep(NOW + 3 * DAY_S)) == 1
+    assert store.find(KEY) is None
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 

@@ -125,6 +125,7 @@ class TaskEnvironment:
     # moved out into, to delete.
     spare_due: tuple[SnapshotStore, Snapshot] | None = field(default=None, init=False)
     discarded: list[Path] = field(default_factory=list, init=False)
+    held: int | None = field(default=None, init=False)  # restored by layers: the snapshot held until the task's end
 
     def prepare(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
         """Find the declaration, then keep, restore or build the environment; record and return how it went.
@@ -182,7 +183,10 @@ class TaskEnvironment:
         if self._kept(checkout, recorded, key):
             created = tuple(str(path) for path in recorded.get("created") or ())
             report = EnvironmentReport("kept", declaration.source, key, time.monotonic() - started, 0, created=created)
-            return self._done(checkout, _with(report, layers=bool(layers.layers_of(checkout.home))))
+            layered = bool(layers.layers_of(checkout.home))
+            if layered:
+                self._hold(self.store(), key)
+            return self._done(checkout, _with(report, layers=layered))
         layers.drop(checkout.home)  # an earlier attempt's layers: never under a build, nor a restore's copy
         reused = self._reuse(checkout, declaration, key, started)
         if reused is not None:
@@ -204,6 +208,7 @@ class TaskEnvironment:
                 try:
                     if layered:
                         store.lay(snapshot, checkout.home, checkout.path, now=self.clock())
+                        self._hold(store, key)
                         spare = False
                     else:
                         spare = store.restore(snapshot, checkout.home, checkout.path, now=self.clock())
@@ -336,10 +341,20 @@ class TaskEnvironment:
         and its own task's end makes one) and the discarded paths to the hourly eviction."""
         due, self.spare_due = self.spare_due, None
         discarded, self.discarded = self.discarded, []
+        self._hold(None, None)
         if due is not None or discarded:
             threading.Thread(
                 target=_after_task, args=(due, discarded), name="environment-after-task", daemon=True
             ).start()
+
+    def _hold(self, store: SnapshotStore | None, key: str | None) -> None:
+        """Hold the snapshot of ``key`` for the rest of the task (the sweep keeps it), letting go of any held before;
+        None: let go."""
+        if self.held is not None:
+            os.close(self.held)
+            self.held = None
+        if store is not None and key is not None:
+            self.held = store.hold(key)
 
     def _drop_warm(self, checkout: Checkout) -> None:
         """Take what the warm copy's previous task left of its environment out of the checkout (not this task's to
