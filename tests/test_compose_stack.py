@@ -161,6 +161,23 @@ def test_the_workers_say_every_toolchain_of_the_image_runs_in_their_sandbox(flee
         assert re.search(rf"['\"]{name}['\"]", probed_line), probed_line
 
 
+def test_the_workers_restore_environments_by_layers(fleet: Fleet) -> None:
+    """The image's worker (its own user, not root; the workspaces on a volume) passes the layers' probe at start."""
+
+    def said() -> list[str] | None:
+        lines = []
+        for container in fleet.stack.containers("worker"):
+            done = fleet.stack.engine.docker("logs", container, check=False)
+            found = [line for line in (done.stdout + done.stderr).splitlines() if "environments are restored" in line]
+            if not found:
+                return None
+            lines += found
+        return lines
+
+    lines = fleet.stack.wait(said, BUSY_DEADLINE_S, "each worker to say how it restores", logs_of="worker")
+    assert all("restored by layers" in line for line in lines), lines
+
+
 @pytest.mark.parametrize("toolchain", list(PROJECTS))
 def test_a_tiny_project_compiles_and_passes_its_tests_in_a_workers_sandbox(fleet: Fleet, toolchain: str) -> None:
     files, command, said = PROJECTS[toolchain]

@@ -164,7 +164,7 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
     monkeypatch.setattr(layers.shutil, "which", lambda name, path=None: None if name == "setpriv" else real_which(
         name, path=path))
     layers.layers_probe.cache_clear()
-    environment_module.layers_unavailable.cache_clear()
+    environment_module._layers_probed.clear()
     try:
         from tests.test_environment_resume import TASK_KEY, checkout_for, repo
 
@@ -191,7 +191,7 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
         ctx = store.create({**TASK_KEY, "task_id": "again"}, {})
         shutil.rmtree(Path(settings.contexts.workspaces_dir) / ".idle", ignore_errors=True)
         checkout = checkout_for(settings, remote, ctx.uuid)
-        environment_module.layers_unavailable.cache_clear()
+        environment_module._layers_probed.clear()
         with capture_logs() as logs:
             report = TaskEnvironment(settings, str(remote)).prepare(ctx, checkout)
         assert (report.outcome, report.layers) == ("restored", False)
@@ -203,4 +203,18 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
         assert state["environment"]["outcome"] == "restored"
     finally:
         layers.layers_probe.cache_clear()
-        environment_module.layers_unavailable.cache_clear()
+        environment_module._layers_probed.clear()
+
+
+def test_the_worker_says_once_how_its_environments_are_restored(tmp_path: Path) -> None:
+    environment_module._layers_probed.clear()
+    try:
+        with capture_logs() as logs:
+            for _ in range(2):
+                assert environment_module.layers_unavailable(tmp_path / "workspaces", Bubblewrap(
+                    SandboxSettings()).command) is None
+        assert [(entry["event"], entry["log_level"]) for entry in logs] == [
+            ("environments are restored by layers", "info")
+        ]
+    finally:
+        environment_module._layers_probed.clear()

@@ -8,7 +8,6 @@ restores (or rebuilds) the environment it began with, whatever the agent changed
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import threading
@@ -424,13 +423,21 @@ class TaskEnvironment:
         return found
 
 
-@functools.cache
-def layers_unavailable(scratch_parent: Path, command: layers.Command) -> str | None:
-    """:func:`sandbox.layers.layers_probe`, and the worker's one line when restores copy because of it."""
-    why = layers.layers_probe(scratch_parent, command)
-    if why is not None:
-        log.warning("environments are restored by copy: layers cannot be used here", reason=why[:300])
-    return why
+_layers_probed: dict[Path, str | None] = {}  # workspaces directory -> why layers cannot be used there (None: they can)
+
+
+def layers_unavailable(workspaces: Path, command: layers.Command) -> str | None:
+    """Why restores cannot be by layers in ``workspaces`` (None: they can): :func:`sandbox.layers.layers_probe`, once
+    per directory and process (the worker's start probes it), and the worker's one line saying which it is."""
+    workspaces = workspaces.resolve()
+    if workspaces not in _layers_probed:
+        why = layers.layers_probe(workspaces, command)
+        if why is None:
+            log.info("environments are restored by layers", workspaces=str(workspaces))
+        else:
+            log.warning("environments are restored by copy: layers cannot be used here", reason=why[:300])
+        _layers_probed[workspaces] = why
+    return _layers_probed[workspaces]
 
 
 def snapshot_store(settings: Settings) -> SnapshotStore:

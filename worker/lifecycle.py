@@ -7,15 +7,17 @@ import mmap
 import socket
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
-from sandbox.jail import Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
 from sandbox.settings import SandboxLimits
 from sandbox.toolchains import TOOLCHAINS, Toolchain, found_toolchains, probe_toolchains, worker_path
 from worker.compressors import Announcer
+from worker.environment import layers_unavailable
 from worker.names import CANCEL_PREFIX, COMPRESSION_QUEUE, TASKS_QUEUE
 from worker.runtime import CLOCK, redis_client, settings
 
@@ -71,7 +73,7 @@ def _check_sandbox(sender: object = None, **_: object) -> None:
         return
     if _runs_agents(sender):  # a few seconds of probes, beside the worker, which takes tasks meanwhile
         limits = settings().sandbox.limits
-        threading.Thread(target=warn_toolchains, args=(sandbox, limits), name="toolchain-probe", daemon=True).start()
+        threading.Thread(target=probe_restores, args=(sandbox, limits), name="toolchain-probe", daemon=True).start()
 
 
 def _runs_agents(sender: object) -> bool:
@@ -92,6 +94,15 @@ def warn_toolchains(
     failing = [problem.toolchain for problem in problems]
     usable = [name for name in found_toolchains(path, toolchains) if name not in failing]
     log.info("toolchains probed in the sandbox", usable=usable, failing=failing)
+
+
+def probe_restores(sandbox: Sandbox, limits: SandboxLimits | None = None) -> None:
+    """The toolchains' warnings (:func:`warn_toolchains`), then one line on how environments are restored here: by
+    layers, or by copy and why (``environments.restore: auto``)."""
+    warn_toolchains(sandbox, limits)
+    environments = settings()
+    if environments.environments.restore != "copy" and isinstance(sandbox, Bubblewrap):
+        layers_unavailable(Path(environments.contexts.workspaces_dir), sandbox.command)
 
 
 @worker_ready.connect
