@@ -29,6 +29,7 @@ import filelock
 import structlog
 
 from contexts.filelocks import file_lock
+from sandbox import layers
 from worker.checkout import ASIDE_PREFIX, DISCARDED_PREFIX, HOME_SUFFIX, GitError, run_git
 
 log = structlog.get_logger(__name__)
@@ -237,6 +238,7 @@ class GitCache:
             else:
                 continue
             if stale:
+                layers.drop(entry)  # a home's layers (overlayfs's work directories are unreadable)
                 shutil.rmtree(entry, ignore_errors=True)
                 gone.append(entry)
         return gone
