@@ -1,6 +1,8 @@
-"""The bash tool's cost per call in the bubblewrap sandbox against the same call unsandboxed, in one run.
+"""The bash tool's cost per call in the bubblewrap sandbox against the same call unsandboxed, in one run; and the same
+call in a sandbox with a restored environment's layer (the helper that mounts it, then drops every capability,
+docs/environments.md "Layers") against plain bubblewrap.
 
-Both go through the real tool (scrubbed environment, own session, output capture, prlimit limits); the
+All go through the real tool (scrubbed environment, own session, output capture, prlimit limits); the
 command is ``true`` so the ratio is the sandbox's own overhead: namespaces, mounts, bwrap's init.
 """
 
@@ -10,14 +12,15 @@ import statistics
 from pathlib import Path
 
 from bench.common import Result, standalone, timed
+from sandbox import layers
 from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
 from sandbox.settings import SandboxSettings
 from worker.tools import Workspace, run_tool
 
 
-def _call(workspace: Workspace, sandbox: Sandbox) -> None:
+def _call(workspace: Workspace, sandbox: Sandbox, home: Path | None = None) -> None:
     result = run_tool(workspace, "bash", {"command": "true"}, bash_timeout_s=30, max_output_chars=1000,
-                      sandbox=sandbox, limits=SandboxSettings().limits)
+                      sandbox=sandbox, limits=SandboxSettings().limits, home=home)
     assert result.status == "success", result.output
 
 
@@ -32,15 +35,25 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
     checkout.mkdir(parents=True)
     workspace = Workspace(checkout)
     rounds = 10 if quick else 200
-    times: dict[str, list[float]] = {"none": [], "bubblewrap": []}
+    home, layered_home, layered_checkout = root / "home", root / "layered-home", root / "layered-checkout"
+    for directory in (home, layered_home, layered_checkout, root / "snapshot" / ".venv"):
+        directory.mkdir(parents=True)
+    layers.lay(layered_home, layered_checkout, root / "snapshot", [".venv"])
+    layered = Workspace(layered_checkout)
+    times: dict[str, list[float]] = {"none": [], "bubblewrap": [], "layers": []}
     for _ in range(rounds):
-        times["none"].append(timed(lambda: _call(workspace, NoSandbox())))
-        times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap)))
-    bare, boxed = statistics.median(times["none"]), statistics.median(times["bubblewrap"])
+        times["none"].append(timed(lambda: _call(workspace, NoSandbox(), home)))
+        times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap, home)))
+        times["layers"].append(timed(lambda: _call(layered, bubblewrap, layered_home)))
+    bare, boxed, laid = (statistics.median(times[name]) for name in ("none", "bubblewrap", "layers"))
     ratio = boxed / bare
     print(f"sandbox: bash tool call unsandboxed {bare * 1e3:.1f} ms, in bubblewrap {boxed * 1e3:.1f} ms, "
-          f"ratio {ratio:.2f} (median of {rounds}, interleaved)", flush=True)
-    return [Result("bash call: bubblewrap / none", f"{ratio:.2f}", "", None)]
+          f"ratio {ratio:.2f}; with a layer {laid * 1e3:.1f} ms, {laid / boxed:.2f} of plain bubblewrap (median of "
+          f"{rounds}, interleaved)", flush=True)
+    return [
+        Result("bash call: bubblewrap / none", f"{ratio:.2f}", "", None),
+        Result("bash call: bubblewrap with a layer / plain", f"{laid / boxed:.2f}", "", None),
+    ]
 
 
 if __name__ == "__main__":
