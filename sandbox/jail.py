@@ -171,7 +171,10 @@ class Bubblewrap:
         # and the task's home is bound over it at HOME (the same path in every call and every task).
         # A task whose environment was restored by layers (sandbox.layers) gets them mounted by a helper first.
         layered = layers.layers_of(home)
-        options += ["--proc", "/proc", *(layers.bwrap_options(layered) if layered else ["--dev", "/dev"])]
+        # No capability for the command, even when the worker runs as root (bwrap then keeps them all by default, and
+        # the command could remount a read-only bind writable); with layers, the helper drops them (sandbox.layers).
+        bare = ["--cap-drop", "ALL", "--dev", "/dev"]
+        options += ["--proc", "/proc", *(layers.bwrap_options(layered) if layered else bare)]
         options += ["--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)

@@ -117,6 +117,23 @@ def test_the_system_is_read_only_and_the_checkout_writable(sandbox: Bubblewrap, 
     assert not Path("/usr/planted").exists()
 
 
+def test_the_command_holds_no_capability_and_cannot_make_a_read_only_bind_writable(
+    sandbox: Bubblewrap, checkout: Path, tmp_path: Path
+) -> None:
+    """A worker run as root (CI, a host's systemd unit) starts bwrap as root, which keeps every capability for the
+    command unless told otherwise; with them it could remount a read-only bind writable and write the host's
+    files through it (it did, before ``--cap-drop ALL``)."""
+    shielded = tmp_path / "shielded"
+    shielded.mkdir()
+    (shielded / "file").write_text("host\n")
+    boxed = Bubblewrap(SandboxSettings(read_only_paths=(shielded,)))
+    output = bash(boxed, checkout, f"grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status; mount -o remount,bind,rw "
+                                   f"{shielded} 2>&1; echo planted > {shielded}/file 2>&1; cat {shielded}/file")
+    assert [line.split()[1] for line in output.splitlines()[:4]] == ["0000000000000000"] * 4, output
+    assert (shielded / "file").read_text() == "host\n"
+    assert "planted" not in output
+
+
 def test_nothing_a_call_started_outlives_it(sandbox: Bubblewrap, checkout: Path) -> None:
     marker = f"tasuki-sandbox-orphan-{os.getpid()}"
     bash(sandbox, checkout, f"setsid sh -c 'exec -a {marker} sleep 600' & nohup sleep 600 & echo started")
