@@ -49,32 +49,37 @@ DEV_LINKS = (
     ("/proc/self/fd/2", "/dev/stderr"),
     ("pts/ptmx", "/dev/ptmx"),
 )
-# The helper, run by the sandbox's python3 with every capability of the sandbox's own user namespace: argv[1] is
-# the mounts (JSON), the rest the command, run by setpriv with none. Errors name the mount and exit 125.
+# The helper, run by the sandbox's python3 with every capability of the sandbox's own user namespace. Its arguments:
+# setpriv's path, 1 or 0 (the layers writable, or read-only: a service's view), the directory to hide, the number of
+# layers, four paths per layer (lower, upper, work, target), then the command, run by setpriv with no capability.
+# Errors name the mount and exit 125. Plain argv and no json: importing json took longer than all the rest.
 HELPER = r"""
-import ctypes, json, os, sys
+import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 def mount(source, target, kind, options, flags=0):
     if libc.mount(source.encode(), target.encode(), kind.encode(), flags, options.encode()) != 0:
         sys.stderr.write(f"tasuki: mounting {target} failed: {os.strerror(ctypes.get_errno())}\n")
         sys.exit(125)
-spec = json.loads(sys.argv[1])
-for layer in spec["layers"]:
-    if os.path.realpath(layer["target"]) != layer["target"]:  # a symlink the task's commands put on the way
-        sys.stderr.write(f"tasuki: {layer['target']} passes through a symlink: its layer is not mounted\n")
+setpriv, writable, hide, count = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+for number in range(count):
+    lower, upper, work, target = sys.argv[5 + 4 * number : 9 + 4 * number]
+    if os.path.realpath(target) != target:  # a symlink the task's commands put on the way
+        sys.stderr.write(f"tasuki: {target} passes through a symlink: its layer is not mounted\n")
         sys.exit(125)
-    os.makedirs(layer["upper"], mode=0o700, exist_ok=True)
-    os.makedirs(layer["work"], mode=0o700, exist_ok=True)
-    if spec["writable"]:
-        layers = f"lowerdir={layer['lower']},upperdir={layer['upper']},workdir={layer['work']}"
-    else:  # what the task's commands changed, over the snapshot, read-only (a service's view)
-        layers = f"lowerdir={layer['upper']}:{layer['lower']}"
-    mount("overlay", layer["target"], "overlay", layers + ",userxattr")
-mount("tmpfs", spec["hide"], "tmpfs", "size=4k,mode=0500", 1)  # MS_RDONLY: the layers' directory looks empty
+    os.makedirs(upper, mode=0o700, exist_ok=True)
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    if writable:
+        layers = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    else:  # what the task's commands changed, over the snapshot, read-only
+        layers = f"lowerdir={upper}:{lower}"
+    mount("overlay", target, "overlay", layers + ",userxattr")
+mount("tmpfs", hide, "tmpfs", "size=4k,mode=0500", 1)  # MS_RDONLY: the layers' directory looks empty
 mount("devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620", 10)  # MS_NOSUID | MS_NOEXEC
-os.execv(spec["setpriv"], [spec["setpriv"], "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all",
-                           "--no-new-privs", "--", *sys.argv[2:]])
+os.execv(setpriv, [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                   *sys.argv[5 + 4 * count :]])
 """
+
+
 
 
 Command = Callable[[Sequence[str], Path, Path], tuple[list[str], Path]]  # a sandbox's command(argv, checkout, home)
@@ -175,21 +180,18 @@ def helper_argv(
     """``argv`` behind the helper that mounts ``layers`` over their paths under ``workspace`` (read-only when not
     ``writable``: what the task's commands changed over the snapshot)."""
     inside = f"{home_inside}/{LAYERS_DIR}"
-    spec = {
-        "layers": [
-            {
-                "lower": f"{LOWER_INSIDE}/{number}",
-                "upper": f"{inside}/{number}/upper",
-                "work": f"{inside}/{number}/work",
-                "target": f"{workspace}/{layer.path}",
-            }
-            for number, layer in enumerate(layers)
-        ],
-        "hide": inside,
-        "writable": writable,
-        "setpriv": _tool("setpriv") or "setpriv",
-    }
-    return [_tool("python3") or "python3", "-I", "-S", "-c", HELPER, json.dumps(spec), *argv]
+    paths = [
+        path
+        for number, layer in enumerate(layers)
+        for path in (
+            f"{LOWER_INSIDE}/{number}",
+            f"{inside}/{number}/upper",
+            f"{inside}/{number}/work",
+            f"{workspace}/{layer.path}",
+        )
+    ]
+    helper = [_tool("python3") or "python3", "-I", "-S", "-c", HELPER, _tool("setpriv") or "setpriv"]
+    return [*helper, "1" if writable else "0", inside, str(len(layers)), *paths, *argv]
 
 
 def _tool(name: str) -> str | None:
