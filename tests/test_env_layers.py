@@ -20,11 +20,11 @@ from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from sandbox import layers
-from sandbox.jail import Bubblewrap, probe
+from sandbox.jail import Bubblewrap
 from sandbox.services import ServiceJail
 from sandbox.settings import SandboxSettings
 from sandbox.snapshot_files import SnapshotError
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here
 from worker import environment as environment_module
 from worker.environment import TaskEnvironment
 from worker.settings_models import Settings
@@ -32,9 +32,7 @@ from worker.settings_models import Settings
 
 @pytest.fixture(scope="module", autouse=True)
 def _bubblewrap() -> None:
-    problem = probe(Bubblewrap(SandboxSettings()))
-    if problem is not None:
-        cannot_run(problem)
+    bubblewrap_here()
 
 
 @pytest.fixture

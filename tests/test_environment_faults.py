@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.jail import Bubblewrap, probe
-from sandbox.settings import SandboxSettings
 from sandbox.snapshots import BUILDING, SnapshotStore
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here
 from tests.helpers.package_index import PackageIndex, make_wheel, package_index
 from tests.helpers.stack import git, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import context_records, finish_turn, tool
@@ -40,9 +38,7 @@ MIB = 1024 * 1024
 
 @pytest.fixture(scope="module", autouse=True)
 def _bubblewrap() -> None:
-    problem = probe(Bubblewrap(SandboxSettings()))
-    if problem is not None:
-        cannot_run(problem)
+    bubblewrap_here()
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
-from sandbox.jail import Bubblewrap, make_sandbox, probe
-from sandbox.settings import SandboxSettings
-from tests.helpers.ci import cannot_run
+from sandbox.jail import make_sandbox
+from tests.helpers.ci import bubblewrap_here
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
 from worker.environment import TaskEnvironment
@@ -27,9 +26,7 @@ TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type
 
 @pytest.fixture(scope="module", autouse=True)
 def _bubblewrap() -> None:
-    problem = probe(Bubblewrap(SandboxSettings()))
-    if problem is not None:
-        cannot_run(problem)
+    bubblewrap_here()
 
 
 def repo(tmp_path: Path) -> Path:

@@ -21,9 +21,7 @@ import pytest
 from contexts import ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
-from sandbox.jail import Bubblewrap, probe
-from sandbox.settings import SandboxSettings
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
 from tests.helpers.package_index import PackageIndex, make_wheel, package_index
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
@@ -42,9 +40,7 @@ SECRET = "reg-s3cret-0123456789abcdef"
 
 @pytest.fixture(scope="module", autouse=True)
 def _bubblewrap() -> None:
-    problem = probe(Bubblewrap(SandboxSettings()))
-    if problem is not None:
-        cannot_run(problem)
+    bubblewrap_here()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from contexts import TasukiError
-from sandbox.jail import HOME, Bubblewrap, probe
+from sandbox.jail import HOME, Bubblewrap
 from sandbox.services import (
     ServicesError,
     _descendants,
@@ -26,7 +26,7 @@ from sandbox.services import (
     task_services,
 )
 from sandbox.settings import EnvironmentsSettings, RepositoryEnvironment, SandboxSettings, ServiceSettings
-from tests.helpers.ci import cannot_run
+from tests.helpers.ci import bubblewrap_here, cannot_run
 from tests.helpers.context_support import wait_for
 
 REDIS = (
@@ -55,9 +55,7 @@ def postgres(agent_user: str) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def bubblewrap() -> None:
-    problem = probe(Bubblewrap(SandboxSettings()))
-    if problem is not None:
-        cannot_run(problem)
+    bubblewrap_here()
 
 
 @pytest.fixture
