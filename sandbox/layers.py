@@ -87,11 +87,12 @@ Command = Callable[[Sequence[str], Path, Path], tuple[list[str], Path]]  # a san
 
 @dataclass(frozen=True)
 class Layer:
-    """One directory of the checkout seen through an overlay: the snapshot's copy of it (``lower``, on the host) and
-    where it is in the checkout (``path``, relative)."""
+    """One directory seen through an overlay: the snapshot's copy of it (``lower``, on the host) and where it is
+    (``path``, relative to the checkout, or to the home when ``home``)."""
 
     lower: str
     path: str
+    home: bool = False
 
 
 def layers_dir(home: Path) -> Path:
@@ -99,24 +100,45 @@ def layers_dir(home: Path) -> Path:
     return home / LAYERS_DIR
 
 
-def lay(home: Path, checkout: Path, lower: Path, paths: Sequence[str]) -> tuple[str, ...]:
+def lay(
+    home: Path, checkout: Path, lower: Path, paths: Sequence[str], lower_home: Path | None = None
+) -> tuple[str, ...]:
     """Layer the directories among ``paths`` (relative) of the snapshot's ``lower`` over the same paths of
-    ``checkout`` for every later command of the task whose home is ``home``; the paths layered (the others are
-    not directories: the caller copies them). Their mount points are made in the checkout (empty directories git
-    never sees); the description is written last, whole or not at all."""
-    layered = tuple(path for path in paths if (lower / path).is_dir() and not (lower / path).is_symlink())
+    ``checkout`` for every later command of the task whose home is ``home``, and the directories at the top of the
+    snapshot's ``lower_home`` (a setup's caches: ``.cargo``, ``go``, ``.npm``) over the same names in ``home`` but
+    ``.tasuki`` (the env files the worker reads); the paths of the checkout layered (the others are not directories:
+    the caller copies them, and the home's entries :func:`home_layered` does not name). The mount points are made
+    (in the checkout, empty directories git never sees); the description is written last, whole or not at all."""
+    layered = tuple(path for path in paths if _directory(lower / path))
+    in_home = home_layered(lower_home) if lower_home is not None else ()
     drop(home)
     directory = layers_dir(home)
     directory.mkdir(mode=0o700, parents=True)
-    for number, path in enumerate(layered):
+    for path in layered:
         _mount_point(checkout, path)
+    for name in in_home:
+        _mount_point(home, name)
+    for number in range(len(layered) + len(in_home)):
         (directory / str(number)).mkdir(mode=0o700)
-    described = {"format": FORMAT, "layers": [{"lower": str(lower / path), "path": path} for path in layered]}
+    described = {
+        "format": FORMAT,
+        "layers": [{"lower": str(lower / path), "path": path} for path in layered]
+        + [{"lower": str(lower_home / name), "path": name, "home": True} for name in in_home if lower_home],
+    }
     temporary = directory / f".{LAYERS_FILE}.new"
     temporary.write_text(json.dumps(described))
     temporary.chmod(0o600)
     os.replace(temporary, directory / LAYERS_FILE)
     return layered
+
+
+def home_layered(lower_home: Path) -> tuple[str, ...]:
+    """The entries of a snapshot's home that :func:`lay` layers: its directories, but the worker's own ``.tasuki``."""
+    return tuple(sorted(e.name for e in lower_home.iterdir() if e.name != ".tasuki" and _directory(e)))
+
+
+def _directory(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
 
 
 def _mount_point(checkout: Path, path: str) -> None:
@@ -139,7 +161,9 @@ def layers_of(home: Path) -> tuple[Layer, ...]:
         described = json.loads((layers_dir(home) / LAYERS_FILE).read_text())
         if described.get("format") != FORMAT:
             return ()
-        return tuple(Layer(str(entry["lower"]), str(entry["path"])) for entry in described["layers"])
+        return tuple(
+            Layer(str(entry["lower"]), str(entry["path"]), bool(entry.get("home"))) for entry in described["layers"]
+        )
     except _UNREADABLE:
         return ()
 
@@ -187,7 +211,7 @@ def helper_argv(
             f"{LOWER_INSIDE}/{number}",
             f"{inside}/{number}/upper",
             f"{inside}/{number}/work",
-            f"{workspace}/{layer.path}",
+            f"{home_inside if layer.home else workspace}/{layer.path}",
         )
     ]
     helper = [_tool("python3") or "python3", "-I", "-S", "-c", HELPER, _tool("setpriv") or "setpriv"]

@@ -226,14 +226,15 @@ class SnapshotStore:
 
     def lay(self, snapshot: Snapshot, home: Path, checkout: Path, *, now: float | None = None) -> tuple[str, ...]:
         """Restore by layers (``sandbox.layers``): the task's commands see the snapshot's directories of the checkout
-        through overlays, nothing of them copied; its home, and any file it holds of the checkout, are copied. The
-        paths layered."""
+        and of the home (but ``.tasuki``) through overlays, nothing of them copied; the home's files and ``.tasuki``,
+        and any file it holds of the checkout, are copied. The paths of the checkout layered."""
         try:
             _touch(snapshot.path / LAST_USED, now)
         except OSError as exc:
             raise SnapshotError(f"snapshot {snapshot.key} is gone (swept meanwhile?)") from exc
-        copy_entries(snapshot.home, home)
-        layered = layers.lay(home, checkout, snapshot.checkout, snapshot.paths)
+        layered = layers.lay(home, checkout, snapshot.checkout, snapshot.paths, snapshot.home)
+        in_home = set(layers.home_layered(snapshot.home))
+        copy_paths(snapshot.home, sorted(set(os.listdir(snapshot.home)) - in_home), home)
         copied = [path for path in snapshot.paths if path not in layered]
         if copied:
             copy_paths(snapshot.checkout, copied, checkout)

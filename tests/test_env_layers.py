@@ -20,10 +20,11 @@ from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from sandbox import layers
-from sandbox.jail import Bubblewrap
+from sandbox.jail import HOME, Bubblewrap
 from sandbox.services import ServiceJail
 from sandbox.settings import SandboxSettings
 from sandbox.snapshot_files import SnapshotError
+from sandbox.snapshots import SnapshotStore
 from tests.helpers.ci import bubblewrap_here
 from worker import environment as environment_module
 from worker.environment import TaskEnvironment
@@ -216,3 +217,34 @@ def test_the_worker_says_once_how_its_environments_are_restored(tmp_path: Path) 
         ]
     finally:
         environment_module._layers_probed.clear()
+
+
+def test_the_homes_directories_are_layered_and_its_env_files_copied(sandbox: Bubblewrap, tmp_path: Path) -> None:
+    """A setup's caches in the home (``~/.cargo``, ``~/go``: often larger than the checkout's environment) are layered
+    like the checkout's directories; the home's files and ``.tasuki`` (the env files the worker reads) are copied."""
+    built_home, built_checkout = tmp_path / "built-home", tmp_path / "built-checkout"
+    (built_home / ".cargo" / "registry").mkdir(parents=True)
+    (built_home / ".cargo" / "registry" / "crate.rs").write_text("pub fn one() {}\n")
+    (built_home / ".tasuki").mkdir()
+    (built_home / ".tasuki" / "env").write_text("CARGO_HOME=/tmp/home/.cargo\n")
+    (built_home / ".profile").write_text("# a file: copied\n")
+    (built_checkout / "target").mkdir(parents=True)
+    (built_checkout / "target" / "build.o").write_text("object\n")
+    store = SnapshotStore(tmp_path / "snapshots", keep_per_repository=3, keep_days=14, max_bytes=1 << 30)
+    snapshot = store.publish("a" * 32, "owner/repo", built_home, built_checkout, ["target/"], [], now=1.0)
+    home, checkout = tmp_path / "home", tmp_path / "checkout"
+    home.mkdir()
+    checkout.mkdir()
+
+    assert store.lay(snapshot, home, checkout) == ("target",)
+
+    assert (home / ".tasuki" / "env").read_text() == "CARGO_HOME=/tmp/home/.cargo\n"  # copied: the worker reads it
+    assert (home / ".profile").read_text() == "# a file: copied\n"
+    assert list((home / ".cargo").iterdir()) == []  # layered: only a mount point on the host
+    assert list((checkout / "target").iterdir()) == []
+    cargo = f"{HOME}/.cargo"
+    done = run(sandbox, checkout, home, f"cat {cargo}/registry/crate.rs target/build.o; echo new > {cargo}/added")
+    assert done.stdout == "pub fn one() {}\nobject\n", done.stderr
+    assert run(sandbox, checkout, home, f"cat {HOME}/.cargo/added").stdout == "new\n"  # it lasts for the task
+    assert not (snapshot.home / ".cargo" / "added").exists()  # and never reaches the snapshot
+    assert [layer.home for layer in layers.layers_of(home)] == [False, True]

@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
-from sandbox.jail import make_sandbox
+from sandbox.jail import HOME, make_sandbox
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
@@ -47,7 +47,8 @@ def checkout_for(settings: Settings, remote: Path, name: str) -> Checkout:
 
 
 def inside(settings: Settings, checkout: Checkout, path: str) -> str:
-    """The file at ``path`` of the checkout as the task's commands see it (a restore by layers copies nothing)."""
+    """The file at ``path`` of the checkout (or absolute: of the home, at HOME) as the task's commands see it (a restore
+    by layers copies nothing)."""
     sandbox = make_sandbox(settings.sandbox, read_only=checkout.shared_paths)
     argv, cwd = sandbox.command(["cat", path], checkout.path, checkout.home)
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout
@@ -84,7 +85,7 @@ def test_a_resume_keeps_its_home_here_and_restores_its_first_key_elsewhere(
     assert restored.outcome == "restored"
     assert restored.key == first.key
     assert inside(settings, elsewhere, ".venv/marker") == "built\n"
-    assert (elsewhere.home / ".cache" / "x").read_text() == "cached\n"
+    assert inside(settings, elsewhere, f"{HOME}/.cache/x") == "cached\n"
     assert restored.created == (".venv/",)
     again = environment.prepare(ctx, elsewhere)  # and a resume there keeps it, layers or copy
     assert (again.outcome, inside(settings, elsewhere, ".venv/marker")) == ("kept", "built\n")
@@ -164,7 +165,7 @@ def test_a_restore_cut_short_is_restored_whole_at_the_resume_and_still_never_com
     assert resumed.outcome == "restored"
     assert resumed.key == built.key
     assert inside(settings, cut, ".venv/marker") == "built\n"
-    assert (cut.home / ".cache" / "x").read_text() == "cached\n"
+    assert inside(settings, cut, f"{HOME}/.cache/x") == "cached\n"
     assert resumed.created == (".venv/",)
     assert ".venv" not in cut.git("status", "--porcelain")  # excluded: never committed
     cut.release()
