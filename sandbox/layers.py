@@ -72,7 +72,7 @@ for number in range(count):
         layers = f"lowerdir={lower},upperdir={upper},workdir={work}"
     else:  # what the task's commands changed, over the snapshot, read-only
         layers = f"lowerdir={upper}:{lower}"
-    mount("overlay", target, "overlay", layers + ",userxattr")
+    mount("overlay", target, "overlay", layers + ",userxattr,index=off")  # the last call's mount may linger: no EBUSY
 mount("tmpfs", hide, "tmpfs", "size=4k,mode=0500", 1)  # MS_RDONLY: the layers' directory looks empty
 mount("devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620", 10)  # MS_NOSUID | MS_NOEXEC
 os.execv(setpriv, [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
