@@ -275,7 +275,7 @@ class TaskEnvironment:
                 published = store.publish(
                     key, self.repository, checkout.home, checkout.path, outcome.created, secrets, now=self.clock()
                 )
-                if not self._layered(checkout):  # the next restores copy: a spare makes the next one renames
+                if self._spares_wanted(checkout):
                     self.spare_due = (store, published)
             except SnapshotRefused as exc:
                 log.warning("environment snapshot not kept", reason=mask(str(exc)))
@@ -399,6 +399,14 @@ class TaskEnvironment:
         if why is not None and wanted == "layers":
             raise SnapshotError(f"environments.restore is layers, but layers cannot be used here: {why}")
         return why is None
+
+    def _spares_wanted(self, checkout: Checkout) -> bool:
+        """Whether the next restores copy, so that a spare makes the next one renames (never with layers, nor when
+        layers are asked for and cannot be used: those restores fail)."""
+        try:
+            return not self._layered(checkout)
+        except SnapshotError:
+            return False
 
     def store(self) -> SnapshotStore:
         """This host's snapshots."""
