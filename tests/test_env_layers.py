@@ -200,6 +200,12 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
         assert "setpriv" in warned[0]["reason"]
         state = json.loads((ctx.path / "state.json").read_text())
         assert state["environment"]["outcome"] == "restored"
+        # layers asked for: a first build there is still kept as the key's snapshot
+        other = repo(tmp_path / "other")
+        settings = make_settings({"TASUKI__ENVIRONMENTS__RESTORE": "layers"})
+        ctx = ContextStore(settings.contexts.base_dir, fsync="never").create({**TASK_KEY, "task_id": "other"}, {})
+        report = TaskEnvironment(settings, str(other)).prepare(ctx, checkout_for(settings, other, ctx.uuid))
+        assert (report.outcome, report.snapshot) == ("built", "")
     finally:
         layers.layers_probe.cache_clear()
         environment_module._layers_probed.clear()
