@@ -13,14 +13,13 @@ directory under an empty read-only tmpfs, mounts the sandbox's ``/dev/pts``, and
 (``setpriv``: bounding, inheritable and ambient sets emptied, no new privileges) before the command starts: the
 agent's processes hold none, as in a sandbox without layers.
 
-Whether this host can is probed once per process (:func:`layers_probe`); where it cannot (no overlayfs for user
-namespaces, an upper file system without user xattrs, no ``python3`` or ``setpriv`` to run the helper), restores
-copy, as before, and the worker says why.
+Whether this host can is probed (:func:`layers_probe`, once per process by the worker); where it cannot (no
+overlayfs for user namespaces, an upper file system without user xattrs, no ``python3`` or ``setpriv`` to run the
+helper), restores copy, as before, and the worker says why.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -78,8 +77,6 @@ mount("devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=620", 10) 
 os.execv(setpriv, [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
                    *sys.argv[5 + 4 * count :]])
 """
-
-
 
 
 Command = Callable[[Sequence[str], Path, Path], tuple[list[str], Path]]  # a sandbox's command(argv, checkout, home)
@@ -223,23 +220,23 @@ def _tool(name: str) -> str | None:
     return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
 
 
-@functools.cache
-def layers_probe(scratch_parent: Path, command: Command) -> str | None:
-    """Why this host cannot restore by layers under ``scratch_parent`` (None: it can), found once per process by
-    running a real layered command: a file of the lower layer rewritten and another deleted, then the lower layer
-    checked unchanged. ``command`` is a bubblewrap sandbox's ``command``."""
+def layers_probe(scratch_parent: Path, command: Command, home_inside: str) -> str | None:
+    """Why this host cannot restore by layers under ``scratch_parent`` (None: it can), found by running a real
+    layered command: a file of the lower layer rewritten and another deleted, the layers' directory empty to the
+    command, then the lower layer checked unchanged. ``command`` is a bubblewrap sandbox's ``command``, and
+    ``home_inside`` where it shows the task's home (the worker probes once per process: worker.environment)."""
     missing = [name for name in ("python3", "setpriv") if _tool(name) is None]
     if missing:
         return f"{' and '.join(missing)} not found in the system directories (the sandbox's layer helper needs them)"
     try:
         scratch_parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".layers-probe-", dir=scratch_parent) as scratch:
-            return _probe_in(Path(scratch), command)
+            return _probe_in(Path(scratch), command, home_inside)
     except OSError as exc:
         return f"its probe could not run ({exc})"
 
 
-def _probe_in(scratch: Path, command: Command) -> str | None:
+def _probe_in(scratch: Path, command: Command, home_inside: str) -> str | None:
     lower, home, checkout = scratch / "lower", scratch / "home", scratch / "checkout"
     (lower / "env" / "sub").mkdir(parents=True)
     (lower / "env" / "kept").write_text("lower\n")
@@ -247,8 +244,8 @@ def _probe_in(scratch: Path, command: Command) -> str | None:
     home.mkdir()
     checkout.mkdir()
     lay(home, checkout, lower, ["env"])
-    script = 'echo upper > env/kept && rm env/sub/gone && test ! -e env/sub/gone && test -z "$(ls -A ~/.tasuki/layers)"'
-    argv, cwd = command(["sh", "-c", script], checkout, home)
+    script = 'echo upper > env/kept && rm env/sub/gone && test ! -e env/sub/gone && test -z "$(ls -A "$1")"'
+    argv, cwd = command(["sh", "-c", script, "probe", f"{home_inside}/{LAYERS_DIR}"], checkout, home)
     try:
         done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

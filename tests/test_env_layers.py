@@ -91,7 +91,7 @@ def test_the_agent_holds_no_capability_and_cannot_see_or_undo_its_layers(
     _, home, checkout = laid
     script = (
         "grep -E '^Cap(Eff|Prm|Inh|Bnd|Amb)' /proc/self/status; grep NoNewPrivs /proc/self/status;"
-        " ls -A ~/.tasuki/layers | wc -l; touch ~/.tasuki/layers/x 2>/dev/null && echo wrote-layers;"
+        f" ls -A {HOME}/.tasuki/layers | wc -l; touch {HOME}/.tasuki/layers/x 2>/dev/null && echo wrote-layers;"
         " umount .venv 2>/dev/null && echo unmounted; mount -t tmpfs t /tmp 2>/dev/null && echo mounted;"
         " python3 -c 'import pty, os; os.openpty(); print(\"pty ok\")'"
     )
@@ -148,7 +148,7 @@ def test_an_unprivileged_worker_can_layer_too(tmp_path: Path) -> None:
         return ["sh", "-c", switch, str(scratch), *wrapped], cwd
 
     try:
-        assert layers.layers_probe(scratch, as_nobody) is None
+        assert layers.layers_probe(scratch, as_nobody, HOME) is None
         assert sorted(p.name for p in scratch.iterdir()) == []  # the probe's files went with it
     finally:
         shutil.rmtree(scratch)
@@ -162,7 +162,6 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
     real_which = shutil.which
     monkeypatch.setattr(layers.shutil, "which", lambda name, path=None: None if name == "setpriv" else real_which(
         name, path=path))
-    layers.layers_probe.cache_clear()
     environment_module._layers_probed.clear()
     try:
         from tests.test_environment_resume import TASK_KEY, checkout_for, repo
@@ -207,7 +206,6 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
         report = TaskEnvironment(settings, str(other)).prepare(ctx, checkout_for(settings, other, ctx.uuid))
         assert (report.outcome, report.snapshot) == ("built", "")
     finally:
-        layers.layers_probe.cache_clear()
         environment_module._layers_probed.clear()
 
 
@@ -217,7 +215,7 @@ def test_the_worker_says_once_how_its_environments_are_restored(tmp_path: Path) 
         with capture_logs() as logs:
             for _ in range(2):
                 assert environment_module.layers_unavailable(tmp_path / "workspaces", Bubblewrap(
-                    SandboxSettings()).command) is None
+                    SandboxSettings())) is None
         assert [(entry["event"], entry["log_level"]) for entry in logs] == [
             ("environments are restored by layers", "info")
         ]

@@ -392,7 +392,7 @@ class TaskEnvironment:
             return False
         sandbox = make_sandbox(self.settings.sandbox, read_only=checkout.shared_paths)
         why = (
-            layers_unavailable(checkout.path.parent, sandbox.command)
+            layers_unavailable(checkout.path.parent, sandbox)
             if isinstance(sandbox, Bubblewrap)
             else "they need sandbox.backend: bubblewrap"
         )
@@ -434,12 +434,12 @@ class TaskEnvironment:
 _layers_probed: dict[Path, str | None] = {}  # workspaces directory -> why layers cannot be used there (None: they can)
 
 
-def layers_unavailable(workspaces: Path, command: layers.Command) -> str | None:
+def layers_unavailable(workspaces: Path, sandbox: Bubblewrap) -> str | None:
     """Why restores cannot be by layers in ``workspaces`` (None: they can): :func:`sandbox.layers.layers_probe`, once
     per directory and process (the worker's start probes it), and the worker's one line saying which it is."""
     workspaces = workspaces.resolve()
     if workspaces not in _layers_probed:
-        why = layers.layers_probe(workspaces, command)
+        why = layers.layers_probe(workspaces, sandbox.command, sandbox.home_inside(workspaces))
         if why is None:
             log.info("environments are restored by layers", workspaces=str(workspaces))
         else:

@@ -100,9 +100,9 @@ def probe_restores(sandbox: Sandbox, limits: SandboxLimits | None = None) -> Non
     """The toolchains' warnings (:func:`warn_toolchains`), then one line on how environments are restored here: by
     layers, or by copy and why (``environments.restore: auto``)."""
     warn_toolchains(sandbox, limits)
-    environments = settings()
-    if environments.environments.restore != "copy" and isinstance(sandbox, Bubblewrap):
-        layers_unavailable(Path(environments.contexts.workspaces_dir), sandbox.command)
+    current = settings()
+    if current.environments.restore != "copy" and isinstance(sandbox, Bubblewrap):
+        layers_unavailable(Path(current.contexts.workspaces_dir), sandbox)
 
 
 @worker_ready.connect
