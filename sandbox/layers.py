@@ -170,6 +170,12 @@ def whole(home: Path) -> bool:
     return all(Path(layer.lower).is_dir() for layer in layers_of(home))
 
 
+def remove_home(home: Path) -> None:
+    """Delete a task's home whole, its layers too (:func:`drop`: rmtree alone leaves their work directories)."""
+    drop(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
 def drop(home: Path) -> None:
     """The task has no layers any more (what its commands wrote in them is deleted)."""
     directory = layers_dir(home)

@@ -265,8 +265,7 @@ class Checkout:
         home_aside = self.path.with_name(f"{ASIDE_PREFIX}{self.home.name}-{os.urandom(4).hex()}")
         with contextlib.suppress(FileNotFoundError):  # its home too: the environment is restored or built again
             os.rename(self.home, home_aside)
-            layers.drop(home_aside)  # overlayfs's work directories are unreadable: rmtree alone would leave them
-            shutil.rmtree(home_aside, ignore_errors=True)
+            layers.remove_home(home_aside)
         aside = self.path.with_name(f"{ASIDE_PREFIX}{self.path.name}-{os.urandom(4).hex()}")
         try:
             os.rename(self.path, aside)
@@ -559,8 +558,7 @@ class Checkout:
         """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache); its
         home is deleted."""
         self.settle()
-        layers.drop(self.home)
-        shutil.rmtree(self.home, ignore_errors=True)
+        layers.remove_home(self.home)
         if self.cache is not None:
             self.cache.give_back(self.remote, self.path)
             try:

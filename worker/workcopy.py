@@ -238,8 +238,7 @@ class GitCache:
             else:
                 continue
             if stale:
-                layers.drop(entry)  # a home's layers (overlayfs's work directories are unreadable)
-                shutil.rmtree(entry, ignore_errors=True)
+                layers.remove_home(entry)  # a home (its layers too), or a set-aside leftover
                 gone.append(entry)
         return gone
 
