@@ -12,12 +12,22 @@ last line first, as GitHub's ``$GITHUB_PATH``). Both are read before every comma
 read (torn by a killed command, not a name, a NUL byte) is skipped with a warning, never an error. Names that
 look like credentials are dropped here as from the worker's own environment: a secret a setup wrote there
 would otherwise reach every command of the agent.
+
+The files are the agent's: the worker reads and makes them as data only (issue 36). Each is opened beneath the
+home without following a link, as a regular file only and without blocking (a named pipe in their place is
+refused, never waited on); the dynamic loader's variables are refused, and so is a ``PATH`` directory outside the
+sandbox's own paths; each refusal is a line the command's output shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import re
-from collections.abc import Mapping
+import shutil
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +43,26 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|CREDENTIAL", re.IGNO
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by the sandbox itself; an env file cannot move the home, nor the env files.
 _RESERVED = frozenset({"HOME", "TMPDIR", "TASUKI_ENV", "TASUKI_PATH", "GITHUB_ENV", "GITHUB_PATH"})
+# What glibc drops from a setuid program's environment (its UNSECURE_ENVVARS): variables that make the dynamic loader
+# or libc load code or data from a path; an env file may set none of them.
+LOADER_NAMES = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+    }
+)
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -45,11 +75,41 @@ class EnvFiles:
 
 
 def prepare(home: Path) -> None:
-    """Make ``HOME/.tasuki`` and the two files (empty) when they are missing: ``>> $TASUKI_ENV`` just works."""
-    directory = home / ENV_FILE.split("/", 1)[0]
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for name in (ENV_FILE, PATH_FILE):
-        (home / name).touch(mode=0o600, exist_ok=True)
+    """Make ``HOME/.tasuki`` and the two files (empty) when they are missing: ``>> $TASUKI_ENV`` just works.
+    Whatever the agent left in their place that is not a directory or a regular file (a symlink, a pipe) is
+    removed first, never followed."""
+    home_fd = os.open(home, _DIRECTORY)
+    try:
+        directory = ENV_FILE.split("/", 1)[0]
+        _replace_odd(home_fd, directory, stat.S_ISDIR)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700, dir_fd=home_fd)
+        tasuki_fd = os.open(directory, _DIRECTORY, dir_fd=home_fd)
+        try:
+            for name in (ENV_FILE, PATH_FILE):
+                leaf = name.split("/", 1)[1]
+                _replace_odd(tasuki_fd, leaf, stat.S_ISREG)
+                os.close(os.open(leaf, _CREATE, 0o600, dir_fd=tasuki_fd))
+        finally:
+            os.close(tasuki_fd)
+    finally:
+        os.close(home_fd)
+
+
+def _replace_odd(directory_fd: int, name: str, wanted: Callable[[int], bool]) -> None:
+    """Remove ``name`` in ``directory_fd`` when it is there but not of the ``wanted`` kind (lstat: links are not
+    followed; a directory in a file's place goes whole)."""
+    try:
+        mode = os.lstat(name, dir_fd=directory_fd).st_mode
+    except FileNotFoundError:
+        return
+    if wanted(mode):
+        return
+    if stat.S_ISDIR(mode):
+        log.warning("env file's place held by a directory: removed", file=name)
+        shutil.rmtree(name, dir_fd=directory_fd, ignore_errors=True)
+    else:
+        os.unlink(name, dir_fd=directory_fd)
 
 
 def locations(home_inside: str) -> dict[str, str]:
@@ -58,27 +118,41 @@ def locations(home_inside: str) -> dict[str, str]:
 
 
 def read(home: Path) -> EnvFiles:
-    """Both files of ``home`` parsed; missing files are empty."""
-    variables, skipped = parse_env(_text(home / ENV_FILE))
-    path, path_skipped = parse_path(_text(home / PATH_FILE))
-    return EnvFiles(variables, path, skipped + path_skipped)
+    """Both files of ``home`` parsed; missing files are empty, and what is not a regular file is skipped."""
+    env_text, env_problem = _text(home, ENV_FILE)
+    path_text, path_problem = _text(home, PATH_FILE)
+    variables, skipped = parse_env(env_text)
+    path, path_skipped = parse_path(path_text)
+    problems = tuple(problem for problem in (env_problem, path_problem) if problem)
+    return EnvFiles(variables, path, problems + skipped + path_skipped)
 
 
-def _text(path: Path) -> str:
+def _text(home: Path, name: str) -> tuple[str, str | None]:
+    """The beginning of the file ``name`` beneath ``home`` (``.tasuki/env``), opened without following a link and
+    without blocking; and why it was not read, when it is there but could not be."""
+    fds: list[int] = []
     try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return ""
+        fds.append(os.open(home, _DIRECTORY))
+        directory, leaf = name.split("/", 1)
+        fds.append(os.open(directory, _DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open(leaf, _FILE, dir_fd=fds[-1]))
+        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
+            return "", f"{name} is not a regular file: not read"
+        data = os.read(fds[-1], MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return "", None
     except OSError as exc:
-        log.warning("env file not read", file=path.name, error=str(exc)[:200])
-        return ""
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return "", f"{name} is a symbolic link or passes through one: not read"
+        log.warning("env file not read", file=name, error=str(exc)[:200])
+        return "", f"{name} could not be read ({exc.strerror or exc})"
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
     if len(data) > MAX_FILE_BYTES:
-        log.warning(
-            "env file larger than its limit: only its beginning is read", file=path.name, limit_bytes=MAX_FILE_BYTES
-        )
+        log.warning("env file larger than its limit: only its beginning is read", file=name, limit_bytes=MAX_FILE_BYTES)
         data = data[:MAX_FILE_BYTES].rsplit(b"\n", 1)[0]
-    return data.decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="replace"), None
 
 
 def parse_env(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -131,6 +205,8 @@ def _problem(name: str, value: str) -> str | None:
         return f"{name} holds a NUL byte"
     if name in _RESERVED:
         return f"{name} is set by the sandbox"
+    if name.startswith("LD_") or name in LOADER_NAMES:
+        return f"{name} is a variable of the dynamic loader: refused"
     return None
 
 
@@ -162,13 +238,30 @@ def drop_secrets(env: Mapping[str, str]) -> dict[str, str]:
     return kept
 
 
-def applied(env: Mapping[str, str], home: Path, home_inside: str) -> dict[str, str]:
-    """``env`` with what the env files of ``home`` add (secret-looking names dropped), ``PATH`` extended, and
-    ``TASUKI_ENV``/``TASUKI_PATH`` naming the files as the command sees them."""
+@dataclass(frozen=True)
+class Applied:
+    """A command's environment with the env files applied, and what of them was refused (a line each)."""
+
+    env: dict[str, str]
+    refused: tuple[str, ...] = ()
+
+
+def applied(env: Mapping[str, str], home: Path, home_inside: str, roots: Sequence[str] = ()) -> Applied:
+    """``env`` with what the env files of ``home`` add (secret-looking names dropped), ``PATH`` extended by their
+    directories that lie under one of ``roots`` (the sandbox's own paths; empty: any), and ``TASUKI_ENV`` /
+    ``TASUKI_PATH`` naming the files as the command sees them."""
     files = read(home)
-    for reason in files.skipped:
+    refused = list(files.skipped)
+    path = tuple(directory for directory in files.path if not roots or _under(directory, roots))
+    refused += [f"path: {d[:80]!r} is outside the sandbox's own paths: refused" for d in files.path if d not in path]
+    for reason in refused:
         log.warning("env file line skipped", reason=reason)
     result = {**env, **drop_secrets(files.variables), **locations(home_inside)}
-    if files.path:
-        result["PATH"] = ":".join((*files.path, *([result["PATH"]] if result.get("PATH") else [])))
-    return result
+    if path:
+        result["PATH"] = ":".join((*path, *([result["PATH"]] if result.get("PATH") else [])))
+    return Applied(result, tuple(refused))
+
+
+def _under(directory: str, roots: Sequence[str]) -> bool:
+    normal = os.path.normpath(directory)
+    return any(normal == root or normal.startswith(root.rstrip("/") + "/") for root in roots)

@@ -33,7 +33,8 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
-from sandbox import envfiles, layers
+from sandbox import envfiles, layers, seccomp
+from sandbox.host import HOST_ENV, program
 from sandbox.settings import SandboxLimits, SandboxSettings
 from sandbox.toolchains import agent_path, toolchain_binds, toolchain_environment, worker_path
 
@@ -115,12 +116,24 @@ class Sandbox(Protocol):
 
     name: str
 
-    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
-        """``argv`` wrapped to run in ``checkout`` with ``home`` as its home; and the host cwd to start in."""
+    def command(
+        self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
+    ) -> tuple[list[str], Path]:
+        """``argv`` wrapped to run in ``checkout`` with ``home`` as its home and ``env`` as its whole environment
+        (and the variables named in ``inherit``, which :meth:`launch_env` passes out of sight of ``ps``: a setup's
+        secrets); and the host cwd to start in."""
+        ...
+
+    def launch_env(self, env: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment the wrapped line starts with on the host."""
         ...
 
     def home_inside(self, home: Path) -> str:
         """What ``HOME`` and ``TMPDIR`` are as the command sees them."""
+        ...
+
+    def roots(self, checkout: Path, home: Path) -> tuple[str, ...]:
+        """The command's own paths, as it sees them: where an env file's ``PATH`` directory may lie."""
         ...
 
     def with_egress(self, socket: Path | None) -> Sandbox:
@@ -133,13 +146,23 @@ class NoSandbox:
 
     name = "none"
 
-    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
+    def command(
+        self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
+    ) -> tuple[list[str], Path]:
         """The command as it is."""
         return list(argv), checkout
+
+    def launch_env(self, env: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The command's own: it is the process started on the host."""
+        return {**env, **(inherited or {})}
 
     def home_inside(self, home: Path) -> str:
         """The host directory itself."""
         return str(home)
+
+    def roots(self, checkout: Path, home: Path) -> tuple[str, ...]:
+        """Anywhere: a command on the host is trusted (sandbox.backend: none)."""
+        return ()
 
     def with_egress(self, socket: Path | None) -> Sandbox:
         """Unchanged: without a sandbox there is no network namespace to confine."""
@@ -155,48 +178,72 @@ class Bubblewrap:
         self.network = settings.network
         self.egress: Path | None = None  # the task's egress proxy socket on the host
         self.layers_writable = True  # a task's environment layers (sandbox.layers): writable, or a service's view
+        self.tmpfs_bytes = settings.limits.tmpfs_bytes
         # Tasuki's own virtualenv is neither on the agent's PATH nor bound (sandbox.toolchains).
         entries = agent_path(path if path is not None else os.environ.get("PATH", "").split(os.pathsep))
         self.read_only = tool_dirs(entries) + toolchain_binds(entries)
         self.read_only += tuple(str(p) for p in settings.read_only_paths)
         self.environment = toolchain_environment(entries)
+        self.bwrap = program("bwrap") or shutil.which("bwrap") or "bwrap"  # absolute: never the agent's PATH
 
-    def command(self, argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
-        """``bwrap OPTIONS -- argv`` with the checkout at /workspace."""
-        options = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    def command(
+        self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
+    ) -> tuple[list[str], Path]:
+        """``sh -c 'exec 3<FILTER; exec bwrap OPTIONS -- argv'`` with the checkout at /workspace: the seccomp
+        filter on fd 3, the environment cleared and ``env`` set inside only (with ``inherit``: kept, not cleared)."""
+        options = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        options += ["--unshare-cgroup-try"]
         if self.network != "full" or self.egress is not None:
             options.append("--unshare-net")  # allowlist without a proxy: no way out at all
-        options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox"]
+        options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox", "--seccomp", "3"]
         # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
         # and the task's home is bound over it at HOME (the same path in every call and every task).
-        # A task whose environment was restored by layers (sandbox.layers) gets them mounted by a helper first.
+        # A task whose environment was restored by layers (sandbox.layers) gets them mounted by a helper first; the
+        # description is read beside the home, where the agent cannot write.
         layered = layers.layers_of(home)
         # No capability for the command, even when the worker runs as root (bwrap then keeps them all by default, and
         # the command could remount a read-only bind writable); with layers, the helper drops them (sandbox.layers).
-        bare = ["--cap-drop", "ALL", "--dev", "/dev"]
-        options += ["--proc", "/proc", *(layers.bwrap_options(layered) if layered else bare)]
-        options += ["--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
+        # /dev read-only but for its shm, both sized; /proc/sys read-only (a root worker's uid could write it).
+        bare = ["--cap-drop", "ALL", "--dev", "/dev", *layers.sized(self.tmpfs_bytes), "--tmpfs", "/dev/shm"]  # noqa: S108
+        bare += ["--remount-ro", "/dev"]
+        options += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+        options += layers.bwrap_options(layered, layers.layers_dir(home), self.tmpfs_bytes) if layered else bare
+        options += [*layers.sized(self.tmpfs_bytes), "--tmpfs", "/tmp", "--bind", str(home), HOME]  # noqa: S108
         for directory in SYSTEM_DIRS:
             options += _ro_bind(directory)
         for name in ETC_FILES:
             options += _ro_bind(f"/etc/{name}")
         for directory in self.read_only:
             options += _ro_bind(directory)
-        for name, value in self.environment.items():
-            options += ["--setenv", name, value]
+        inside = {**env, **self.environment}
         if self.egress is not None:
             options += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
-            for name, value in EGRESS_ENV.items():
-                options += ["--setenv", name, value]
+            inside.update(EGRESS_ENV)
             argv = ["bash", "-c", _BRIDGE, "tasuki-egress", *argv]
-        if layered:
-            argv = layers.helper_argv(layered, WORKSPACE, HOME, argv, writable=self.layers_writable)
-        options += ["--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--"]
-        return [*options, *argv], checkout
+        if inherit and not layered:  # bwrap's own environment: the fixed one and these, which the command keeps
+            options += [arg for name in HOST_ENV if name not in inside for arg in ("--unsetenv", name)]
+        else:  # bwrap's own environment is the host's fixed one; the command's is set below
+            options += ["--clearenv"]
+        if layered:  # the helper starts with none: the agent's applies only once every capability is gone
+            argv = layers.helper_argv(layered, WORKSPACE, HOME, argv, inside, writable=self.layers_writable)
+        else:
+            for name, value in inside.items():
+                options += ["--setenv", name, value]
+        options += ["--bind", str(checkout), WORKSPACE, "--remount-ro", "/", "--chdir", WORKSPACE, "--"]
+        opener = [program("sh") or "/bin/sh", "-c", 'exec 3<"$0" && exec "$@"', str(seccomp.filter_file())]
+        return [*opener, *options, *argv], checkout
+
+    def launch_env(self, env: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The fixed environment (:data:`sandbox.host.HOST_ENV`) and ``inherited``: never the command's."""
+        return {**HOST_ENV, **(inherited or {})}
 
     def home_inside(self, home: Path) -> str:
         """The fixed path the task's home is bound at."""
         return HOME
+
+    def roots(self, checkout: Path, home: Path) -> tuple[str, ...]:
+        """The checkout, the home, /tmp, the system directories and the tools' installations the sandbox shows."""
+        return (WORKSPACE, HOME, "/tmp", *SYSTEM_DIRS, *self.read_only)  # noqa: S108 - the sandbox's own /tmp
 
     def with_egress(self, socket: Path | None) -> Sandbox:
         """A copy whose network namespace is empty but for a bridge to the proxy on ``socket``."""
@@ -228,9 +275,9 @@ def tool_dirs(path_entries: Sequence[str]) -> tuple[str, ...]:
             prefix = str(candidate)
             if prefix not in found and prefix != "/" and not _under_system(prefix):
                 found.append(prefix)
-        for program in Path(entry).iterdir() if os.access(entry, os.R_OK) else ():
-            if program.is_symlink() and program.name.startswith("python"):
-                target = program.resolve().parent.parent  # an interpreter's installation prefix
+        for tool in Path(entry).iterdir() if os.access(entry, os.R_OK) else ():
+            if tool.is_symlink() and tool.name.startswith("python"):
+                target = tool.resolve().parent.parent  # an interpreter's installation prefix
                 if str(target) not in found and not _under_system(str(target)):
                     found.append(str(target))
     return tuple(found)
@@ -268,9 +315,11 @@ def probe(sandbox: Sandbox) -> str | None:
             "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
         )
     with tempfile.TemporaryDirectory(prefix="tasuki-probe-") as scratch:
-        argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch))
+        argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch), {"PATH": "/usr/bin:/bin"})
         try:
-            done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bubblewrap cannot start ({exc}); set sandbox.backend: none to run agent commands unsandboxed"
     if done.returncode != 0:
@@ -319,6 +368,10 @@ def scrubbed_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str
     return envfiles.drop_secrets(env)
 
 
-def command_env(home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox) -> dict[str, str]:
-    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add."""
-    return envfiles.applied(sandbox_env(scrubbed_env(home, extra), sandbox, home), home, sandbox.home_inside(home))
+def command_env(
+    home: Path, extra: Mapping[str, str] | None, sandbox: Sandbox, checkout: Path | None = None
+) -> envfiles.Applied:
+    """A command's environment in ``sandbox`` with the task's ``home``: scrubbed, then what the env files add
+    (their ``PATH`` directories only among the sandbox's own paths); and what of the env files was refused."""
+    env = sandbox_env(scrubbed_env(home, extra), sandbox, home)
+    return envfiles.applied(env, home, sandbox.home_inside(home), sandbox.roots(checkout or home, home))

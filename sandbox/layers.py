@@ -5,13 +5,16 @@ is mounted, inside every sandbox of the task, as an overlay whose lower layer is
 read-only) and whose upper layer is the task's own (empty at first). The agent reads the snapshot's files and
 whatever it writes, deletes or installs lands in the upper layer; the snapshot never changes.
 
-The task's layers live in its home (``.tasuki/layers/N/upper`` and ``work``; overlayfs wants both on one mount),
-described by ``.tasuki/layers/layers.json``, so they last for the task (a resume on this host mounts them again)
-and go with the home. Inside the sandbox a small helper run first mounts them (bubblewrap 0.8, Debian 12's, has no
-overlay option of its own; the sandbox's user namespace may mount overlayfs since Linux 5.11), hides the layers'
-directory under an empty read-only tmpfs, mounts the sandbox's ``/dev/pts``, and then drops every capability
-(``setpriv``: bounding, inheritable and ambient sets emptied, no new privileges) before the command starts: the
-agent's processes hold none, as in a sandbox without layers.
+The task's layers live beside its home, never in it (``{home}.layers/N/upper`` and ``work``; overlayfs wants both on
+one mount), described by ``{home}.layers/layers.json``: the task's state, which nothing bound into the sandbox can
+name or reach (issue 36: a description in the home was the agent's to forge). They last for the task (a resume on
+this host mounts them again) and go with the home. Inside the sandbox a small helper run first mounts them
+(bubblewrap 0.8, Debian 12's, has no overlay option of its own; the sandbox's user namespace may mount overlayfs
+since Linux 5.11), hides where they were bound under an empty read-only tmpfs, mounts the sandbox's ``/dev/pts``,
+and then drops every capability (``setpriv``: bounding, inheritable and ambient sets emptied, no new privileges).
+The helper starts with an empty environment; the agent's is applied only by the final ``env -i``, after every
+capability is gone, so nothing the agent set (``LD_PRELOAD``) runs while one is held. A task without layers never
+gets the helper.
 
 Whether this host can is probed (:func:`layers_probe`, once per process by the worker); where it cannot (no
 overlayfs for user namespaces, an upper file system without user xattrs, no ``python3`` or ``setpriv`` to run the
@@ -20,27 +23,36 @@ helper), restores copy, as before, and the worker says why.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from contexts.errors import BAD_DATA_ERRORS
+from sandbox.host import HOST_ENV, program
 from sandbox.snapshot_files import SnapshotError
 
-LAYERS_DIR = ".tasuki/layers"  # in the task's home
+log = structlog.get_logger(__name__)
+
+LAYERS_SUFFIX = ".layers"  # {home}.layers: beside the task's home, out of every sandbox's sight
 LAYERS_FILE = "layers.json"
-LOWER_INSIDE = "/run/tasuki/lower"  # where the sandbox sees the snapshot's directories (read-only), one per number
+INSIDE = "/run/tasuki-layers"  # where the helper finds them (hidden under a tmpfs before the command starts)
+LOWER_INSIDE = f"{INSIDE}/lower"  # the snapshot's directories (read-only), one per number
+OWN_INSIDE = f"{INSIDE}/own"  # the task's upper and work directories, one per number
 FORMAT = 1
 _UNREADABLE: tuple[type[Exception], ...] = (*BAD_DATA_ERRORS, OSError)  # missing, torn or edited
 PROBE_TIMEOUT_S = 30
 # What bubblewrap's --dev makes, by hand: with --dev, a user namespace that is not root's may not mount overlayfs
 # (EPERM on Linux 6.x); the helper mounts /dev/pts itself.
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_BYTES = 1024 * 1024  # /dev itself: device nodes and links only, read-only once made
 DEV_LINKS = (
     ("/proc/self/fd", "/dev/fd"),
     ("/proc/self/fd/0", "/dev/stdin"),
@@ -48,9 +60,10 @@ DEV_LINKS = (
     ("/proc/self/fd/2", "/dev/stderr"),
     ("pts/ptmx", "/dev/ptmx"),
 )
-# The helper, run by the sandbox's python3 with every capability of the sandbox's own user namespace. Its arguments:
-# setpriv's path, 1 or 0 (the layers writable, or read-only: a service's view), the directory to hide, the number of
-# layers, four paths per layer (lower, upper, work, target), then the command, run by setpriv with no capability.
+# The helper, run by the sandbox's python3 with every capability of the sandbox's own user namespace and an empty
+# environment. Its arguments: setpriv's path, 1 or 0 (the layers writable, or read-only: a service's view), the
+# directory to hide, the number of layers, four paths per layer (lower, upper, work, target), then the command: setpriv
+# drops every capability and runs ``env -i NAME=VALUE... -- COMMAND``, so the agent's environment applies from there on.
 # Errors name the mount and exit 125. Plain argv and no json: importing json took longer than all the rest.
 HELPER = r"""
 import ctypes, os, sys
@@ -79,7 +92,8 @@ os.execv(setpriv, [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--boundin
 """
 
 
-Command = Callable[[Sequence[str], Path, Path], tuple[list[str], Path]]  # a sandbox's command(argv, checkout, home)
+# a sandbox's command(argv, checkout, home, env)
+Command = Callable[[Sequence[str], Path, Path, Mapping[str, str]], tuple[list[str], Path]]
 
 
 @dataclass(frozen=True)
@@ -93,8 +107,8 @@ class Layer:
 
 
 def layers_dir(home: Path) -> Path:
-    """Where a task's layers live in its home."""
-    return home / LAYERS_DIR
+    """Where a task's layers live: beside its home (``{home}.layers``), never in it."""
+    return home.with_name(home.name + LAYERS_SUFFIX)
 
 
 def lay(
@@ -103,7 +117,7 @@ def lay(
     """Layer the directories among ``paths`` (relative) of the snapshot's ``lower`` over the same paths of
     ``checkout`` for every later command of the task whose home is ``home``, and the directories at the top of the
     snapshot's ``lower_home`` (a setup's caches: ``.cargo``, ``go``, ``.npm``) over the same names in ``home`` but
-    ``.tasuki`` (the env files the worker reads); the paths of the checkout layered (the others are not directories:
+    ``.tasuki`` (the env files); the paths of the checkout layered (the others are not directories:
     the caller copies them, and the home's entries :func:`home_layered` does not name). The mount points are made
     (in the checkout, empty directories git never sees); the description is written last, whole or not at all."""
     layered = tuple(path for path in paths if _directory(lower / path))
@@ -170,79 +184,150 @@ def whole(home: Path) -> bool:
     return all(Path(layer.lower).is_dir() for layer in layers_of(home))
 
 
-def remove_home(home: Path) -> None:
-    """Delete a task's home whole, its layers too (:func:`drop`: rmtree alone leaves their work directories)."""
+def remove_home(home: Path) -> tuple[str, ...]:
+    """Delete a task's home whole, and its layers; what could not be removed (logged, relative paths) is returned.
+    The home is the agent's: nothing in it is followed, and each of its directories is made writable first (a
+    mode-000 directory would otherwise keep its contents)."""
     drop(home)
-    shutil.rmtree(home, ignore_errors=True)
+    left = remove_tree(home)
+    if left:
+        log.warning("task home not removed whole", home=home.name, left=len(left), first=list(left[:5]))
+    return left
 
 
 def drop(home: Path) -> None:
     """The task has no layers any more (what its commands wrote in them is deleted)."""
-    directory = layers_dir(home)
-    if directory.exists():
-        # overlayfs leaves its work directory unreadable (mode 000): made readable again, or rmtree skips it
-        for root, dirnames, _files in os.walk(directory):
-            for name in dirnames:
-                os.chmod(os.path.join(root, name), 0o700)
-        shutil.rmtree(directory, ignore_errors=True)
+    left = remove_tree(layers_dir(home))
+    if left:
+        log.warning("task layers not removed whole", home=home.name, left=len(left), first=list(left[:5]))
 
 
-def bwrap_options(layers: Sequence[Layer]) -> list[str]:
-    """bubblewrap's options for a sandbox with ``layers``: the lower layers bound read-only, a /dev made by hand
-    (see DEVICES), and every capability for the helper (it drops them all before the command)."""
-    options = ["--cap-add", "ALL", "--tmpfs", "/dev"]
+def remove_tree(path: Path) -> tuple[str, ...]:
+    """Delete ``path`` and everything under it without following a link: every real directory is made ``0700``
+    through a descriptor opened with ``O_NOFOLLOW`` (overlayfs leaves its work directory mode 000, and so can the
+    agent), then removed by ``shutil.rmtree`` (which never follows links either); the paths left behind."""
+    try:
+        top = os.open(path, _WALK)
+    except FileNotFoundError:
+        return ()
+    except OSError:  # a link or a file in the tree's place: removed itself, never followed
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return () if not os.path.lexists(path) else (".",)
+    try:
+        _writable_below(top)
+    finally:
+        os.close(top)
+    failed: list[str] = []
+    shutil.rmtree(path, onerror=lambda _f, name, _e: failed.append(os.path.relpath(name, path)))
+    return tuple(failed)
+
+
+_WALK = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_DEPTH = 512  # deeper than any honest tree; rmtree reports what lies below
+
+
+def _writable_below(directory: int, depth: int = 0) -> None:
+    """``0700`` for the directory ``directory`` and every real directory under it (fds only, links not followed)."""
+    with contextlib.suppress(OSError):
+        os.fchmod(directory, 0o700)
+    if depth >= _MAX_DEPTH:
+        return
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            child = os.open(entry.name, _WALK | os.O_PATH, dir_fd=directory)
+        except OSError:
+            continue
+        try:
+            os.chmod(f"/proc/self/fd/{child}", 0o700)  # an O_PATH fd: opened even at mode 000, chmod via its link
+            reopened = os.open(".", _WALK, dir_fd=child)
+        except OSError:
+            os.close(child)
+            continue
+        os.close(child)
+        try:
+            _writable_below(reopened, depth + 1)
+        finally:
+            os.close(reopened)
+
+
+def bwrap_options(layers: Sequence[Layer], own: Path, tmpfs_bytes: int | None = None) -> list[str]:
+    """bubblewrap's options for a sandbox with ``layers``: the lower layers bound read-only and the task's own
+    directories (``own``, :func:`layers_dir`) writable, where only the helper sees them; a /dev made by hand (see
+    DEVICES), read-only but for its own ``shm`` (a tmpfs of ``tmpfs_bytes``); every capability for the helper (it
+    drops them all before the command)."""
+    options = ["--cap-add", "ALL", "--size", str(DEV_BYTES), "--tmpfs", "/dev"]
     for device in DEVICES:
         options += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
     for target, name in DEV_LINKS:
         options += ["--symlink", target, name]
-    options += ["--dir", "/dev/shm", "--dir", "/dev/pts"]  # noqa: S108 - inside the sandbox's own /dev
+    options += ["--dir", "/dev/pts", *sized(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]  # noqa: S108
     for number, layer in enumerate(layers):
         options += ["--ro-bind", layer.lower, f"{LOWER_INSIDE}/{number}"]
+        options += ["--bind", str(own / str(number)), f"{OWN_INSIDE}/{number}"]
     return options
 
 
+def sized(size: int | None) -> list[str]:
+    """bubblewrap's ``--size`` for the next ``--tmpfs`` (none: the kernel's default, half the memory)."""
+    return ["--size", str(size)] if size is not None else []
+
+
 def helper_argv(
-    layers: Sequence[Layer], workspace: str, home_inside: str, argv: Sequence[str], *, writable: bool = True
+    layers: Sequence[Layer],
+    workspace: str,
+    home_inside: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    writable: bool = True,
 ) -> list[str]:
     """``argv`` behind the helper that mounts ``layers`` over their paths under ``workspace`` (read-only when not
-    ``writable``: what the task's commands changed over the snapshot)."""
-    inside = f"{home_inside}/{LAYERS_DIR}"
+    ``writable``: what the task's commands changed over the snapshot), then runs it with ``env`` and no capability
+    (the helper itself runs with an empty environment: bubblewrap's ``--clearenv``)."""
     paths = [
         path
         for number, layer in enumerate(layers)
         for path in (
             f"{LOWER_INSIDE}/{number}",
-            f"{inside}/{number}/upper",
-            f"{inside}/{number}/work",
+            f"{OWN_INSIDE}/{number}/upper",
+            f"{OWN_INSIDE}/{number}/work",
             f"{home_inside if layer.home else workspace}/{layer.path}",
         )
     ]
-    helper = [_tool("python3") or "python3", "-I", "-S", "-c", HELPER, _tool("setpriv") or "setpriv"]
-    return [*helper, "1" if writable else "0", inside, str(len(layers)), *paths, *argv]
+    helper = [_tool("python3") or "/usr/bin/python3", "-I", "-S", "-c", HELPER, _tool("setpriv") or "/usr/bin/setpriv"]
+    applied = [_tool("env") or "/usr/bin/env", "-i", "--", *(f"{name}={value}" for name, value in env.items())]
+    return [*helper, "1" if writable else "0", INSIDE, str(len(layers)), *paths, *applied, *argv]
 
 
 def _tool(name: str) -> str | None:
     """A system program the helper uses, by its path in the system directories (the sandbox sees those)."""
-    return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin")
+    return program(name)
 
 
-def layers_probe(scratch_parent: Path, command: Command, home_inside: str) -> str | None:
+def layers_probe(scratch_parent: Path, command: Command) -> str | None:
     """Why this host cannot restore by layers under ``scratch_parent`` (None: it can), found by running a real
     layered command: a file of the lower layer rewritten and another deleted, the layers' directory empty to the
-    command, then the lower layer checked unchanged. ``command`` is a bubblewrap sandbox's ``command``, and
-    ``home_inside`` where it shows the task's home (the worker probes once per process: worker.environment)."""
+    command, then the lower layer checked unchanged. ``command`` is a bubblewrap sandbox's ``command`` (the worker
+    probes once per process: worker.environment)."""
     missing = [name for name in ("python3", "setpriv") if _tool(name) is None]
     if missing:
         return f"{' and '.join(missing)} not found in the system directories (the sandbox's layer helper needs them)"
     try:
         scratch_parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".layers-probe-", dir=scratch_parent) as scratch:
-            return _probe_in(Path(scratch), command, home_inside)
+            return _probe_in(Path(scratch), command)
     except OSError as exc:
         return f"its probe could not run ({exc})"
 
 
-def _probe_in(scratch: Path, command: Command, home_inside: str) -> str | None:
+def _probe_in(scratch: Path, command: Command) -> str | None:
     lower, home, checkout = scratch / "lower", scratch / "home", scratch / "checkout"
     (lower / "env" / "sub").mkdir(parents=True)
     (lower / "env" / "kept").write_text("lower\n")
@@ -251,9 +336,11 @@ def _probe_in(scratch: Path, command: Command, home_inside: str) -> str | None:
     checkout.mkdir()
     lay(home, checkout, lower, ["env"])
     script = 'echo upper > env/kept && rm env/sub/gone && test ! -e env/sub/gone && test -z "$(ls -A "$1")"'
-    argv, cwd = command(["sh", "-c", script, "probe", f"{home_inside}/{LAYERS_DIR}"], checkout, home)
+    argv, cwd = command(["sh", "-c", script, "probe", INSIDE], checkout, home, {"PATH": "/usr/bin:/bin"})
     try:
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"its probe could not run ({exc})"
     finally:

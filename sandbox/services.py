@@ -128,9 +128,9 @@ class ServiceJail:
         """The service's directory as every sandbox of the task sees it."""
         return f"{self.home_inside}/{SERVICES_DIR}/{name}"
 
-    def command(self, script: str) -> tuple[list[str], Path]:
-        """``bash -c script`` in the service's jail, and the host directory to start it in."""
-        argv, cwd = self.sandbox.command(["bash", "-c", script], self.checkout, self.home)
+    def command(self, script: str, name: str) -> tuple[list[str], Path]:
+        """``bash -c script`` in the jail of the service ``name``, and the host directory to start it in."""
+        argv, cwd = self.sandbox.command(["bash", "-c", script], self.checkout, self.home, self.env(name))
         if self.sandbox.name != "bubblewrap":
             return argv, cwd
         # Mounted after the jail's own: the read-only checkout covers its writable one (the home is bound as always).
@@ -145,7 +145,12 @@ class ServiceJail:
         service's program in the home and named its directory in $TASUKI_PATH)."""
         base = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         own = {"HOME": self.home_inside, "TMPDIR": self.home_inside, "TASUKI_SERVICE_DIR": self.directory(name)}
-        return {**envfiles.applied(base, self.home, self.home_inside), **own}
+        roots = self.sandbox.roots(self.checkout, self.home)
+        return {**envfiles.applied(base, self.home, self.home_inside, roots).env, **own}
+
+    def launch_env(self, name: str) -> dict[str, str]:
+        """The environment the jail's command line starts with on the host."""
+        return self.sandbox.launch_env(self.env(name))
 
 
 def _nobody(*, group: bool = False) -> int:
@@ -186,12 +191,12 @@ class Services:
             output = _open_log(self.jail.home, name)
         except OSError as exc:
             return f"its directory cannot be made ({exc.strerror or exc})"
-        argv, cwd = self.jail.command(service.command)
+        argv, cwd = self.jail.command(service.command, name)
         try:
             process = subprocess.Popen(
                 argv,
                 cwd=cwd,
-                env=self.jail.env(name),
+                env=self.jail.launch_env(name),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -227,12 +232,12 @@ class Services:
 
     def _check(self, name: str, ready: str, timeout_s: float) -> str:
         """Run the readiness check once: "" when it passed, else what it said."""
-        argv, cwd = self.jail.command(ready)
+        argv, cwd = self.jail.command(ready, name)
         try:
             done = subprocess.run(
                 argv,
                 cwd=cwd,
-                env=self.jail.env(name),
+                env=self.jail.launch_env(name),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=timeout_s,

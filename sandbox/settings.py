@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from contexts.sections import GiB, HashableDict, PositiveInt, Section
+from sandbox.egress import internal_range
 
 # The package registries of the toolchains the worker image carries: the default egress allow-list.
 DEFAULT_ALLOWED_HOSTS = (
@@ -36,6 +37,14 @@ DEFAULT_EXCLUDE = (
 )
 
 
+def _internal_network(text: str) -> str:
+    internal_range(text)  # ValueError, which names the entry, when it is not a network
+    return text.strip()
+
+
+InternalNetwork = Annotated[str, AfterValidator(_internal_network)]
+
+
 class SandboxLimits(Section):
     memory_bytes: PositiveInt | None = 8 * GiB
     """Address space of each process of a tool call (RLIMIT_AS); null: no limit."""
@@ -43,15 +52,21 @@ class SandboxLimits(Section):
     """Processes of the worker's user (RLIMIT_NPROC; not enforced for root); null: no limit."""
     file_size_bytes: PositiveInt | None = 2 * GiB
     """Largest file a tool call may write (RLIMIT_FSIZE); null: no limit."""
+    tmpfs_bytes: PositiveInt | None = 1 * GiB
+    """Size of each memory file system of a sandboxed call: its /tmp and its /dev/shm; null: half the host's memory."""
 
 
 class SandboxSettings(Section):
     backend: Literal["bubblewrap", "none"] = "bubblewrap"
     """Where the agent's commands run: bubblewrap namespaces, or none (on the host, for trusted models only)."""
     network: Literal["full", "none", "allowlist"] = "full"
-    """The agent's network: full, none (an empty network namespace), or allowlist (only sandbox.allowed_hosts)."""
+    """The agent's network, always a namespace of its own: full (any public host), allowlist (only
+    sandbox.allowed_hosts), both through the task's egress proxy; or none (no way out)."""
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
     """Hosts (a leading "*." admits subdomains) the agent may reach with network: allowlist, through a proxy."""
+    allowed_internal: tuple[InternalNetwork, ...] = ()
+    """Non-public networks the egress proxy may connect to (CIDR, optionally :PORT: "10.1.2.0/24", "127.0.0.1/32:8080");
+    every loopback, private, link-local and CGNAT address is refused otherwise, whatever name resolves to it."""
     read_only_paths: tuple[Path, ...] = ()
     """More host directories the sandbox sees read-only (the system and the tools on PATH always are)."""
     limits: SandboxLimits = SandboxLimits()

@@ -134,11 +134,12 @@ def _ending(code: int | None) -> str:
 def step_env(
     step: Step, github_files: bool, home: Path, sandbox: Sandbox, secrets: Mapping[str, str]
 ) -> dict[str, str]:
-    """A step's environment: the agent's (scrubbed, env files applied), the step's own variables, the secrets."""
-    env = command_env(home, step.env, sandbox)
+    """A step's environment: the agent's (scrubbed, env files applied) and the step's own variables; the secrets
+    reach the step by another way (:meth:`Sandbox.launch_env`: never on a command line)."""
+    env = command_env(home, step.env, sandbox).env
     if github_files:
         env["GITHUB_ENV"], env["GITHUB_PATH"] = env["TASUKI_ENV"], env["TASUKI_PATH"]
-    return {**env, **secrets}
+    return {name: value for name, value in env.items() if name not in secrets}
 
 
 def _run_step(
@@ -170,14 +171,14 @@ def _run_step(
         step.script,
         step.name,
     ]
-    argv, cwd = sandbox.command(inner, checkout, home)
+    env = step_env(step, github_files, home, sandbox, secrets)
+    argv, cwd = sandbox.command(inner, checkout, home, env, inherit=tuple(secrets))
     if limits is not None:
         argv = limited(argv, limits, int(remaining) + 1)
-    env = step_env(step, github_files, home, sandbox, secrets)
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
-        env=env,
+        env=sandbox.launch_env(env, secrets),
         stdin=subprocess.DEVNULL,
         stdout=output,
         stderr=subprocess.STDOUT,

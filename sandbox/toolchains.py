@@ -19,10 +19,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from sandbox.host import HOST_ENV
 
 if TYPE_CHECKING:  # jail imports this module for its binds
     from sandbox.jail import Sandbox
@@ -200,21 +202,21 @@ def probe_toolchains(
             checkout = Path(scratch, "checkout")
             home.mkdir()
             checkout.mkdir()
-            argv, cwd = sandbox.command(list(toolchain.argv), checkout, home)
-            if limits is not None:
-                argv = limited(argv, limits, PROBE_TIMEOUT_S)
             inside = sandbox.home_inside(home)
             env = {"PATH": joined, "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8"}
-            error = _failure(argv, cwd, env)
+            argv, cwd = sandbox.command(list(toolchain.argv), checkout, home, env)
+            if limits is not None:
+                argv = limited(argv, limits, PROBE_TIMEOUT_S)
+            error = _failure(argv, cwd)
         if error is not None:
             problems.append(ToolchainProblem(toolchain.name, error, _fix(toolchain, error)))
     return problems
 
 
-def _failure(argv: list[str], cwd: Path, env: Mapping[str, str]) -> str | None:
+def _failure(argv: list[str], cwd: Path) -> str | None:
     try:
         done = subprocess.run(
-            argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+            argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
         return f"no answer within {PROBE_TIMEOUT_S} s"

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from contexts import ContextStore
 from sandbox import layers
+from sandbox.host import HOST_ENV
 from sandbox.jail import HOME, Bubblewrap
 from sandbox.services import ServiceJail
 from sandbox.settings import SandboxSettings
@@ -58,9 +59,12 @@ def laid(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     layers.drop(home)
 
 
+AGENT_ENV = {"PATH": "/usr/bin:/bin", "HOME": HOME, "LANG": "C.UTF-8"}
+
+
 def run(sandbox: Bubblewrap, checkout: Path, home: Path, script: str) -> subprocess.CompletedProcess[str]:
-    argv, cwd = sandbox.command(["bash", "-c", script], checkout, home)
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+    argv, cwd = sandbox.command(["bash", "-c", script], checkout, home, AGENT_ENV)
+    return subprocess.run(argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_the_agents_writes_land_in_its_own_layer_and_never_in_the_snapshot(
@@ -91,7 +95,7 @@ def test_the_agent_holds_no_capability_and_cannot_see_or_undo_its_layers(
     _, home, checkout = laid
     script = (
         "grep -E '^Cap(Eff|Prm|Inh|Bnd|Amb)' /proc/self/status; grep NoNewPrivs /proc/self/status;"
-        f" ls -A {HOME}/.tasuki/layers | wc -l; touch {HOME}/.tasuki/layers/x 2>/dev/null && echo wrote-layers;"
+        f" ls -A {layers.INSIDE} | wc -l; touch {layers.INSIDE}/x 2>/dev/null && echo wrote-layers;"
         " umount .venv 2>/dev/null && echo unmounted; mount -t tmpfs t /tmp 2>/dev/null && echo mounted;"
         " python3 -c 'import pty, os; os.openpty(); print(\"pty ok\")'"
     )
@@ -130,8 +134,10 @@ def test_a_service_sees_the_layers_read_only(
     sandbox = Bubblewrap(SandboxSettings(network="none"))
     assert run(sandbox, checkout, home, "echo changed > .venv/lib/module.py").returncode == 0
     jail = ServiceJail(SandboxSettings(), checkout, home)
-    argv, cwd = jail.command("cat .venv/lib/module.py; echo x > .venv/lib/module.py 2>/dev/null || echo read-only")
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+    script = "cat .venv/lib/module.py; echo x > .venv/lib/module.py 2>/dev/null || echo read-only"
+    argv, cwd = jail.command(script, "db")
+    env = jail.launch_env("db")
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split("\n")[:2] == ["changed", "read-only"], done.stderr
 
 
@@ -143,12 +149,14 @@ def test_an_unprivileged_worker_can_layer_too(tmp_path: Path) -> None:
     sandbox = Bubblewrap(SandboxSettings(), path=["/usr/bin", "/bin"])
     switch = 'chown -R nobody:nogroup "$0" && exec setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$@"'
 
-    def as_nobody(argv: Sequence[str], checkout: Path, home: Path) -> tuple[list[str], Path]:
-        wrapped, cwd = sandbox.command(argv, checkout, home)
+    def as_nobody(
+        argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str]
+    ) -> tuple[list[str], Path]:
+        wrapped, cwd = sandbox.command(argv, checkout, home, env)
         return ["sh", "-c", switch, str(scratch), *wrapped], cwd
 
     try:
-        assert layers.layers_probe(scratch, as_nobody, HOME) is None
+        assert layers.layers_probe(scratch, as_nobody) is None
         assert sorted(p.name for p in scratch.iterdir()) == []  # the probe's files went with it
     finally:
         shutil.rmtree(scratch)

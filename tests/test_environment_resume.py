@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from contexts import ContextStore
+from sandbox.host import HOST_ENV
 from sandbox.jail import HOME, make_sandbox
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.stack import git, make_buggy_repo
@@ -50,8 +51,8 @@ def inside(settings: Settings, checkout: Checkout, path: str) -> str:
     """The file at ``path`` of the checkout (or absolute: of the home, at HOME) as the task's commands see it (a restore
     by layers copies nothing)."""
     sandbox = make_sandbox(settings.sandbox, read_only=checkout.shared_paths)
-    argv, cwd = sandbox.command(["cat", path], checkout.path, checkout.home)
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=True, timeout=60).stdout
+    argv, cwd = sandbox.command(["cat", path], checkout.path, checkout.home, {"PATH": "/usr/bin:/bin"})
+    return subprocess.run(argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 @pytest.mark.parametrize("restore", ["layers", "copy"])

@@ -88,7 +88,7 @@ def test_steps_run_in_order_in_their_directories_and_see_what_earlier_steps_decl
     # What it made, untracked or ignored; not what was there before it ran.
     assert outcome.created == ("build/", "sub/.venv/")
     # The agent's later commands get what the setup declared.
-    assert command_env(home, None, bubblewrap)["FROM_STEP_ONE"] == "one"
+    assert command_env(home, None, bubblewrap).env["FROM_STEP_ONE"] == "one"
 
 
 def test_a_failing_step_stops_the_setup_with_its_exit_code_and_output(
@@ -156,7 +156,7 @@ def test_setup_secrets_reach_the_setup_masked_in_its_log_and_never_the_agents_co
     assert "token is ***" in outcome.log_tail  # it reached the setup, and its log shows it masked
     assert SECRET not in outcome.log_tail
     assert "[GITHUB_TOKEN]" in outcome.log_tail  # the usual masking too
-    assert "REGISTRY_TOKEN" not in command_env(home, None, bubblewrap)  # written to the env file: still dropped
+    assert "REGISTRY_TOKEN" not in command_env(home, None, bubblewrap).env  # written to the env file: still dropped
 
 
 def test_a_working_directory_outside_the_checkout_is_refused(bubblewrap: Bubblewrap, task: tuple[Path, Path]) -> None:

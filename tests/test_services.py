@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from contexts import TasukiError
+from sandbox.host import HOST_ENV
 from sandbox.jail import HOME, Bubblewrap
 from sandbox.services import (
     ServicesError,
@@ -76,9 +77,9 @@ class Task:
     def agent(self, command: str, network: str = "full") -> subprocess.CompletedProcess[str]:
         """``command`` as the agent's bash tool runs it: the jail, the checkout at /workspace, the home at HOME."""
         sandbox = Bubblewrap(SandboxSettings(network=network))  # type: ignore[arg-type]
-        argv, cwd = sandbox.command(["bash", "-c", command], self.checkout, self.home)
         env = {"PATH": os.environ["PATH"], "HOME": HOME, "TMPDIR": HOME, "LANG": "C.UTF-8"}
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False)
+        argv, cwd = sandbox.command(["bash", "-c", command], self.checkout, self.home, env)
+        return subprocess.run(argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=60, check=False)
 
     def services(self, text: str, grace_s: float = 5.0) -> AbstractContextManager[str]:
         return task_services(parse_services(text, "test"), SandboxSettings(), self.checkout, self.home, grace_s=grace_s)

@@ -263,7 +263,8 @@ class Checkout:
         atomic rename in the same directory), then delete it. A holder paused in the middle of a tool run writes
         on, after its pause, into a directory nobody reads, and then into nothing."""
         home_aside = self.path.with_name(f"{ASIDE_PREFIX}{self.home.name}-{os.urandom(4).hex()}")
-        with contextlib.suppress(FileNotFoundError):  # its home too: the environment is restored or built again
+        layers.drop(self.home)  # its layers beside the home: the environment is restored or built again
+        with contextlib.suppress(FileNotFoundError):  # its home too
             os.rename(self.home, home_aside)
             layers.remove_home(home_aside)
         aside = self.path.with_name(f"{ASIDE_PREFIX}{self.path.name}-{os.urandom(4).hex()}")

@@ -439,7 +439,7 @@ def layers_unavailable(workspaces: Path, sandbox: Bubblewrap) -> str | None:
     per directory and process (the worker's start probes it), and the worker's one line saying which it is."""
     workspaces = workspaces.resolve()
     if workspaces not in _layers_probed:
-        why = layers.layers_probe(workspaces, sandbox.command, sandbox.home_inside(workspaces))
+        why = layers.layers_probe(workspaces, sandbox.command)
         if why is None:
             log.info("environments are restored by layers", workspaces=str(workspaces))
         else:

@@ -235,6 +235,9 @@ class GitCache:
             elif entry.name.endswith(HOME_SUFFIX):
                 checkout = entry.with_name(entry.name.removesuffix(HOME_SUFFIX))
                 stale = max(_mtime(entry), _mtime_or_zero(checkout)) < cutoff
+            elif entry.name.endswith(HOME_SUFFIX + layers.LAYERS_SUFFIX):  # layers whose home went first
+                home = entry.with_name(entry.name.removesuffix(layers.LAYERS_SUFFIX))
+                stale = not home.exists() and _mtime(entry) < cutoff
             else:
                 continue
             if stale:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,7 +16,7 @@ from typing import Any
 import structlog
 
 from contexts.lock import process_started
-from sandbox import envfiles
+from sandbox import envfiles, layers
 from sandbox.jail import command_env, limited
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
@@ -69,17 +68,19 @@ class BashTool:
         try:
             home.mkdir(mode=0o700, parents=True, exist_ok=True)
             envfiles.prepare(home)
-            env = command_env(home, options.env, options.sandbox)
-            argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home)
+            applied = command_env(home, options.env, options.sandbox, workspace.root)
+            argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home, applied.env)
             if options.limits is not None:
                 argv = limited(argv, options.limits, timeout_s + 1)
+            launch_env = options.sandbox.launch_env(applied.env)
             code, text, timed_out = run_command(
-                argv, cwd, env, timeout_s, options.max_output_chars, on_start=options.on_start
+                argv, cwd, launch_env, timeout_s, options.max_output_chars, on_start=options.on_start
             )
         finally:
             if options.home is None:
-                shutil.rmtree(home, ignore_errors=True)
-        body = text if not text or text.endswith("\n") else text + "\n"
+                layers.remove_home(home)
+        body = "".join(f"[tasuki: env files: {reason}]\n" for reason in applied.refused)
+        body += text if not text or text.endswith("\n") else text + "\n"
         if timed_out:
             message = f"command timed out after {timeout_s} s"
             return ToolOutcome(f"{body}[{message}; it and every process it started were killed]", error=message)
