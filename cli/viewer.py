@@ -263,15 +263,15 @@ def format_detail(
 
 
 def egress_lines(refused: Any, width: int) -> list[str]:
-    """The hosts the egress allow-list refused this task (``state.json.egress_refused``), one line each."""
+    """The hosts the egress proxy refused this task (``state.json.egress_refused``), one line each, with why."""
     if not isinstance(refused, list) or not refused:
         return []
-    lines = [f"  Egress refused (not in sandbox.allowed_hosts): {len(refused)} host(s)"]
+    lines = [f"  Egress refused: {len(refused)} host(s)"]
     for entry in refused:
         if isinstance(entry, dict):
-            lines.append(clip(safe(
-                f"    {entry.get('host')}:{entry.get('port')} x{entry.get('count')}, last at {entry.get('last_at')}"
-            ), width))
+            why = f" ({entry['reason']})" if entry.get("reason") else ""
+            where = f"{entry.get('host')}:{entry.get('port')}"
+            lines.append(clip(safe(f"    {where} x{entry.get('count')}, last at {entry.get('last_at')}{why}"), width))
     return lines
 
 

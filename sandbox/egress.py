@@ -1,4 +1,4 @@
-"""The egress allow-list (``sandbox.network: allowlist``, SPEC §17): an HTTP(S) proxy on the host, per task.
+"""The task's egress proxy (``sandbox.network: full`` and ``allowlist``, SPEC §17): an HTTP(S) proxy on the host.
 
 The design of Anthropic's sandbox-runtime on Linux: the sandbox has an empty network namespace, and its only way
 out is a unix socket bound into it (``sandbox.jail`` bridges a loopback port to it with socat and points the
@@ -8,8 +8,12 @@ usual proxy variables there). This proxy listens on that socket, in a directory 
 - absolute-URI plain-HTTP requests (``GET http://host/path``): sent on to the host as one request on a fresh
   connection (``Connection: close``), the answer piped back;
 
-when ``host`` is allowed (:func:`host_allowed`); anything else gets ``403`` with a one-line body, and the refusal is
-reported (host, port, time). A refused host is never resolved: the decision is taken on the name as written.
+as its :class:`EgressPolicy` says, in two steps. The name: with ``allowlist`` it must be in
+``sandbox.allowed_hosts`` (:func:`host_allowed`; a refused name is never resolved); with ``full`` any name passes.
+The address: the proxy resolves the name itself and refuses every address that is not public (loopback, private,
+link-local, CGNAT, ...: :func:`internal_kind`) unless ``sandbox.allowed_internal`` names it, then connects to the
+very address it checked (no second lookup a rebinding DNS server could answer otherwise). A refusal gets ``403``
+with a one-line body and is reported (host, port, time, why).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextvars
 import ipaddress
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -27,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
@@ -58,30 +63,105 @@ class EgressError(TasukiError):
 
 @dataclass(frozen=True)
 class Refusal:
-    """One request the allow-list refused: where it wanted to go, and when (epoch seconds)."""
+    """One request the policy refused: where it wanted to go, when (epoch seconds), and why (one phrase)."""
 
     host: str
     port: int
     at: float
+    reason: str
 
 
-class EgressPolicy(Protocol):
-    """What decides whether a destination may be reached."""
-
-    def admits(self, host: str, port: int) -> bool:
-        """Whether ``host:port`` (the name as the client wrote it, never resolved) may be reached."""
-        ...
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+NOT_ALLOWED = "not in sandbox.allowed_hosts"
+_SHARED = ipaddress.ip_network("100.64.0.0/10")  # carrier-grade NAT: a provider's inside, not the internet
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known NAT64 prefix: its last 32 bits are an IPv4 address
 
 
 @dataclass(frozen=True)
-class AllowList:
-    """``sandbox.allowed_hosts``: exact names, ``*.example.org`` for its subdomains, IP literals as listed."""
+class InternalRange:
+    """One entry of ``sandbox.allowed_internal``: a network, and optionally the one port admitted in it."""
 
-    hosts: tuple[str, ...]
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    port: int | None = None
 
-    def admits(self, host: str, port: int) -> bool:
-        """Any port of an allowed host."""
-        return host_allowed(host, self.hosts)
+    def holds(self, address: Address, port: int) -> bool:
+        """Whether ``address:port`` is in this range."""
+        return address.version == self.network.version and address in self.network and self.port in (None, port)
+
+
+def internal_range(text: str) -> InternalRange:
+    """``NETWORK`` or ``NETWORK:PORT``, the network in CIDR form (``10.1.2.0/24``, ``127.0.0.1/32:5432``,
+    ``fd00::/8:443``; a bare address is the one address). ValueError when it is not one."""
+    network, port = text.strip(), None
+    if "/" in network:
+        address, _, rest = network.partition("/")
+        prefix, colon, port_text = rest.partition(":")
+        network = f"{address}/{prefix}"
+        if colon:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise ValueError(f"{text!r}: the port after the prefix must be 1-65535")
+            port = int(port_text)
+    try:
+        return InternalRange(ipaddress.ip_network(network.strip("[]"), strict=True), port)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a network in CIDR form, optionally with :PORT ({exc})") from None
+
+
+def internal_kind(address: Address) -> str | None:
+    """What makes ``address`` internal (``"loopback"``, ``"private"``, ...), or None for a public address. An IPv4
+    address written as IPv6 (``::ffff:127.0.0.1``, or behind the NAT64 prefix) is judged as the IPv4 address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped
+        if embedded is None and address in _NAT64:
+            embedded = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if embedded is not None:
+            kind = internal_kind(embedded)
+            return None if kind is None else f"{kind} (IPv4 {embedded} inside IPv6)"
+    for kind, found in (
+        ("unspecified", address.is_unspecified),
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("shared (CGNAT 100.64.0.0/10)", address in _SHARED),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+        ("not public", not address.is_global),
+    ):
+        if found:
+            return kind
+    return None
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """What a task's proxy admits. ``hosts``: the names it may reach (``sandbox.allowed_hosts``, network
+    ``allowlist``), or None for any name (network ``full``). Either way an address that is not public is refused
+    unless one of ``internal`` (``sandbox.allowed_internal``) holds it."""
+
+    hosts: tuple[str, ...] | None
+    internal: tuple[InternalRange, ...] = ()
+
+    def refuses_name(self, host: str) -> str | None:
+        """Why ``host`` (the name as the client wrote it, never resolved) is refused, or None."""
+        if self.hosts is None or host_allowed(host, self.hosts):
+            return None
+        return NOT_ALLOWED
+
+    def refuses_address(self, address: Address, port: int) -> str | None:
+        """Why connecting to ``address:port`` is refused, or None."""
+        kind = internal_kind(address)
+        if kind is None or any(entry.holds(address, port) for entry in self.internal):
+            return None
+        return f"{address} is {kind}, not in sandbox.allowed_internal"
+
+
+def egress_policy(network: str, allowed_hosts: Sequence[str], allowed_internal: Sequence[str]) -> EgressPolicy | None:
+    """The proxy's policy for ``network`` (``full``: any public host; ``allowlist``: ``allowed_hosts``), or None
+    for ``none``, which has no way out at all."""
+    if network == "none":
+        return None
+    internal = tuple(internal_range(entry) for entry in allowed_internal)
+    return EgressPolicy(None if network == "full" else tuple(allowed_hosts), internal)
 
 
 def host_allowed(host: str, allowed: Sequence[str]) -> bool:
@@ -121,6 +201,23 @@ def _valid_host(host: str) -> bool:
 
 async def _open_tcp(host: str, port: int) -> Upstream:
     return await asyncio.open_connection(host, port, limit=_CHUNK)
+
+
+async def _resolve(host: str, port: int) -> list[Address]:
+    """``host``'s addresses, in the resolver's order (an address literal is itself): what the policy checks and the
+    proxy connects to."""
+    literal = _address(host)
+    if literal is not None:
+        return [literal]
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    found: list[Address] = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        address = ipaddress.ip_address(str(sockaddr[0]))
+        if address not in found:
+            found.append(address)
+    return found
 
 
 class EgressProxy:
@@ -236,15 +333,18 @@ class EgressProxy:
         if isinstance(request, str):
             await _answer(writer, 400, request)
             return
-        if not self.policy.admits(request.host, request.port):
-            self._refused(request.host, request.port)
-            await _answer(writer, 403, f"egress to {request.host} refused: not in sandbox.allowed_hosts")
+        try:
+            admitted = await self._admitted(request.host, request.port)
+        except (OSError, TimeoutError) as exc:
+            await _answer(writer, 502, f"cannot resolve {request.host}: {exc or 'timed out'}")
+            return
+        if isinstance(admitted, str):
+            self._refused(request.host, request.port, admitted)
+            await _answer(writer, 403, f"egress to {request.host} refused: {admitted}")
             await _discard(reader)
             return
         try:
-            up_reader, up_writer = await asyncio.wait_for(
-                self.open_upstream(request.host, request.port), CONNECT_TIMEOUT_S
-            )
+            up_reader, up_writer = await self._open(admitted, request.port)
         except (OSError, TimeoutError) as exc:
             await _answer(writer, 502, f"cannot reach {request.host}:{request.port}: {exc or 'timed out'}")
             return
@@ -257,9 +357,31 @@ class EgressProxy:
         finally:
             up_writer.close()
 
-    def _refused(self, host: str, port: int) -> None:
-        refusal = Refusal(host=host, port=port, at=self.clock())
-        log.warning("egress refused", host=host, port=port)
+    async def _admitted(self, host: str, port: int) -> list[Address] | str:
+        """The addresses of ``host`` the policy admits, or why it refuses them all. A refused name is not resolved;
+        an admitted one is resolved here, once: the proxy connects to what it checked (no DNS rebinding)."""
+        refused = self.policy.refuses_name(host)
+        if refused is not None:
+            return refused
+        addresses = await asyncio.wait_for(_resolve(host, port), CONNECT_TIMEOUT_S)
+        reasons = [self.policy.refuses_address(address, port) for address in addresses]
+        admitted = [address for address, reason in zip(addresses, reasons, strict=True) if reason is None]
+        return admitted or next((reason for reason in reasons if reason), f"{host} has no address")
+
+    async def _open(self, addresses: Sequence[Address], port: int) -> Upstream:
+        """A connection to the first of ``addresses`` (each one checked) that answers: by address, never by name."""
+        failure: BaseException = OSError("no address")
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            for address in addresses:
+                try:
+                    return await self.open_upstream(str(address), port)
+                except OSError as exc:
+                    failure = exc
+        raise failure
+
+    def _refused(self, host: str, port: int, reason: str) -> None:
+        refusal = Refusal(host=host, port=port, at=self.clock(), reason=reason)
+        log.warning("egress refused", host=host, port=port, reason=reason)
         try:
             self.on_refused(refusal)
         except Exception as exc:  # a recorder's failure must not take the proxy down
@@ -372,15 +494,13 @@ def _parse(head: bytes) -> _Request | str:
 
 
 @contextlib.contextmanager
-def egress_proxy(
-    network: str, allowed_hosts: Sequence[str], on_refused: Callable[[Refusal], None]
-) -> Iterator[Path | None]:
-    """The socket of a proxy for one task (or one setup) whose network is ``allowlist``; None for ``full`` and
-    ``none``, which need no proxy. The proxy stops when the block ends."""
-    if network != "allowlist":
+def egress_proxy(policy: EgressPolicy | None, on_refused: Callable[[Refusal], None]) -> Iterator[Path | None]:
+    """The socket of a proxy with ``policy`` for one task (or one setup); None without a policy (network ``none``:
+    no way out). The proxy stops when the block ends."""
+    if policy is None:
         yield None
         return
-    with EgressProxy(AllowList(tuple(allowed_hosts)), on_refused) as proxy:
+    with EgressProxy(policy, on_refused) as proxy:
         yield proxy.socket
 
 
@@ -412,5 +532,6 @@ class RefusalLog:
                 entry = self._entries[key] = {"host": key[0], "port": key[1], "count": 0, "first_at": at}
             entry["count"] = int(entry.get("count") or 0) + 1
             entry["last_at"] = at
+            entry["reason"] = refusal.reason
             entries = [dict(e) for e in self._entries.values()]
         self.on_change(entries)

@@ -23,7 +23,7 @@ from contexts import Context
 from contexts.masking import mask
 from sandbox import layers
 from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
-from sandbox.egress import EgressError, Refusal, egress_proxy
+from sandbox.egress import EgressError, Refusal, egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
@@ -237,9 +237,10 @@ class TaskEnvironment:
     ) -> EnvironmentReport:
         secrets = self.secrets()
         sandbox = self.settings.sandbox
-        network = self.settings.environments.setup_network if sandbox.backend == "bubblewrap" else "full"
-        # The setup's own egress proxy with setup_network: allowlist (the agent's comes later, with its own).
-        with egress_proxy(network, sandbox.allowed_hosts, _refused) as egress:
+        network = self.settings.environments.setup_network
+        policy = egress_policy(network, sandbox.allowed_hosts, sandbox.allowed_internal)
+        # The setup's own egress proxy, its only way out (the agent's comes later, with its own).
+        with egress_proxy(policy if sandbox.backend == "bubblewrap" else None, _refused) as egress:
             outcome: SetupOutcome = run_setup(
                 declaration,
                 checkout.path,
@@ -509,7 +510,7 @@ def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
 
 
 def _refused(refusal: Refusal) -> None:
-    log.warning("setup egress refused", host=refusal.host, port=refusal.port)
+    log.warning("setup egress refused", host=refusal.host, port=refusal.port, reason=refusal.reason)
 
 
 def _remove(checkout: Path, paths: set[str]) -> None:

@@ -31,7 +31,7 @@ from contexts.errors import StoreUnavailable
 from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
-from sandbox.egress import RefusalLog, egress_proxy
+from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import make_sandbox
 from worker import fencing
 from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
@@ -389,7 +389,7 @@ class TaskRun:
                 ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
                 ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
             # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-            with self._egress(ctx) as egress:  # the allow-list's proxy lives as long as the agent's commands
+            with self._egress(ctx) as egress:  # the egress proxy lives as long as the agent's commands
                 agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
                 summary = mask(agent.run())
         left_out = LeftOut()
@@ -466,12 +466,14 @@ class TaskRun:
         return self._finish(ctx, "failed", str(exc), None, checkout, reason="budget")
 
     def _egress(self, ctx: Context) -> AbstractContextManager[Path | None]:
-        """The task's egress proxy when its commands' network is ``allowlist`` (SPEC §17); each refusal is logged
-        and staged into ``state.json``'s ``egress_refused``, written with the step that made it."""
+        """The task's egress proxy, its commands' only way out with network ``full`` or ``allowlist`` (SPEC §17;
+        none with ``none``, nor with ``sandbox.backend: none``, which confines nothing); each refusal is logged and
+        staged into ``state.json``'s ``egress_refused``, written with the step that made it."""
         s = self.settings.sandbox
         recorded = ctx.read_state().get("egress_refused") or []
         refusals = RefusalLog(lambda entries: ctx.stage_state(egress_refused=entries), recorded)
-        return egress_proxy(s.network if s.backend == "bubblewrap" else "full", s.allowed_hosts, refusals.add)
+        policy = egress_policy(s.network, s.allowed_hosts, s.allowed_internal) if s.backend == "bubblewrap" else None
+        return egress_proxy(policy, refusals.add)
 
     def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any], egress: Path | None = None) -> Agent:
         s = self.settings
