@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
-from sandbox import envfiles, layers, seccomp
+from sandbox import confine, envfiles, layers, seccomp
 from sandbox.host import HOST_ENV, program
 from sandbox.settings import SandboxLimits, SandboxSettings
 from sandbox.toolchains import agent_path, toolchain_binds, toolchain_environment, worker_path
@@ -185,6 +185,11 @@ class Bubblewrap:
         self.read_only += tuple(str(p) for p in settings.read_only_paths)
         self.environment = toolchain_environment(entries)
         self.bwrap = program("bwrap") or shutil.which("bwrap") or "bwrap"  # absolute: never the agent's PATH
+        self.disk_bytes = settings.disk_bytes  # the cap on the task's home and layers (sandbox.confine)
+        try:  # a root worker's sandboxes run as sandbox.user (sandbox.confine), never as root
+            self.user = confine.sandbox_user(settings.user)
+        except confine.SandboxUserMissing as exc:
+            raise SandboxUnavailable(str(exc)) from None
 
     def command(
         self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
@@ -315,11 +320,15 @@ def probe(sandbox: Sandbox) -> str | None:
             "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
         )
     with tempfile.TemporaryDirectory(prefix="tasuki-probe-") as scratch:
+        user = getattr(sandbox, "user", None)
+        confine.hand_over(Path(scratch), user)
         argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch), {"PATH": "/usr/bin:/bin"})
         try:
-            done = subprocess.run(
-                argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
-            )
+            with confine.confined(argv, SandboxLimits(), PROBE_TIMEOUT_S, user=user) as call:
+                done = subprocess.run(
+                    call.argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                    check=False,
+                )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bubblewrap cannot start ({exc}); set sandbox.backend: none to run agent commands unsandboxed"
     if done.returncode != 0:
@@ -329,27 +338,6 @@ def probe(sandbox: Sandbox) -> str | None:
             "blocks user namespaces); see the README's Security section, or set sandbox.backend: none"
         )
     return None
-
-
-def limited(argv: list[str], limits: SandboxLimits, cpu_s: int) -> list[str]:
-    """``argv`` behind util-linux's ``prlimit`` with the call's resource limits (inherited by bwrap and the
-    command). A program, not a ``preexec_fn``: forking a threaded worker must not run Python in the child."""
-    wanted = {
-        "--as": limits.memory_bytes,
-        "--nproc": limits.processes,
-        "--fsize": limits.file_size_bytes,
-        "--cpu": cpu_s,
-    }
-    prlimit = shutil.which("prlimit")
-    if prlimit is None:
-        _warn_once("prlimit (util-linux) not found: tool calls run without resource limits")
-        return argv
-    return [prlimit, *(f"{flag}={value}" for flag, value in wanted.items() if value is not None), "--", *argv]
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    log.warning(message)
 
 
 def sandbox_env(env: Mapping[str, str], sandbox: Sandbox, home: Path) -> dict[str, str]:

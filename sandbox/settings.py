@@ -47,9 +47,10 @@ InternalNetwork = Annotated[str, AfterValidator(_internal_network)]
 
 class SandboxLimits(Section):
     memory_bytes: PositiveInt | None = 8 * GiB
-    """Address space of each process of a tool call (RLIMIT_AS); null: no limit."""
+    """Memory of each tool call, all its processes together (its cgroup's memory.max); null: no limit."""
     processes: PositiveInt | None = 1024
-    """Processes of the worker's user (RLIMIT_NPROC; not enforced for root); null: no limit."""
+    """Processes of each tool call (its cgroup's pids.max; RLIMIT_NPROC where no cgroup can be used); null: no
+    limit."""
     file_size_bytes: PositiveInt | None = 2 * GiB
     """Largest file a tool call may write (RLIMIT_FSIZE); null: no limit."""
     tmpfs_bytes: PositiveInt | None = 1 * GiB
@@ -71,6 +72,12 @@ class SandboxSettings(Section):
     """More host directories the sandbox sees read-only (the system and the tools on PATH always are)."""
     limits: SandboxLimits = SandboxLimits()
     """Resource limits of each tool call; CPU time is capped at the call's timeout."""
+    user: str = "tasuki-sandbox"
+    """The user a worker running as root runs its sandboxes as (never as root); a worker that is not root runs them
+    as itself. Make it once: useradd --system --no-create-home tasuki-sandbox."""
+    disk_bytes: PositiveInt | None = 16 * GiB
+    """Disk a task's home and environment layers may take: a call that makes them grow past it is killed; null: no
+    cap."""
 
 
 class ServiceSettings(Section):

@@ -25,8 +25,8 @@ from typing import IO, Protocol
 import structlog
 
 from contexts.masking import mask
-from sandbox import envfiles
-from sandbox.jail import Sandbox, command_env, limited
+from sandbox import confine, envfiles
+from sandbox.jail import Sandbox, command_env
 from sandbox.settings import SandboxLimits
 
 log = structlog.get_logger(__name__)
@@ -173,26 +173,33 @@ def _run_step(
     ]
     env = step_env(step, github_files, home, sandbox, secrets)
     argv, cwd = sandbox.command(inner, checkout, home, env, inherit=tuple(secrets))
-    if limits is not None:
-        argv = limited(argv, limits, int(remaining) + 1)
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=sandbox.launch_env(env, secrets),
-        stdin=subprocess.DEVNULL,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        code: int | None = proc.wait(timeout=remaining)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the step's session: whatever it left running goes too
-        proc.wait()
+    user = getattr(sandbox, "user", None)
+    confine.hand_over_call(checkout, home, user)
+    with confine.confined(argv, limits, int(remaining) + 1, user=user, disk=confine.task_disk(sandbox, home)) as call:
+        proc = subprocess.Popen(
+            call.argv,
+            cwd=cwd,
+            env=sandbox.launch_env(env, secrets),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        call.started(proc.pid)
+        try:
+            code: int | None = proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the step's session: whatever it left running goes too
+            proc.wait()
+    for line in [*call.notes, *filter(None, [call.disk_error])]:
+        output.write(f"tasuki: {line}\n".encode())
+    if call.disk_error is not None and code == 0:
+        code = 1  # the step was cut short: it did not succeed
     return code
+
 
 
 def _tail(output: IO[bytes], secrets: Mapping[str, str]) -> str:

@@ -190,8 +190,9 @@ def probe_toolchains(
 ) -> list[ToolchainProblem]:
     """Each toolchain on ``path`` whose tiny command fails inside ``sandbox`` (under the tool calls' ``limits``):
     its name, error and fix."""
-    from sandbox.jail import limited  # here: jail imports this module for its binds
+    from sandbox import confine  # here: jail imports this module for its binds
 
+    user = getattr(sandbox, "user", None)
     problems: list[ToolchainProblem] = []
     joined = os.pathsep.join(path)
     for toolchain in toolchains:
@@ -204,10 +205,10 @@ def probe_toolchains(
             checkout.mkdir()
             inside = sandbox.home_inside(home)
             env = {"PATH": joined, "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8"}
+            confine.hand_over(Path(scratch), user)
             argv, cwd = sandbox.command(list(toolchain.argv), checkout, home, env)
-            if limits is not None:
-                argv = limited(argv, limits, PROBE_TIMEOUT_S)
-            error = _failure(argv, cwd)
+            with confine.confined(argv, limits, PROBE_TIMEOUT_S, user=user) as call:
+                error = _failure(call.argv, cwd)
         if error is not None:
             problems.append(ToolchainProblem(toolchain.name, error, _fix(toolchain, error)))
     return problems

@@ -204,12 +204,10 @@ def test_a_toolchain_that_cannot_run_inside_is_named_at_start_with_its_error_and
     assert probe_toolchains(fixed, worker_path(), toolchains=(sometool,)) == []
 
 
-def test_a_jvm_above_the_memory_limit_is_named_with_the_limit_to_raise(sandbox: Bubblewrap) -> None:
+def test_a_jvm_runs_under_a_small_memory_limit_it_sizes_itself_to(sandbox: Bubblewrap) -> None:
+    # memory.max of the call's cgroup, not an address-space limit a JVM reserves past (issue 36): it fits its heap
     needs("javac")
     small = SandboxSettings(limits={"memory_bytes": 256 * 1024 * 1024}).limits
     java = next(t for t in TOOLCHAINS if t.name == "java")
 
-    problems = probe_toolchains(sandbox, worker_path(), small, (java,))
-
-    assert [p.toolchain for p in problems] == ["java"]
-    assert "sandbox.limits.memory_bytes" in problems[0].fix, problems[0]
+    assert probe_toolchains(sandbox, worker_path(), small, (java,)) == []

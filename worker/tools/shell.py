@@ -16,8 +16,8 @@ from typing import Any
 import structlog
 
 from contexts.lock import process_started
-from sandbox import envfiles, layers
-from sandbox.jail import command_env, limited
+from sandbox import confine, envfiles, layers
+from sandbox.jail import command_env
 from worker.tools.output import OutputCapture
 from worker.tools.protocol import ToolOptions, ToolOutcome
 from worker.tools.workspace import ToolError, Workspace
@@ -70,17 +70,30 @@ class BashTool:
             envfiles.prepare(home)
             applied = command_env(home, options.env, options.sandbox, workspace.root)
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home, applied.env)
-            if options.limits is not None:
-                argv = limited(argv, options.limits, timeout_s + 1)
+            user = getattr(options.sandbox, "user", None)
+            if options.home is None:  # a tool run alone: its checkout was never handed over to the sandbox's user
+                confine.hand_over(workspace.root, user)
+            confine.hand_over_call(workspace.root, home, user)
             launch_env = options.sandbox.launch_env(applied.env)
-            code, text, timed_out = run_command(
-                argv, cwd, launch_env, timeout_s, options.max_output_chars, on_start=options.on_start
-            )
+            disk = confine.task_disk(options.sandbox, home)
+            with confine.confined(argv, options.limits, timeout_s + 1, user=user, disk=disk) as call:
+
+                def started(pid: int) -> None:
+                    call.started(pid)
+                    if options.on_start is not None:
+                        options.on_start(pid)
+
+                code, text, timed_out = run_command(
+                    call.argv, cwd, launch_env, timeout_s, options.max_output_chars, on_start=started
+                )
         finally:
             if options.home is None:
                 layers.remove_home(home)
         body = "".join(f"[tasuki: env files: {reason}]\n" for reason in applied.refused)
         body += text if not text or text.endswith("\n") else text + "\n"
+        body += "".join(f"[tasuki: {note}]\n" for note in call.notes)
+        if call.disk_error is not None:
+            return ToolOutcome(f"{body}[tasuki: {call.disk_error}]\n{_describe_exit(code)}", error=call.disk_error)
         if timed_out:
             message = f"command timed out after {timeout_s} s"
             return ToolOutcome(f"{body}[{message}; it and every process it started were killed]", error=message)
