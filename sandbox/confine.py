@@ -25,6 +25,7 @@ import functools
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import stat
 import struct
@@ -37,7 +38,7 @@ from pathlib import Path
 import structlog
 
 from sandbox import layers
-from sandbox.host import program
+from sandbox.host import SYSTEM_PATH
 from sandbox.settings import SandboxLimits
 
 log = structlog.get_logger(__name__)
@@ -113,7 +114,8 @@ def hand_over_call(checkout: Path, home: Path, user: SandboxUser | None) -> None
     objects, index and refs) is the sandbox user's again; the trees were handed over whole when the task began."""
     if user is None:
         return
-    for path, depth in ((home, 0), (home / ".tasuki", None), (checkout, 0), (checkout / ".git", None)):
+    own = layers.layers_dir(home)  # a task's layers: the helper makes its upper and work directories as that user
+    for path, depth in ((home, 0), (home / ".tasuki", None), (checkout, 0), (checkout / ".git", None), (own, 1)):
         hand_over(path, user, depth)
 
 
@@ -599,6 +601,11 @@ def _rlimits(argv: list[str], limits: SandboxLimits, cpu_s: int, *, nproc: bool)
         _warn_once("prlimit (util-linux) not found: tool calls run without rlimits")
         return argv
     return [prlimit, *(f"{flag}={value}" for flag, value in wanted.items() if value is not None), "--", *argv]
+
+
+def program(name: str) -> str | None:
+    """``name``'s absolute path in the system directories, looked up each time (cheap; never a PATH of the agent's)."""
+    return shutil.which(name, path=f"/usr/local/sbin:/usr/local/bin:{SYSTEM_PATH}")
 
 
 @functools.cache

@@ -43,7 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from contexts.errors import TasukiError
 from contexts.masking import mask
-from sandbox import envfiles
+from sandbox import confine, envfiles
 from sandbox.jail import SANDBOXES, WORKSPACE, Bubblewrap, Sandbox
 from sandbox.settings import EnvironmentsSettings, SandboxSettings, ServiceSettings
 
@@ -124,6 +124,16 @@ class ServiceJail:
         self.checkout, self.home = checkout, home
         self.home_inside = self.sandbox.home_inside(home)
 
+    def confined(self, line: tuple[list[str], Path]) -> tuple[list[str], Path]:
+        """A service's line run as the sandbox's user when the worker is root (sandbox.confine; no cgroup: a service
+        lives as long as its task), with what the worker made in the home (its directory, its log) handed over."""
+        argv, cwd = line
+        user = getattr(self.sandbox, "user", None)
+        confine.hand_over_call(self.checkout, self.home, user)
+        confine.hand_over(self.home / SERVICES_DIR, user)
+        with confine.confined(argv, None, 0, user=user) as call:
+            return call.argv, cwd
+
     def directory(self, name: str) -> str:
         """The service's directory as every sandbox of the task sees it."""
         return f"{self.home_inside}/{SERVICES_DIR}/{name}"
@@ -191,7 +201,7 @@ class Services:
             output = _open_log(self.jail.home, name)
         except OSError as exc:
             return f"its directory cannot be made ({exc.strerror or exc})"
-        argv, cwd = self.jail.command(service.command, name)
+        argv, cwd = self.jail.confined(self.jail.command(service.command, name))
         try:
             process = subprocess.Popen(
                 argv,
@@ -232,7 +242,7 @@ class Services:
 
     def _check(self, name: str, ready: str, timeout_s: float) -> str:
         """Run the readiness check once: "" when it passed, else what it said."""
-        argv, cwd = self.jail.command(ready, name)
+        argv, cwd = self.jail.confined(self.jail.command(ready, name))
         try:
             done = subprocess.run(
                 argv,

@@ -36,7 +36,7 @@ _TAIL_BYTES = 64 * 1024  # read from the end of the log: enough for TAIL_LINES o
 _LINE_CHARS = 400  # a progress bar redrawn in one line is cut
 SECRET_SHOWN = "***"  # noqa: S105 - what a secret value is replaced with in the log
 # The checkout is the agent's by the time of a resume: the worker's git runs nothing it could have planted.
-_SAFE_GIT = ("git", "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
+_SAFE_GIT = ("git", "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-c", "safe.directory=*")
 
 
 class Step(Protocol):
@@ -98,6 +98,8 @@ def run_setup(
     deadline = started + timeout_s
     before = untracked(checkout)
     envfiles.prepare(home)
+    for tree in (checkout, home):  # the steps run as the sandbox's user when the worker is root (sandbox.confine)
+        confine.hand_over(tree, getattr(sandbox, "user", None))
     scratch = Path(tempfile.mkdtemp(prefix="tasuki-setup-"))  # 0700: the raw log holds the secrets' values
     code: int | None = 0
     try:

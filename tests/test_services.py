@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from contexts import TasukiError
+from sandbox import confine
 from sandbox.host import HOST_ENV
 from sandbox.jail import HOME, Bubblewrap
 from sandbox.services import (
@@ -79,7 +80,10 @@ class Task:
         sandbox = Bubblewrap(SandboxSettings(network=network))  # type: ignore[arg-type]
         env = {"PATH": os.environ["PATH"], "HOME": HOME, "TMPDIR": HOME, "LANG": "C.UTF-8"}
         argv, cwd = sandbox.command(["bash", "-c", command], self.checkout, self.home, env)
-        return subprocess.run(argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=60, check=False)
+        confine.hand_over_call(self.checkout, self.home, sandbox.user)  # as the bash tool does (a root worker's)
+        with confine.confined(argv, None, 0, user=sandbox.user) as call:
+            return subprocess.run(call.argv, cwd=cwd, env=HOST_ENV, capture_output=True, text=True, timeout=60,
+                                  check=False)
 
     def services(self, text: str, grace_s: float = 5.0) -> AbstractContextManager[str]:
         return task_services(parse_services(text, "test"), SandboxSettings(), self.checkout, self.home, grace_s=grace_s)
@@ -106,7 +110,8 @@ def test_a_redis_service_answers_ping_from_an_agent_command_in_another_sandbox(
 def test_a_postgres_service_answers_psql_through_its_socket_under_the_home(task: Task) -> None:
     if postgres_bin() is None or shutil.which("psql") is None:
         cannot_run("PostgreSQL is not installed (apt install postgresql)")
-    with task.services(postgres(getpass.getuser())) as told:
+    dropped = confine.sandbox_user(SandboxSettings().user)  # a root worker's agent runs as the sandbox's user
+    with task.services(postgres(dropped.name if dropped is not None else getpass.getuser())) as told:
         assert "- db: ready" in told, told
         done = task.agent("psql -h $HOME/.services/db -d postgres -Atc 'select 1 + 1'")
         assert done.stdout.strip() == "2", done.stderr

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from contexts.errors import TasukiError
-from sandbox import layers
+from sandbox import confine, layers
+from sandbox.confine import SandboxUser
 from worker import fencing
 from worker.fencing import UNFENCED, Fence
 from worker.leftout import (
@@ -63,8 +64,9 @@ AUTHOR = {
 
 
 # The checkout is the agent's: git run by the worker itself (with the forge credential in its environment)
-# never runs anything the checkout could have planted — hooks, an fsmonitor command.
-SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false")
+# never runs anything the checkout could have planted — hooks, an fsmonitor command. A root worker's checkouts belong
+# to the sandbox's user (sandbox.confine): its git works in them all the same (safe.directory).
+SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-c", "safe.directory=*")
 
 
 CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
@@ -257,6 +259,12 @@ class Checkout:
         """The remote's task branch and checkpoint branch now (ref -> commit; an absent one is left out)."""
         listed = self.git("ls-remote", "origin", self._branch_ref, self._checkpoint_ref)
         return {ref: sha for sha, ref in (line.split("\t", 1) for line in listed.splitlines() if "\t" in line)}
+
+    def hand_over(self, user: SandboxUser | None) -> None:
+        """Give the checkout and the task's home, whole, to the sandbox's user (a root worker's sandbox runs as it):
+        before the task's first sandboxed command, and again once its environment is in place."""
+        confine.hand_over(self.path, user)
+        confine.hand_over(self.home, user)
 
     def set_aside(self) -> None:
         """A takeover: move the previous holder's checkout out of the way before anything uses its path (one

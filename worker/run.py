@@ -361,12 +361,14 @@ class TaskRun:
         return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
-        make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
+        sandbox = make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
+        user = getattr(sandbox, "user", None)  # who its commands run as, when the worker is root
         state = ctx.read_state()
         # Never run before: no message yet, and no earlier attempt (one killed before its first message, in its
         # environment's setup, had already pushed its claim).
         fresh = not ctx.pinned and int(state.get("attempt") or 1) <= 1
         resumed = checkout.prepare(fresh=fresh, steps=int(state.get("llm_call_count", 0)))
+        checkout.hand_over(user)  # the setup runs as the sandbox's user too
         if checkout.lease.latest:  # the commit this holder leases its checkpoint pushes on
             ctx.stage_state(checkpoint=checkout.lease.latest)
         # What "changed nothing" is measured against: the commit the task's first holder started from (a resumed
@@ -377,6 +379,7 @@ class TaskRun:
         repository = repository_of(self.request.task_key, self.request.repo_path)
         self.environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment)
         environment = self.environment.prepare(ctx, checkout)
+        checkout.hand_over(user)  # what a restore copied or laid (a snapshot's files are the sandbox user's already)
         # Started again on a resume; stopped when the loop ends, however it ends (a hand-back, a failure).
         with services_for(checkout, repository, self.settings) as services:
             roles = {record.get("role") for record in ctx.pinned}
