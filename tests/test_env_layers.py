@@ -167,9 +167,8 @@ def test_where_layers_cannot_be_used_restores_copy_and_the_worker_says_why(
 ) -> None:
     """The probe finds no setpriv (the helper's way to drop the capabilities): auto copies and says so; layers
     asked for by name fail the environment (the task goes on without it) with the same reason."""
-    real_which = shutil.which
-    monkeypatch.setattr(layers.shutil, "which", lambda name, path=None: None if name == "setpriv" else real_which(
-        name, path=path))
+    real_program = layers.program
+    monkeypatch.setattr(layers, "program", lambda name: None if name == "setpriv" else real_program(name))
     environment_module._layers_probed.clear()
     try:
         from tests.test_environment_resume import TASK_KEY, checkout_for, repo

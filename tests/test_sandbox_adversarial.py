@@ -25,7 +25,7 @@ from sandbox.jail import Bubblewrap
 from sandbox.settings import SandboxSettings
 from tests.helpers import hostile_agent
 from tests.helpers.ci import bubblewrap_here
-from tests.helpers.sandbox_users import WORKER_USER, give, need_root
+from tests.helpers.sandbox_users import SANDBOX_USER, WORKER_USER, give, need_root
 
 SECRET = "canary-secret-5e1f0c2a"
 CANARY_MODE = 0o755
@@ -42,6 +42,15 @@ class Task:
 
     def agent(self, *commands: str, remove_home: bool = False) -> list[str]:
         return hostile_agent.run(self.checkout, self.home, commands, user=self.user, remove_home=remove_home)
+
+    def restore(self, lower: Path) -> None:
+        """Lay ``lower``'s ``.venv`` over the checkout, as a restore by layers does. A snapshot's files are those of
+        whoever ran its setup: the worker's user, or a root worker's sandbox user (``cp -a`` keeps owners)."""
+        give(lower, self.user or SANDBOX_USER)
+        layers.lay(self.home, self.checkout, lower, [".venv"])
+        if self.user is not None:
+            give(layers.layers_dir(self.home), self.user)
+            give(self.checkout, self.user)
 
     def untouched(self) -> bool:
         """The canary as the test made it: its mode, its files, nothing added."""
@@ -153,12 +162,7 @@ def test_row5_the_layer_helper_never_runs_the_agents_code_with_a_capability(task
     lower = task.canary.parent / "snapshot"
     (lower / ".venv").mkdir(parents=True)
     (lower / ".venv" / "kept").write_text("snapshot\n")
-    if task.user is not None:
-        give(lower, task.user)
-    layers.lay(task.home, task.checkout, lower, [".venv"])
-    if task.user is not None:
-        give(layers.layers_dir(task.home), task.user)
-        give(task.checkout, task.user)
+    task.restore(lower)
     check = r"""#include <fcntl.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -219,12 +223,7 @@ def test_row8_the_layers_own_directories_are_out_of_reach(task: Task) -> None:
     lower = task.canary.parent / "snapshot"
     (lower / ".venv").mkdir(parents=True)
     (lower / ".venv" / "kept").write_text("snapshot\n")
-    if task.user is not None:
-        give(lower, task.user)
-    layers.lay(task.home, task.checkout, lower, [".venv"])
-    if task.user is not None:
-        give(layers.layers_dir(task.home), task.user)
-        give(task.checkout, task.user)
+    task.restore(lower)
     described = (layers.layers_dir(task.home) / layers.LAYERS_FILE).read_text()
     first, second = task.agent(
         "echo changed > .venv/kept; ls -A /run/tasuki-layers; mv /run/tasuki-layers /run/x 2>&1 | tail -1;"
