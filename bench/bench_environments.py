@@ -45,7 +45,7 @@ from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from sandbox.jail import Bubblewrap, probe
 from sandbox.settings import SandboxSettings
-from tests.helpers.package_index import PackageIndex, make_wheel, package_index
+from tests.helpers.package_index import INDEX_INTERNAL, PackageIndex, make_wheel, package_index
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import llm_config, provider_for
 from worker.settings import load_settings
@@ -156,6 +156,7 @@ def settings_for(root: Path, model_url: str, read_only: tuple[str, ...] = (), re
         "TASUKI__LLM__OPENAI__MODEL": "scripted",
         "TASUKI__LLM__OPENAI__CONTEXT_LENGTH": "32768",
         "TASUKI__SANDBOX__NETWORK": "none",
+        "TASUKI__SANDBOX__ALLOWED_INTERNAL": json.dumps([INDEX_INTERNAL]),  # the setup's pip reaches the index
         "TASUKI__SANDBOX__READ_ONLY_PATHS": json.dumps([sys.base_prefix, *read_only]),
         "TASUKI__ENVIRONMENTS__AUTO": "false" if read_only else "true",
         "TASUKI__ENVIRONMENTS__RESTORE": restore,

@@ -3,19 +3,19 @@
 A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line that runs it. The registry
 :data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
 
-- ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC and UTS namespaces (and the
-  network's with ``sandbox.network: none``). The checkout (at ``/workspace``) and the task's home (a host
-  directory that lasts for the task, at ``HOME``) are the only writable places besides the call's private
-  ``/tmp``; the system directories, and those of the tools on the worker's ``PATH`` (not Tasuki's own
-  virtualenv: ``sandbox.toolchains``), are read-only. The worker's processes, its ``/proc``, its files, the
-  contexts root and other tasks' checkouts are not there. ``--die-with-parent``, and the sandbox's init is
-  killed at the end of every call, so nothing the command started outlives it.
+- ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC, UTS and network namespaces. The
+  checkout (at ``/workspace``) and the task's home (a host directory that lasts for the task, at ``HOME``) are the
+  only writable places besides the call's private ``/tmp``; the system directories, and those of the tools on the
+  worker's ``PATH`` (not Tasuki's own virtualenv: ``sandbox.toolchains``), are read-only. The worker's processes,
+  its ``/proc``, its files, the contexts root and other tasks' checkouts are not there. ``--die-with-parent``, and
+  the sandbox's init is killed at the end of every call, so nothing the command started outlives it.
 - ``none``: the command runs as the worker's user on the host (a scrubbed environment, its own process
   group). Only for trusted models, e.g. the demo's replay model; never chosen silently.
 
-``sandbox.network: allowlist`` (SPEC §17): an empty network namespace too, whose only way out is the task's egress
-proxy (``sandbox.egress``): :meth:`Sandbox.with_egress` binds its socket in, socat bridges ``127.0.0.1:3128`` to it,
-and the proxy variables point there.
+The network namespace is empty in every ``sandbox.network`` mode (the host's loopback, where the fleet's Redis and
+PostgreSQL listen, is not the sandbox's). With ``full`` and ``allowlist`` its only way out is the task's egress proxy
+(``sandbox.egress``, whose policy tells the two apart): :meth:`Sandbox.with_egress` binds its socket in, socat bridges
+``127.0.0.1:3128`` to it, and the proxy variables point there; ``none`` has no way out at all.
 """
 
 from __future__ import annotations
@@ -95,15 +95,18 @@ EGRESS_ENV = {
     "no_proxy": "localhost,127.0.0.1,::1",
 }
 _NO_SOCAT = (
-    "sandbox.network: allowlist needs socat in the sandbox (apt install socat); "
-    "install it, or choose sandbox.network: full or none"
+    "sandbox.network: full and allowlist need socat in the sandbox (apt install socat): it bridges the sandbox's "
+    "network to the task's egress proxy; install it, or choose sandbox.network: none"
 )
-# Started before the command: socat listens on the port, one connection to the proxy's socket per client; the
-# command starts once the port listens (read from /proc/net/tcp: no connection made), at most after ~5 s.
+# Started before the command ("$0": socat's path): socat listens on the port, one connection to the proxy's socket per
+# client. The command starts once socat said it listens (its first notice, read from a pipe: no polling, no
+# connection made; /proc/net/tcp costs ~5 ms a read, as it walks the host's whole table), at most after 5 s; a
+# subshell drains socat's later notices so that it never blocks on a full pipe.
 _BRIDGE = (
-    f"socat TCP-LISTEN:{EGRESS_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_SOCKET} >/dev/null 2>&1 &"
-    f" for _ in $(seq 500); do grep -q ':{EGRESS_PORT:04X} 00000000:0000 0A' /proc/net/tcp && break; sleep 0.01;"
-    ' done; exec "$@"'
+    f'exec 3< <(exec "$0" -d -d TCP-LISTEN:{EGRESS_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_SOCKET}'
+    " 2>&1 >/dev/null); while read -r -t 5 -u 3 line && [[ $line != *'listening on'* ]]; do :; done;"
+    " [[ $line == *'listening on'* ]] || echo 'tasuki: the egress bridge (socat) did not start' >&2;"
+    ' (while read -r -u 3 _; do :; done) & exec 3<&- "$@"'
 )
 
 
@@ -177,6 +180,7 @@ class Bubblewrap:
     def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
         self.network = settings.network
         self.egress: Path | None = None  # the task's egress proxy socket on the host
+        self.bridge: list[str] = []  # what runs the command behind socat's bridge to it (with_egress)
         self.layers_writable = True  # a task's environment layers (sandbox.layers): writable, or a service's view
         self.tmpfs_bytes = settings.limits.tmpfs_bytes
         # Tasuki's own virtualenv is neither on the agent's PATH nor bound (sandbox.toolchains).
@@ -198,8 +202,7 @@ class Bubblewrap:
         filter on fd 3, the environment cleared and ``env`` set inside only (with ``inherit``: kept, not cleared)."""
         options = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         options += ["--unshare-cgroup-try"]
-        if self.network != "full" or self.egress is not None:
-            options.append("--unshare-net")  # allowlist without a proxy: no way out at all
+        options.append("--unshare-net")  # every network mode: the only way out is the task's egress proxy, if any
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox", "--seccomp", "3"]
         # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
         # and the task's home is bound over it at HOME (the same path in every call and every task).
@@ -224,7 +227,7 @@ class Bubblewrap:
         if self.egress is not None:
             options += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
             inside.update(EGRESS_ENV)
-            argv = ["bash", "-c", _BRIDGE, "tasuki-egress", *argv]
+            argv = [*self.bridge, *argv]
         if inherit and not layered:  # bwrap's own environment: the fixed one and these, which the command keeps
             options += [arg for name in HOST_ENV if name not in inside for arg in ("--unsetenv", name)]
         else:  # bwrap's own environment is the host's fixed one; the command's is set below
@@ -247,17 +250,19 @@ class Bubblewrap:
         return HOME
 
     def roots(self, checkout: Path, home: Path) -> tuple[str, ...]:
-        """The checkout, the home, /tmp, the system directories and the tools' installations the sandbox shows."""
-        return (WORKSPACE, HOME, "/tmp", *SYSTEM_DIRS, *self.read_only)  # noqa: S108 - the sandbox's own /tmp
+        """The checkout, the home, the system directories and the tools' installations the sandbox shows."""
+        return (WORKSPACE, HOME, *SYSTEM_DIRS, *self.read_only)
 
     def with_egress(self, socket: Path | None) -> Sandbox:
         """A copy whose network namespace is empty but for a bridge to the proxy on ``socket``."""
         if socket is None:
             return self
-        if shutil.which("socat") is None:  # whoever asks for a proxy (the agent's run, a setup's) learns it here
+        socat = shutil.which("socat")  # whoever asks for a proxy (the agent's run, a setup's) learns it here
+        if socat is None:
             raise SandboxUnavailable(_NO_SOCAT)
         bound = copy.copy(self)
         bound.egress = socket
+        bound.bridge = [shutil.which("bash") or "/bin/bash", "-c", _BRIDGE, socat]  # both seen read-only inside
         return bound
 
 
@@ -301,12 +306,12 @@ def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> S
     ``read_only``: more paths the task's commands see read-only (its checkout's git mirror)."""
     if read_only:
         settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
-    if settings.backend == "bubblewrap" and settings.network == "allowlist" and shutil.which("socat") is None:
-        raise SandboxUnavailable(_NO_SOCAT)
     sandbox = SANDBOXES[settings.backend](settings)
     problem = probe(sandbox)
     if problem is not None:
         raise SandboxUnavailable(problem)
+    if settings.backend == "bubblewrap" and settings.network != "none" and shutil.which("socat") is None:
+        raise SandboxUnavailable(_NO_SOCAT)
     return sandbox
 
 

@@ -16,10 +16,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from sandbox import envfiles
+from sandbox.egress import egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import cannot_run
-from tests.helpers.package_index import make_wheel, package_index
+from tests.helpers.package_index import INDEX_INTERNAL, make_wheel, package_index
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
 from worker.environment import maybe_sweep, snapshot_store
@@ -59,10 +60,12 @@ def test_a_user_install_in_one_call_is_importable_in_the_next_and_tmp_stays_priv
     checkout, home = tmp_path / "task", tmp_path / "task.home"
     checkout.mkdir()
     home.mkdir(mode=0o700)
-    with package_index() as index:
+    # The index is on the host's loopback: reached through the task's egress proxy, as sandbox.allowed_internal says.
+    policy = egress_policy("full", (), (INDEX_INTERNAL,))
+    with package_index() as index, egress_proxy(policy, lambda _: None) as egress:
         index.add(make_wheel(tmp_path / "wheels", "tinypkg", "1.0", {"tinypkg/__init__.py": "VALUE = 42\n"}))
         installed = bash(
-            bubblewrap,
+            bubblewrap.with_egress(egress),
             checkout,
             home,
             f"PIP_BREAK_SYSTEM_PACKAGES=1 {BASE_PYTHON} -m pip install -q --user --no-cache-dir "

@@ -23,7 +23,7 @@ from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
-from tests.helpers.package_index import PackageIndex, make_wheel, package_index
+from tests.helpers.package_index import INDEX_HOST, INDEX_INTERNAL, PackageIndex, make_wheel, package_index
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
 from tests.helpers.stack import git, make_buggy_repo
 from tests.helpers.worker_scenarios import provider_env
@@ -83,6 +83,7 @@ def run_task(
             {
                 **provider_env("openai", server.url, 32768),
                 "TASUKI__SANDBOX__READ_ONLY_PATHS": json.dumps([sys.base_prefix]),
+                "TASUKI__SANDBOX__ALLOWED_INTERNAL": json.dumps([INDEX_INTERNAL]),  # the index, through the proxy
                 **(env or {}),
             }
         )
@@ -372,7 +373,7 @@ def test_a_setup_with_the_allow_list_installs_through_its_own_proxy(
     tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:
     # 127.0.1.1: a loopback address not in NO_PROXY, so pip's requests go through the setup's egress proxy.
-    with package_index(host="127.0.1.1") as served:
+    with package_index(host=INDEX_HOST) as served:
         served.add(make_wheel(tmp_path / "wheels", "tinypkg", "1.0", {"tinypkg/__init__.py": "VALUE = 42\n"}))
         repo = repo_with_setup(
             tmp_path / "repo", venv_setup(served.url) + "curl -sS -o /dev/null https://example.org 2>&1 || true\n"

@@ -1,6 +1,7 @@
-"""The egress allow-list (``sandbox.network: allowlist``, SPEC §17): the proxy on its own, then the real thing —
-bubblewrap's empty network namespace, socat's bridge, curl, urllib, pip, git and npm inside, two HTTP servers on
-loopback (127.0.0.2 allowed, 127.0.0.3 not), and a whole task whose refusals reach its context and `context show`.
+"""The egress proxy (``sandbox.network: allowlist`` and ``full``, SPEC §17): its policy and the proxy on its own,
+then the real thing — bubblewrap's empty network namespace, socat's bridge, curl, urllib, pip, git and npm inside, two
+HTTP servers on loopback (127.0.0.2 allowed, 127.0.0.3 not; both internal, so 127.0.0.2 is in
+``sandbox.allowed_internal`` too), and a whole task whose refusals reach its context and `context show`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import http.server
 import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -32,13 +34,16 @@ from contexts import ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from sandbox.egress import (
-    AllowList,
+    NOT_ALLOWED,
+    EgressPolicy,
     EgressProxy,
     Refusal,
     RefusalLog,
     Upstream,
+    egress_policy,
     egress_proxy,
     host_allowed,
+    internal_range,
 )
 from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox, probe
 from sandbox.settings import SandboxSettings
@@ -54,6 +59,7 @@ from worker.settings_models import Settings
 from worker.tools import Workspace, run_tool
 
 ALLOWED, REFUSED = "127.0.0.2", "127.0.0.3"  # both on loopback; only the first is in the allow-list
+LOOPBACK = (internal_range("127.0.0.1/32"),)  # the proxy's own tests reach servers on 127.0.0.1
 PACKAGE, MODULE = "egress-demo", "egress_demo"
 
 
@@ -144,7 +150,7 @@ def running() -> Iterator[Running]:
 
     refusals: list[Refusal] = []
     proxy = EgressProxy(
-        AllowList(("127.0.0.1", "*.allowed.test")),
+        EgressPolicy(("127.0.0.1", "*.allowed.test"), LOOPBACK),
         refusals.append,
         open_upstream=open_upstream,
         idle_timeout_s=1.0,
@@ -223,9 +229,9 @@ def test_a_refused_host_gets_a_403_line_is_reported_and_never_resolved(running: 
     conn.close()
     assert head.startswith(b"HTTP/1.1 403 ")
     assert running.refusals == [
-        Refusal("refused.example", 443, 1_700_000_000.0),
-        Refusal("elsewhere.test", 8080, 1_700_000_000.0),
-        Refusal("allowed.test", 443, 1_700_000_000.0),
+        Refusal("refused.example", 443, 1_700_000_000.0, NOT_ALLOWED),
+        Refusal("elsewhere.test", 8080, 1_700_000_000.0, NOT_ALLOWED),
+        Refusal("allowed.test", 443, 1_700_000_000.0, NOT_ALLOWED),
     ]
     assert running.opened == []  # no lookup, no connection: refused on the name as written
 
@@ -235,7 +241,7 @@ def test_a_refusal_is_logged_with_the_fields_bound_where_the_proxy_started() -> 
     try:
         with (
             capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs,
-            egress_proxy("allowlist", ["pypi.org"], lambda _: None) as socket_path,
+            egress_proxy(egress_policy("allowlist", ["pypi.org"], []), lambda _: None) as socket_path,
         ):
             assert socket_path is not None
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -248,14 +254,27 @@ def test_a_refusal_is_logged_with_the_fields_bound_where_the_proxy_started() -> 
         structlog.contextvars.unbind_contextvars("uuid")
     refused = [entry for entry in logs if entry["event"] == "egress refused"]
     assert refused == [
-        {"event": "egress refused", "host": "example.com", "port": 443, "uuid": "the-task", "log_level": "warning"}
+        {
+            "event": "egress refused",
+            "host": "example.com",
+            "port": 443,
+            "reason": NOT_ALLOWED,
+            "uuid": "the-task",
+            "log_level": "warning",
+        }
     ]
 
 
-def test_the_proxy_is_started_only_for_allowlist() -> None:
-    for network in ("full", "none"):
-        with egress_proxy(network, ["pypi.org"], lambda _: None) as socket_path:
-            assert socket_path is None
+def test_network_none_gets_no_proxy_and_full_one_that_admits_any_name() -> None:
+    assert egress_policy("none", ["pypi.org"], ["10.0.0.0/8"]) is None
+    with egress_proxy(None, lambda _: None) as socket_path:
+        assert socket_path is None
+    full = egress_policy("full", ["pypi.org"], ["10.0.0.0/8"])
+    assert full == EgressPolicy(None, (internal_range("10.0.0.0/8"),))
+    assert full.refuses_name("anything.example") is None
+    allowlist = egress_policy("allowlist", ["pypi.org"], [])
+    assert allowlist is not None
+    assert allowlist.refuses_name("anything.example") == NOT_ALLOWED
 
 
 def test_concurrent_tunnels_each_get_their_own_bytes(running: Running, upstreams: Upstreams) -> None:
@@ -327,7 +346,7 @@ def test_a_silent_peer_is_dropped_after_the_idle_timeout(running: Running, upstr
 
 def test_closing_the_proxy_closes_open_tunnels_and_removes_its_socket(upstreams: Upstreams) -> None:
     port = upstreams.silent()
-    proxy = EgressProxy(AllowList(("127.0.0.1",)), lambda _: None)
+    proxy = EgressProxy(EgressPolicy(("127.0.0.1",), LOOPBACK), lambda _: None)
     proxy.start()
     directory = proxy.socket.parent
     assert directory.stat().st_mode & 0o777 == 0o700
@@ -384,18 +403,171 @@ def test_refusals_are_counted_per_host_and_port_and_go_on_from_an_earlier_attemp
         }
     ]
     refusals = RefusalLog(seen.append, earlier)
-    refusals.add(Refusal("A.test", 443, 1_800_000_000.0))
-    refusals.add(Refusal("b.test", 80, 1_800_000_001.0))
+    refusals.add(Refusal("A.test", 443, 1_800_000_000.0, NOT_ALLOWED))
+    refusals.add(Refusal("b.test", 80, 1_800_000_001.0, "127.0.0.1 is loopback, not in sandbox.allowed_internal"))
     assert seen[-1] == [
-        {**earlier[0], "count": 3, "last_at": "2027-01-15T08:00:00.000000Z"},
+        {**earlier[0], "count": 3, "last_at": "2027-01-15T08:00:00.000000Z", "reason": NOT_ALLOWED},
         {
             "host": "b.test",
             "port": 80,
             "count": 1,
             "first_at": "2027-01-15T08:00:01.000000Z",
             "last_at": "2027-01-15T08:00:01.000000Z",
+            "reason": "127.0.0.1 is loopback, not in sandbox.allowed_internal",
         },
     ]
+
+
+# -- the addresses a name resolves to (issue 36, row 9) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.8.9.10", "loopback"),
+        ("::1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("192.168.1.1", "private"),
+        ("fd12:3456::1", "private"),
+        ("169.254.169.254", "link-local"),  # a cloud's metadata service: the worker's credentials
+        ("fe80::1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("100.64.0.1", "shared (CGNAT 100.64.0.0/10)"),
+        ("240.0.0.1", "private"),  # reserved, and listed private by the registry too
+        ("::ffff:127.0.0.1", "loopback (IPv4 127.0.0.1 inside IPv6)"),
+        ("::ffff:10.0.0.1", "private (IPv4 10.0.0.1 inside IPv6)"),
+        ("64:ff9b::a00:1", "private (IPv4 10.0.0.1 inside IPv6)"),
+        ("8.8.8.8", None),
+        ("2606:4700:4700::1111", None),
+        ("::ffff:8.8.8.8", None),
+    ],
+)
+def test_every_address_that_is_not_public_is_named_internal_with_its_kind(address: str, kind: str | None) -> None:
+    import ipaddress
+
+    from sandbox.egress import internal_kind
+
+    assert internal_kind(ipaddress.ip_address(address)) == kind
+
+
+def test_allowed_internal_entries_are_networks_optionally_with_one_port() -> None:
+    import ipaddress
+
+    one = internal_range("127.0.0.1/32:8080")
+    assert one.holds(ipaddress.ip_address("127.0.0.1"), 8080)
+    assert not one.holds(ipaddress.ip_address("127.0.0.1"), 8081)
+    assert not one.holds(ipaddress.ip_address("127.0.0.2"), 8080)
+    lan = internal_range("10.1.0.0/16")
+    assert lan.holds(ipaddress.ip_address("10.1.200.3"), 1)
+    assert not lan.holds(ipaddress.ip_address("10.2.0.1"), 1)
+    assert internal_range("fd00::/8:443").holds(ipaddress.ip_address("fd00::5"), 443)
+    assert internal_range("192.168.1.7").network == ipaddress.ip_network("192.168.1.7/32")
+    for bad in ("10.0.0.1/8", "example.org", "10.0.0.0/8:0", "10.0.0.0/8:http", "127.0.0.1:8080"):
+        with pytest.raises(ValueError, match=r"CIDR|port"):
+            internal_range(bad)
+    with pytest.raises(ValueError, match="allowed_internal"):
+        SandboxSettings(allowed_internal=("10.0.0.1/8",))
+
+
+@dataclass
+class Policed:
+    proxy: EgressProxy
+    refusals: list[Refusal]
+    opened: list[tuple[str, int]]
+
+
+@contextlib.contextmanager
+def policed(policy: EgressPolicy, *, connect: bool = True) -> Iterator[Policed]:
+    """A proxy with ``policy`` whose connections are recorded (by the address it connects to); with ``connect``
+    false none is made (a public address, on a machine that must not leave its loopback): the record proves the
+    policy admitted it."""
+    opened: list[tuple[str, int]] = []
+
+    async def open_upstream(host: str, port: int) -> Upstream:
+        opened.append((host, port))
+        if not connect:
+            raise ConnectionRefusedError(f"the test reaches no network beyond loopback ({host})")
+        return await asyncio.open_connection(host, port)
+
+    refusals: list[Refusal] = []
+    proxy = EgressProxy(policy, refusals.append, open_upstream=open_upstream, clock=lambda: 1_700_000_000.0)
+    with proxy:
+        yield Policed(proxy, refusals, opened)
+
+
+def test_an_admitted_name_that_resolves_to_loopback_is_refused_and_never_connected(upstreams: Upstreams) -> None:
+    # Row 9: the allow-list admitted the NAME; before the fix the proxy connected to whatever it resolved to.
+    port = upstreams.echo_after_eof()
+    with policed(EgressPolicy(("localhost",))) as running:
+        conn, head = _connect(running.proxy, f"localhost:{port}")
+        with conn:
+            body = _read_to_eof(conn)
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert b"refused: 127.0.0.1 is loopback, not in sandbox.allowed_internal" in body
+    assert running.opened == []
+    assert [(r.host, r.port) for r in running.refusals] == [("localhost", port)]
+    assert running.refusals[0].reason.startswith("127.0.0.1 is loopback")
+
+
+def test_an_address_literal_on_the_allow_list_still_needs_allowed_internal(upstreams: Upstreams) -> None:
+    port = upstreams.echo_after_eof()
+    with policed(EgressPolicy(("127.0.0.1", "::ffff:127.0.0.1"))) as running:
+        for target in (f"127.0.0.1:{port}", f"[::ffff:127.0.0.1]:{port}"):
+            conn, head = _connect(running.proxy, target)
+            conn.close()
+            assert head.startswith(b"HTTP/1.1 403 "), target
+    assert running.opened == []
+
+
+def test_allowed_internal_admits_its_network_and_port_and_the_proxy_connects_to_the_address_it_checked(
+    upstreams: Upstreams,
+) -> None:
+    port, other = upstreams.echo_after_eof(), upstreams.echo_after_eof()
+    with policed(EgressPolicy(None, (internal_range(f"127.0.0.1/32:{port}"),))) as running:
+        conn, head = _connect(running.proxy, f"localhost:{port}")
+        with conn:
+            assert head.startswith(b"HTTP/1.1 200 ")
+            conn.sendall(b"through")
+            conn.shutdown(socket.SHUT_WR)
+            assert _read_to_eof(conn) == b"through"
+        conn, head = _connect(running.proxy, f"localhost:{other}")  # another port of the same address
+        conn.close()
+        assert head.startswith(b"HTTP/1.1 403 ")
+    # By address, never by name: a second lookup (what a rebinding DNS server would answer otherwise) is not made.
+    assert running.opened == [("127.0.0.1", port)]
+    assert [(r.host, r.port) for r in running.refusals] == [("localhost", other)]
+
+
+def test_full_admits_a_public_destination_on_policy_and_fails_only_to_connect() -> None:
+    with policed(EgressPolicy(None), connect=False) as running:
+        conn, head = _connect(running.proxy, "93.184.215.14:443")
+        with conn:
+            body = _read_to_eof(conn)
+        plain = _client(running.proxy)
+        with plain:
+            plain.sendall(b"GET http://[2606:4700:4700::1111]:8080/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = _read_to_eof(plain)
+    assert head.startswith(b"HTTP/1.1 502 ")
+    assert body.startswith(b"tasuki: cannot reach 93.184.215.14:443")
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert running.opened == [("93.184.215.14", 443), ("2606:4700:4700::1111", 8080)]
+    assert running.refusals == []
+
+
+def test_a_name_that_does_not_resolve_gets_a_502_line_not_a_refusal() -> None:
+    with policed(EgressPolicy(None)) as running:
+        conn, head = _connect(running.proxy, "no-such-host.invalid:443")
+        with conn:
+            body = _read_to_eof(conn)
+    assert head.startswith(b"HTTP/1.1 502 ")
+    assert body.startswith(b"tasuki: cannot resolve no-such-host.invalid: ")
+    assert running.opened == []
+    assert running.refusals == []
 
 
 # -- inside the sandbox --------------------------------------------------------------------------------
@@ -516,7 +688,7 @@ def jail(bubblewrap: Bubblewrap, tmp_path: Path) -> Iterator[Jail]:
     refusals: list[Refusal] = []
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    with egress_proxy("allowlist", [ALLOWED], refusals.append) as socket_path:
+    with egress_proxy(egress_policy("allowlist", [ALLOWED], [f"{ALLOWED}/32"]), refusals.append) as socket_path:
         assert socket_path is not None
         yield Jail(bubblewrap.with_egress(socket_path), refusals, checkout)
 
@@ -591,9 +763,11 @@ def test_git_and_npm_go_through_the_proxy(jail: Jail, sites: tuple[Site, Site]) 
 
 
 def test_allowlist_without_socat_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH on which there is no socat
-    with pytest.raises(SandboxUnavailable, match=r"^sandbox\.network: allowlist needs socat"):
-        make_sandbox(SandboxSettings(network="allowlist", allowed_hosts=("only.for.this.test",)))
+    (tmp_path / "bwrap").symlink_to(shutil.which("bwrap") or "/usr/bin/bwrap")
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH on which there is bubblewrap but no socat
+    for network in ("allowlist", "full"):
+        with pytest.raises(SandboxUnavailable, match=r"^sandbox\.network: full and allowlist need socat"):
+            make_sandbox(SandboxSettings(network=network, allowed_hosts=("only.for.this.test",)))
 
 
 # -- a whole task --------------------------------------------------------------------------------------
@@ -625,6 +799,7 @@ def test_a_tasks_refused_hosts_are_in_its_state_and_context_show(
                 **provider_env("openai", server.url, 32768),
                 "TASUKI__SANDBOX__NETWORK": "allowlist",
                 "TASUKI__SANDBOX__ALLOWED_HOSTS": f'["{ALLOWED}"]',
+                "TASUKI__SANDBOX__ALLOWED_INTERNAL": f'["{ALLOWED}/32"]',
             }
         )
         request = TaskRequest(
@@ -656,8 +831,9 @@ def test_a_tasks_refused_hosts_are_in_its_state_and_context_show(
         check=False,
     )
     assert shown.returncode == 0, shown.stderr
-    assert "Egress refused (not in sandbox.allowed_hosts): 1 host(s)" in shown.stdout
+    assert "Egress refused: 1 host(s)" in shown.stdout
     assert f"{REFUSED}:{refused.port} x1" in shown.stdout
+    assert f"({NOT_ALLOWED})" in shown.stdout
 
 
 def _provider(config: dict[str, Any]) -> Provider:

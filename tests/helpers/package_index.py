@@ -19,6 +19,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+# A loopback address outside the sandbox's NO_PROXY (127.0.0.1): a sandboxed pip reaches the index through the task's
+# egress proxy, which admits it only with sandbox.allowed_internal naming it (INDEX_INTERNAL; docs/security.md).
+INDEX_HOST = "127.0.1.1"
+INDEX_INTERNAL = f"{INDEX_HOST}/32"
+
 
 def normalize(name: str) -> str:
     """PEP 503's normalized project name."""
@@ -87,7 +92,7 @@ class PackageIndex:
 
 
 @contextmanager
-def package_index(host: str = "127.0.0.1") -> Iterator[PackageIndex]:
+def package_index(host: str = INDEX_HOST) -> Iterator[PackageIndex]:
     """A running index on a free port (``index.url`` is its ``/simple`` root), stopped on exit."""
     index = PackageIndex()
 
