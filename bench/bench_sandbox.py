@@ -1,6 +1,8 @@
 """The bash tool's cost per call in the bubblewrap sandbox against the same call unsandboxed, in one run; and the same
 call in a sandbox with a restored environment's layer (the helper that mounts it, then drops every capability,
-docs/environments.md "Layers") against plain bubblewrap.
+docs/environments.md "Layers") against plain bubblewrap; and the same call as a task with ``sandbox.network: full``
+runs it (its own network namespace, socat's bridge to the task's egress proxy started before the command) against
+plain bubblewrap (an empty network namespace, no bridge).
 
 All go through the real tool (scrubbed environment, own session, output capture, prlimit limits); the
 command is ``true`` so the ratio is the sandbox's own overhead: namespaces, mounts, bwrap's init.
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from bench.common import Result, standalone, timed
 from sandbox import layers
+from sandbox.egress import egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
 from sandbox.settings import SandboxSettings
 from worker.tools import Workspace, run_tool
@@ -40,19 +43,25 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         directory.mkdir(parents=True)
     layers.lay(layered_home, layered_checkout, root / "snapshot", [".venv"])
     layered = Workspace(layered_checkout)
-    times: dict[str, list[float]] = {"none": [], "bubblewrap": [], "layers": []}
-    for _ in range(rounds):
-        times["none"].append(timed(lambda: _call(workspace, NoSandbox(), home)))
-        times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap, home)))
-        times["layers"].append(timed(lambda: _call(layered, bubblewrap, layered_home)))
-    bare, boxed, laid = (statistics.median(times[name]) for name in ("none", "bubblewrap", "layers"))
+    times: dict[str, list[float]] = {"none": [], "bubblewrap": [], "layers": [], "full": []}
+    with egress_proxy(egress_policy("full", (), ()), lambda _: None) as socket:
+        full = bubblewrap.with_egress(socket)
+        for _ in range(rounds):
+            times["none"].append(timed(lambda: _call(workspace, NoSandbox(), home)))
+            times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap, home)))
+            times["layers"].append(timed(lambda: _call(layered, bubblewrap, layered_home)))
+            times["full"].append(timed(lambda: _call(workspace, full, home)))
+    bare, boxed, laid, bridged = (statistics.median(times[name]) for name in ("none", "bubblewrap", "layers", "full"))
     ratio = boxed / bare
     print(f"sandbox: bash tool call unsandboxed {bare * 1e3:.1f} ms, in bubblewrap {boxed * 1e3:.1f} ms, "
-          f"ratio {ratio:.2f}; with a layer {laid * 1e3:.1f} ms, {laid / boxed:.2f} of plain bubblewrap (median of "
-          f"{rounds}, interleaved)", flush=True)
+          f"ratio {ratio:.2f}; with a layer {laid * 1e3:.1f} ms, {laid / boxed:.2f} of plain bubblewrap; with network "
+          f"full's proxy bridge {bridged * 1e3:.1f} ms, {bridged / boxed:.2f} of plain bubblewrap, "
+          f"{bridged / bare:.2f} of unsandboxed (median of {rounds}, interleaved)", flush=True)
     return [
         Result("bash call: bubblewrap / none", f"{ratio:.2f}", "", None),
         Result("bash call: bubblewrap with a layer / plain", f"{laid / boxed:.2f}", "", None),
+        Result("bash call: network full (proxy bridge) / plain bubblewrap", f"{bridged / boxed:.2f}", "", None),
+        Result("bash call: network full (proxy bridge) / none", f"{bridged / bare:.2f}", "", None),
     ]
 
 
