@@ -21,17 +21,15 @@ sandbox's own paths; each refusal is a line the command's output shows.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-import shutil
-import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+
+from sandbox import homefiles
 
 log = structlog.get_logger(__name__)
 
@@ -60,9 +58,6 @@ LOADER_NAMES = frozenset(
         "TZDIR",
     }
 )
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -77,39 +72,8 @@ class EnvFiles:
 def prepare(home: Path) -> None:
     """Make ``HOME/.tasuki`` and the two files (empty) when they are missing: ``>> $TASUKI_ENV`` just works.
     Whatever the agent left in their place that is not a directory or a regular file (a symlink, a pipe) is
-    removed first, never followed."""
-    home_fd = os.open(home, _DIRECTORY)
-    try:
-        directory = ENV_FILE.split("/", 1)[0]
-        _replace_odd(home_fd, directory, stat.S_ISDIR)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory, 0o700, dir_fd=home_fd)
-        tasuki_fd = os.open(directory, _DIRECTORY, dir_fd=home_fd)
-        try:
-            for name in (ENV_FILE, PATH_FILE):
-                leaf = name.split("/", 1)[1]
-                _replace_odd(tasuki_fd, leaf, stat.S_ISREG)
-                os.close(os.open(leaf, _CREATE, 0o600, dir_fd=tasuki_fd))
-        finally:
-            os.close(tasuki_fd)
-    finally:
-        os.close(home_fd)
-
-
-def _replace_odd(directory_fd: int, name: str, wanted: Callable[[int], bool]) -> None:
-    """Remove ``name`` in ``directory_fd`` when it is there but not of the ``wanted`` kind (lstat: links are not
-    followed; a directory in a file's place goes whole)."""
-    try:
-        mode = os.lstat(name, dir_fd=directory_fd).st_mode
-    except FileNotFoundError:
-        return
-    if wanted(mode):
-        return
-    if stat.S_ISDIR(mode):
-        log.warning("env file's place held by a directory: removed", file=name)
-        shutil.rmtree(name, dir_fd=directory_fd, ignore_errors=True)
-    else:
-        os.unlink(name, dir_fd=directory_fd)
+    removed first, never followed (:mod:`sandbox.homefiles`)."""
+    homefiles.ensure(home, (ENV_FILE, PATH_FILE))
 
 
 def locations(home_inside: str) -> dict[str, str]:
@@ -128,27 +92,15 @@ def read(home: Path) -> EnvFiles:
 
 
 def _text(home: Path, name: str) -> tuple[str, str | None]:
-    """The beginning of the file ``name`` beneath ``home`` (``.tasuki/env``), opened without following a link and
-    without blocking; and why it was not read, when it is there but could not be."""
-    fds: list[int] = []
+    """The beginning of the file ``name`` beneath ``home`` (:func:`sandbox.homefiles.read`); and why it was not
+    read, when it is there but could not be."""
     try:
-        fds.append(os.open(home, _DIRECTORY))
-        directory, leaf = name.split("/", 1)
-        fds.append(os.open(directory, _DIRECTORY, dir_fd=fds[-1]))
-        fds.append(os.open(leaf, _FILE, dir_fd=fds[-1]))
-        if not stat.S_ISREG(os.fstat(fds[-1]).st_mode):
-            return "", f"{name} is not a regular file: not read"
-        data = os.read(fds[-1], MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
+        data = homefiles.read(home, name, MAX_FILE_BYTES)
+    except homefiles.Unreadable as exc:
+        log.warning("env file not read", file=name, error=str(exc.strerror)[:200])
+        return "", exc.strerror
+    if data is None:
         return "", None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            return "", f"{name} is a symbolic link or passes through one: not read"
-        log.warning("env file not read", file=name, error=str(exc)[:200])
-        return "", f"{name} could not be read ({exc.strerror or exc})"
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         log.warning("env file larger than its limit: only its beginning is read", file=name, limit_bytes=MAX_FILE_BYTES)
         data = data[:MAX_FILE_BYTES].rsplit(b"\n", 1)[0]

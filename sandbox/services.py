@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -300,8 +302,13 @@ def _open_log(home: Path, name: str) -> IO[bytes]:
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.fdopen(os.open(LOG_NAME, flags, 0o600, dir_fd=fd), "ab")
+        # Without blocking: a named pipe the task's commands left there is refused (ENXIO), never waited on.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        log_fd = os.open(LOG_NAME, flags, 0o600, dir_fd=fd)
+        if not stat.S_ISREG(os.fstat(log_fd).st_mode):
+            os.close(log_fd)
+            raise OSError(errno.EINVAL, f"{LOG_NAME} is not a regular file")
+        return os.fdopen(log_fd, "ab")
     finally:
         os.close(fd)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import envfiles, layers
+from sandbox import envfiles, homefiles, layers
 from sandbox.jail import Bubblewrap
 from sandbox.settings import SandboxSettings
 from tests.helpers import hostile_agent
@@ -393,3 +393,18 @@ def test_seam_removing_a_tree_makes_mode_000_directories_writable_and_follows_no
     assert not tree.exists()
     assert stat.S_IMODE(outside.stat().st_mode) == 0o755
     assert (outside / "kept").exists()
+
+
+def test_seam_the_environment_marker_is_written_beneath_the_home_never_through_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.write_text("the worker's file\n")
+    home = tmp_path / "home"
+    (home / ".tasuki").mkdir(parents=True)
+    (home / ".tasuki" / "environment").symlink_to(outside)  # what the agent leaves before a resume
+    homefiles.write(home, ".tasuki/environment", b"key\n")
+    assert outside.read_text() == "the worker's file\n"
+    assert homefiles.read(home, ".tasuki/environment", 64) == b"key\n"
+    os.unlink(home / ".tasuki" / "environment")
+    os.mkfifo(home / ".tasuki" / "environment")
+    with pytest.raises(homefiles.Unreadable, match="not a regular file"):
+        homefiles.read(home, ".tasuki/environment", 64)

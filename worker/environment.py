@@ -21,7 +21,7 @@ import structlog
 
 from contexts import Context
 from contexts.masking import mask
-from sandbox import layers
+from sandbox import homefiles, layers
 from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
 from sandbox.egress import EgressError, Refusal, egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
@@ -298,9 +298,7 @@ class TaskEnvironment:
         """The environment is in place: never committed, marked in the home; ``snapshot``: the checkout's paths are
         a copy of it, made just now, recorded for the next task on this warm copy (reused while unchanged)."""
         checkout.exclude(report.created)
-        marker = checkout.home / MARKER
-        marker.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        marker.write_text(f"{report.key}\n")
+        homefiles.write(checkout.home, MARKER, f"{report.key}\n".encode())  # the home is the agent's: no link followed
         record = checkout.environment_record
         if snapshot is not None and record is not None:
             remember(record, checkout.path, snapshot.key, snapshot.created, snapshot.paths)
@@ -379,8 +377,8 @@ class TaskEnvironment:
         """A resume on this host whose home and checkout still hold the environment of ``key``, whole (restored by
         layers: their snapshot still there)."""
         try:
-            marked = (checkout.home / MARKER).read_text().strip()
-        except OSError:
+            marked = (homefiles.read(checkout.home, MARKER, 256) or b"").decode(errors="replace").strip()
+        except OSError:  # homefiles.Unreadable too: a link or a pipe the agent left there is no environment
             return False
         paths = recorded.get("created") or ()
         return marked == key and all((checkout.path / str(p)).exists() for p in paths) and layers.whole(checkout.home)
