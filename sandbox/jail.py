@@ -260,6 +260,7 @@ class Bubblewrap:
         socat = shutil.which("socat")  # whoever asks for a proxy (the agent's run, a setup's) learns it here
         if socat is None:
             raise SandboxUnavailable(_NO_SOCAT)
+        confine.hand_over(socket.parent, self.user)  # socat runs as the sandbox's user: the proxy's socket is its
         bound = copy.copy(self)
         bound.egress = socket
         bound.bridge = [shutil.which("bash") or "/bin/bash", "-c", _BRIDGE, socat]  # both seen read-only inside
