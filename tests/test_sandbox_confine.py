@@ -152,3 +152,18 @@ def test_an_unprivileged_worker_runs_its_sandbox_as_itself() -> None:
     assert told["worker"] == uid
     assert told["status"] == "success", told["output"]
     assert told["output"].splitlines()[:2] == [str(uid), "x"]
+
+
+def test_what_the_file_tools_make_the_agents_commands_can_change(task: tuple[Path, Path]) -> None:
+    """A root worker's write_file makes the file and its new directories the sandbox user's, so the agent's next
+    command can append to it and add files beside it (root's 0755 directory and 0644 file would refuse both)."""
+    checkout, home = task
+    settings = SandboxSettings()
+    written = run_tool(
+        Workspace(checkout), "write_file", {"path": "src/new/module.py", "content": "A = 1\n"}, bash_timeout_s=60,
+        max_output_chars=20000, sandbox=Bubblewrap(settings), limits=settings.limits, home=home,
+    )
+    assert written.error is None, written.output
+    done = _bash(task, "echo 'B = 2' >> src/new/module.py && touch src/new/__init__.py && cat src/new/module.py")
+    assert done.error is None, done.output
+    assert done.output.startswith("A = 1\nB = 2\n"), done.output

@@ -40,10 +40,13 @@ def _read_bytes(workspace: Workspace, path: str) -> bytes:
         return handle.read()
 
 
-def _write_bytes(workspace: Workspace, path: str, data: bytes) -> None:
+def _write_bytes(workspace: Workspace, path: str, data: bytes, options: ToolOptions) -> None:
     """Write through an fd opened beneath the checkout (an existing file keeps its inode and so its mode:
-    an executable script stays executable); missing parent directories are made beneath it too."""
-    parent, _ = workspace.open_parent(path, create=True)
+    an executable script stays executable); missing parent directories are made beneath it too. A root worker
+    gives what it made to the sandbox's user, whose commands change it next."""
+    user = getattr(options.sandbox, "user", None)
+    owner = (user.uid, user.gid) if user is not None else None
+    parent, _ = workspace.open_parent(path, create=True, owner=owner)
     os.close(parent)
     try:
         fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, NEW_FILE_MODE)
@@ -54,6 +57,8 @@ def _write_bytes(workspace: Workspace, path: str, data: bytes) -> None:
             raise ToolError(f"{path} is not a regular file")
         os.ftruncate(fd, 0)
         handle.write(data)
+        if owner is not None:
+            os.fchown(fd, *owner)
 
 
 class ReadFileTool:
@@ -99,7 +104,7 @@ class WriteFileTool:
         """Write the content as UTF-8, creating parent directories inside the checkout."""
         path: str = arguments["path"]
         data = arguments["content"].encode("utf-8")
-        _write_bytes(workspace, path, data)
+        _write_bytes(workspace, path, data, options)
         return ToolOutcome(f"wrote {len(data)} bytes to {workspace.display(workspace.resolve(path))}")
 
 
@@ -141,7 +146,7 @@ class EditFileTool:
             raise ToolError(f"old_string not found in {path}; read the file and copy the text exactly")
         if count > 1:
             raise ToolError(f"old_string occurs {count} times in {path}; add surrounding lines to match once")
-        _write_bytes(workspace, path, text.replace(old, new, 1).encode("utf-8"))
+        _write_bytes(workspace, path, text.replace(old, new, 1).encode("utf-8"), options)
         return ToolOutcome(f"replaced 1 occurrence in {workspace.display(workspace.resolve(path))}")
 
 

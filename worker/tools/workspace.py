@@ -64,9 +64,12 @@ class Workspace:
         finally:
             os.close(root_fd)
 
-    def open_parent(self, path: str, *, create: bool) -> tuple[int, str]:
-        """The directory fd that holds ``path``'s last component (made, with its parents, when ``create``),
-        opened beneath the checkout; and that component's name."""
+    def open_parent(
+        self, path: str, *, create: bool, owner: tuple[int, int] | None = None
+    ) -> tuple[int, str]:
+        """The directory fd that holds ``path``'s last component (made, with its parents, when ``create``; each
+        directory made given to ``owner``, the sandbox's user of a root worker), opened beneath the checkout; and
+        that component's name."""
         self.resolve(path)
         parts = [p for p in path.split("/") if p not in ("", ".")]
         if not parts:
@@ -77,6 +80,8 @@ class Workspace:
                 if create:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=current)
+                        if owner is not None:  # the agent's commands write in it next
+                            os.chown(part, *owner, dir_fd=current, follow_symlinks=False)
                 try:
                     following = open_beneath(current, part, os.O_RDONLY | os.O_DIRECTORY)
                 except Outside as exc:
