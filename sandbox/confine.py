@@ -155,6 +155,9 @@ def _let_through_once(directory: str, uid: int) -> None:
     os.setxattr(directory, "system.posix_acl_access", value)
 
 
+_PASSABLE: set[tuple[str, int]] = set()  # (directory, uid) found passable: looked at once per process (2 ms a call)
+
+
 def let_through(paths: Iterable[str], user: SandboxUser | None) -> None:
     """Let ``user`` search (not list) each directory on the way to ``paths`` that it cannot pass yet and that the
     worker owns, by an ACL entry naming it alone; bubblewrap, run as that user, must reach what it binds. A
@@ -165,7 +168,11 @@ def let_through(paths: Iterable[str], user: SandboxUser | None) -> None:
     for path in paths:
         for directory in reversed(Path(path).parents):
             name = str(directory)
-            if name == "/" or _can_search(name, user):
+            if name == "/" or (name, user.uid) in _PASSABLE:
+                continue
+            if _can_search(name, user):
+                if os.path.isdir(name):  # a missing one may be made later, by the worker, unpassable
+                    _PASSABLE.add((name, user.uid))
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(name).st_uid == os.geteuid():

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -117,7 +118,13 @@ def _inside(entry: Path, prefixes: frozenset[Path]) -> bool:
 
 def worker_path() -> list[str]:
     """The worker's ``PATH`` as the agent gets it."""
-    return agent_path(os.environ.get("PATH", os.defpath).split(os.pathsep))
+    return list(_agent_path_of(os.environ.get("PATH", os.defpath)))
+
+
+@functools.lru_cache(maxsize=8)
+def _agent_path_of(path: str) -> tuple[str, ...]:
+    # Resolving every entry took 2 ms a tool call; the worker's PATH does not change while it runs.
+    return tuple(agent_path(path.split(os.pathsep)))
 
 
 def toolchain_binds(path: Sequence[str], home: Path | None = None) -> tuple[str, ...]:
