@@ -397,6 +397,7 @@ class CallCgroup:
         """Kill what is left and remove the directories (retried until they are empty, a few seconds at most)."""
         deadline = time.monotonic() + _KILL_WAIT_S
         for path in self.paths:
+            pause = 0.0005  # the sandbox's last processes are usually gone within a millisecond or two
             while True:
                 try:
                     path.rmdir()
@@ -408,7 +409,8 @@ class CallCgroup:
                         log.warning("a call's cgroup could not be removed", cgroup=str(path))
                         break
                     self.kill()
-                    time.sleep(0.01)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.01)
 
 
 def _pids(path: Path) -> list[int]:
