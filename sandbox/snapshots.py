@@ -101,7 +101,9 @@ class SnapshotBusy(SnapshotError):
 def environment_key(repository: str, declaration: Declaration, files: Mapping[str, bytes], image: str) -> str:
     """The key of an environment: the repository, the declaration, the key files' content, the worker image."""
     record = {
-        "format": 1,
+        # 2: setups run as a root worker's sandbox user (issue 36), whose snapshots hold that user's files; a format-1
+        # snapshot of a root worker holds root's, which the agent could not change through a layer: made anew once.
+        "format": 2,
         "repository": repository,
         "declaration": declaration.content(),
         "files": {path: hashlib.sha256(content).hexdigest() for path, content in files.items()},
