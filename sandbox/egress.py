@@ -39,6 +39,7 @@ import structlog
 
 from contexts.clock import iso
 from contexts.errors import TasukiError
+from sandbox import bridge
 
 log = structlog.get_logger(__name__)
 
@@ -501,7 +502,10 @@ def egress_proxy(policy: EgressPolicy | None, on_refused: Callable[[Refusal], No
         yield None
         return
     with EgressProxy(policy, on_refused) as proxy:
-        yield proxy.socket
+        try:
+            yield proxy.socket
+        finally:
+            bridge.stop(proxy.socket)  # the task's network namespace, if a call made it, goes with its way out
 
 
 class RefusalLog:

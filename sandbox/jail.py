@@ -33,7 +33,7 @@ from typing import Protocol
 import structlog
 
 from contexts.errors import TasukiError
-from sandbox import confine, envfiles, layers, seccomp
+from sandbox import bridge, confine, envfiles, layers, seccomp
 from sandbox.host import HOST_ENV, program
 from sandbox.settings import SandboxLimits, SandboxSettings
 from sandbox.toolchains import agent_path, toolchain_binds, toolchain_environment, worker_path
@@ -85,9 +85,7 @@ ETC_FILES = (
     "pip.conf",
 )
 PROBE_TIMEOUT_S = 30
-EGRESS_SOCKET = "/run/tasuki/egress.sock"  # where the task's egress proxy socket appears inside the sandbox
-EGRESS_PORT = 3128  # the loopback port socat bridges to it, in the sandbox's own network namespace
-EGRESS_PROXY = f"http://127.0.0.1:{EGRESS_PORT}"
+EGRESS_PROXY = f"http://127.0.0.1:{bridge.PORT}"  # socat's bridge to the task's egress proxy (sandbox.bridge)
 # curl and git (libcurl) read only the lowercase http_proxy; pip, npm and most others read either case.
 EGRESS_ENV = {
     **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), EGRESS_PROXY),
@@ -97,16 +95,6 @@ EGRESS_ENV = {
 _NO_SOCAT = (
     "sandbox.network: full and allowlist need socat in the sandbox (apt install socat): it bridges the sandbox's "
     "network to the task's egress proxy; install it, or choose sandbox.network: none"
-)
-# Started before the command ("$0": socat's path): socat listens on the port, one connection to the proxy's socket per
-# client. The command starts once socat said it listens (its first notice, read from a pipe: no polling, no
-# connection made; /proc/net/tcp costs ~5 ms a read, as it walks the host's whole table), at most after 5 s; a
-# subshell drains socat's later notices so that it never blocks on a full pipe.
-_BRIDGE = (
-    f'exec 3< <(exec "$0" -d -d TCP-LISTEN:{EGRESS_PORT},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{EGRESS_SOCKET}'
-    " 2>&1 >/dev/null); while read -r -t 5 -u 3 line && [[ $line != *'listening on'* ]]; do :; done;"
-    " [[ $line == *'listening on'* ]] || echo 'tasuki: the egress bridge (socat) did not start' >&2;"
-    ' (while read -r -u 3 _; do :; done) & exec 3<&- "$@"'
 )
 
 
@@ -180,7 +168,6 @@ class Bubblewrap:
     def __init__(self, settings: SandboxSettings, path: Sequence[str] | None = None) -> None:
         self.network = settings.network
         self.egress: Path | None = None  # the task's egress proxy socket on the host
-        self.bridge: list[str] = []  # what runs the command behind socat's bridge to it (with_egress)
         self.layers_writable = True  # a task's environment layers (sandbox.layers): writable, or a service's view
         self.tmpfs_bytes = settings.limits.tmpfs_bytes
         # Tasuki's own virtualenv is neither on the agent's PATH nor bound (sandbox.toolchains).
@@ -202,7 +189,11 @@ class Bubblewrap:
         filter on fd 3, the environment cleared and ``env`` set inside only (with ``inherit``: kept, not cleared)."""
         options = [self.bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         options += ["--unshare-cgroup-try"]
-        options.append("--unshare-net")  # every network mode: the only way out is the task's egress proxy, if any
+        # Every network mode has a namespace of its own: the task's, whose only way out is its egress proxy (joined,
+        # sandbox.bridge), or an empty one.
+        join = bridge.join_line(self._bridge().target()) if self.egress is not None else []
+        if not join:
+            options.append("--unshare-net")
         options += ["--die-with-parent", "--new-session", "--hostname", "tasuki-sandbox", "--seccomp", "3"]
         # The private /tmp first: a read-only path below /tmp (a checkout's git mirror, a tool's venv) stays seen,
         # and the task's home is bound over it at HOME (the same path in every call and every task).
@@ -225,9 +216,7 @@ class Bubblewrap:
             options += _ro_bind(directory)
         inside = {**env, **self.environment}
         if self.egress is not None:
-            options += ["--ro-bind", str(self.egress), EGRESS_SOCKET]
             inside.update(EGRESS_ENV)
-            argv = [*self.bridge, *argv]
         if inherit and not layered:  # bwrap's own environment: the fixed one and these, which the command keeps
             options += [arg for name in HOST_ENV if name not in inside for arg in ("--unsetenv", name)]
         else:  # bwrap's own environment is the host's fixed one; the command's is set below
@@ -239,7 +228,20 @@ class Bubblewrap:
                 options += ["--setenv", name, value]
         options += ["--bind", str(checkout), WORKSPACE, "--remount-ro", "/", "--chdir", WORKSPACE, "--"]
         opener = [program("sh") or "/bin/sh", "-c", 'exec 3<"$0" && exec "$@"', str(seccomp.filter_file())]
-        return [*opener, *options, *argv], checkout
+        return [*opener, *join, *options, *argv], checkout
+
+    def _bridge(self) -> bridge.Bridge:
+        """The task's network namespace and its bridge to the egress proxy (started on the task's first call)."""
+        assert self.egress is not None  # noqa: S101 - only asked for with a proxy
+        socat = shutil.which("socat") or "socat"
+        user = self.user
+        drop = [program("setpriv") or "/usr/bin/setpriv", f"--reuid={user.uid}", f"--regid={user.gid}",
+                "--clear-groups", "--"] if user is not None else []
+        system = [arg for directory in SYSTEM_DIRS for arg in _ro_bind(directory)]
+        try:
+            return bridge.bridge(self.egress, bridge.holder_line(self.bwrap, socat, self.egress, system, drop))
+        except bridge.BridgeError as exc:
+            raise SandboxUnavailable(str(exc)) from None
 
     def launch_env(self, env: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
         """The fixed environment (:data:`sandbox.host.HOST_ENV`) and ``inherited``: never the command's."""
@@ -261,9 +263,9 @@ class Bubblewrap:
         if socat is None:
             raise SandboxUnavailable(_NO_SOCAT)
         confine.hand_over(socket.parent, self.user)  # socat runs as the sandbox's user: the proxy's socket is its
+        confine.let_through([str(socket)], self.user)
         bound = copy.copy(self)
         bound.egress = socket
-        bound.bridge = [shutil.which("bash") or "/bin/bash", "-c", _BRIDGE, socat]  # both seen read-only inside
         return bound
 
 
