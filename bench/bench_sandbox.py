@@ -1,8 +1,8 @@
 """The bash tool's cost per call in the bubblewrap sandbox against the same call unsandboxed, in one run; and the same
 call in a sandbox with a restored environment's layer (the helper that mounts it, then drops every capability,
 docs/environments.md "Layers") against plain bubblewrap; and the same call as a task with ``sandbox.network: full``
-runs it (its own network namespace, socat's bridge to the task's egress proxy started before the command) against
-plain bubblewrap (an empty network namespace, no bridge).
+runs it (the task's network namespace joined, where socat bridges to the task's egress proxy: sandbox.bridge)
+against plain bubblewrap (an empty network namespace of its own, no bridge).
 
 All go through the real tool (scrubbed environment, own session, output capture, prlimit limits); the
 command is ``true`` so the ratio is the sandbox's own overhead: namespaces, mounts, bwrap's init.
@@ -11,12 +11,14 @@ command is ``true`` so the ratio is the sandbox's own overhead: namespaces, moun
 from __future__ import annotations
 
 import statistics
+import subprocess
 from pathlib import Path
 
 from bench.common import Result, standalone, timed
 from sandbox import layers
 from sandbox.egress import egress_policy, egress_proxy
-from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
+from sandbox.host import HOST_ENV, program
+from sandbox.jail import SYSTEM_DIRS, WORKSPACE, Bubblewrap, NoSandbox, Sandbox, _ro_bind, probe
 from sandbox.settings import SandboxSettings
 from worker.tools import Workspace, run_tool
 
@@ -25,6 +27,14 @@ def _call(workspace: Workspace, sandbox: Sandbox, home: Path | None = None) -> N
     result = run_tool(workspace, "bash", {"command": "true"}, bash_timeout_s=30, max_output_chars=1000,
                       sandbox=sandbox, limits=SandboxSettings().limits, home=home)
     assert result.status == "success", result.output
+
+
+def _bare_bwrap(checkout: Path) -> list[str]:
+    """bubblewrap by itself running ``true``: the namespaces and the system directories, nothing of Tasuki's (no tool,
+    no cgroup, no user, no seccomp, no bridge) — the floor every sandboxed call stands on."""
+    binds = [arg for directory in SYSTEM_DIRS for arg in _ro_bind(directory)]
+    return [program("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--dev", "/dev", "--proc", "/proc",
+            *binds, "--bind", str(checkout), WORKSPACE, "--chdir", WORKSPACE, "--", "true"]
 
 
 def run(root: Path, *, quick: bool = False) -> list[Result]:
@@ -43,21 +53,29 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
         directory.mkdir(parents=True)
     layers.lay(layered_home, layered_checkout, root / "snapshot", [".venv"])
     layered = Workspace(layered_checkout)
-    times: dict[str, list[float]] = {"none": [], "bubblewrap": [], "layers": [], "full": []}
+    times: dict[str, list[float]] = {"bare": [], "none": [], "bubblewrap": [], "layers": [], "full": []}
+    bare_line = _bare_bwrap(checkout)
     with egress_proxy(egress_policy("full", (), ()), lambda _: None) as socket:
         full = bubblewrap.with_egress(socket)
         for _ in range(rounds):
+            times["bare"].append(timed(lambda: subprocess.run(bare_line, check=True, env=HOST_ENV)))
             times["none"].append(timed(lambda: _call(workspace, NoSandbox(), home)))
             times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap, home)))
             times["layers"].append(timed(lambda: _call(layered, bubblewrap, layered_home)))
             times["full"].append(timed(lambda: _call(workspace, full, home)))
+    plain = statistics.median(times["bare"])
     bare, boxed, laid, bridged = (statistics.median(times[name]) for name in ("none", "bubblewrap", "layers", "full"))
+    print(f"sandbox: bare bwrap running true {plain * 1e3:.1f} ms; the tool's call in bubblewrap {boxed / plain:.2f} "
+          f"of it, with a layer {laid / plain:.2f}, with network full's bridge {bridged / plain:.2f}", flush=True)
     ratio = boxed / bare
     print(f"sandbox: bash tool call unsandboxed {bare * 1e3:.1f} ms, in bubblewrap {boxed * 1e3:.1f} ms, "
           f"ratio {ratio:.2f}; with a layer {laid * 1e3:.1f} ms, {laid / boxed:.2f} of plain bubblewrap; with network "
           f"full's proxy bridge {bridged * 1e3:.1f} ms, {bridged / boxed:.2f} of plain bubblewrap, "
           f"{bridged / bare:.2f} of unsandboxed (median of {rounds}, interleaved)", flush=True)
     return [
+        Result("bash call in bubblewrap / bare bwrap", f"{boxed / plain:.2f}", "", None),
+        Result("bash call with a layer / bare bwrap", f"{laid / plain:.2f}", "", None),
+        Result("bash call with network full's bridge / bare bwrap", f"{bridged / plain:.2f}", "", None),
         Result("bash call: bubblewrap / none", f"{ratio:.2f}", "", None),
         Result("bash call: bubblewrap with a layer / plain", f"{laid / boxed:.2f}", "", None),
         Result("bash call: network full (proxy bridge) / plain bubblewrap", f"{bridged / boxed:.2f}", "", None),
