@@ -30,6 +30,7 @@ from typing import IO
 import structlog
 
 from contexts.errors import TasukiError
+from contexts.lock import process_alive
 from sandbox.host import HOST_ENV, program
 
 log = structlog.get_logger(__name__)
@@ -61,7 +62,7 @@ class Bridge:
     def target(self) -> int:
         """The pid whose namespaces a call joins; the holder is (re)started when it is not running."""
         with self._lock:
-            if self.pid is None or not _alive(self.pid):
+            if self.pid is None or not process_alive(self.pid):
                 self._start()
             assert self.pid is not None  # noqa: S101 - _start sets it or raises
             return self.pid
@@ -210,13 +211,3 @@ def join_line(pid: int) -> list[str]:
     """What a call runs its bubblewrap behind: the holder's user and network namespaces joined."""
     nsenter = program("nsenter") or "/usr/bin/nsenter"
     return [nsenter, f"--target={pid}", "--user", "--net", "--preserve-credentials", "--"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import bridge, confine
+from sandbox import bridge
 from sandbox.egress import egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, Sandbox
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
-from tests.helpers.sandbox_users import SANDBOX_USER
+from tests.helpers.sandbox_users import handed_over_task
 from worker.tools import Workspace, run_tool
 
 VIA_PROXY = "env -u NO_PROXY -u no_proxy curl -sS --max-time 20 -x http://127.0.0.1:3128"
@@ -48,13 +48,7 @@ def service() -> Iterator[int]:
 @pytest.fixture
 def task(tmp_path: Path) -> tuple[Path, Path]:
     bubblewrap_here()
-    checkout, home = tmp_path / "checkout", tmp_path / "home"
-    checkout.mkdir()
-    home.mkdir()
-    user = confine.sandbox_user(SANDBOX_USER) if os.geteuid() == 0 else None
-    confine.hand_over(checkout, user)
-    confine.hand_over(home, user)
-    return checkout, home
+    return handed_over_task(tmp_path)
 
 
 def _bash(task: tuple[Path, Path], sandbox: Sandbox, command: str) -> str:

@@ -19,6 +19,7 @@ from tests.helpers.sandbox_users import (
     SANDBOX_USER,
     WORKER_USER,
     ensure_user,
+    handed_over_task,
     need_root,
     owned_dir,
     python_as,
@@ -32,13 +33,7 @@ from worker.tools.dispatch import ToolResult
 def task(tmp_path: Path) -> tuple[Path, Path]:
     """A checkout and a home, handed over to the sandbox's user as the worker does when a task begins."""
     bubblewrap_here()
-    checkout, home = tmp_path / "checkout", tmp_path / "home"
-    checkout.mkdir()
-    home.mkdir()
-    user = confine.sandbox_user(SANDBOX_USER) if _root() else None
-    confine.hand_over(checkout, user)
-    confine.hand_over(home, user)
-    return checkout, home
+    return handed_over_task(tmp_path)
 
 
 def _root() -> bool:

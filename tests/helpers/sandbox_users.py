@@ -105,3 +105,17 @@ def python_as(name: str) -> tuple[list[str], dict[str, str]]:
 def environment(extra: Mapping[str, str] | None = None, *, name: str) -> dict[str, str]:
     """:func:`python_as`'s environment for ``name`` with ``extra`` added."""
     return {**python_as(name)[1], **(extra or {})}
+
+
+def handed_over_task(root: Path) -> tuple[Path, Path]:
+    """A checkout and a home under ``root``, handed over to the sandbox's user as the worker does when a task begins
+    (when the test runs as root; else they are the test's own)."""
+    from sandbox import confine
+
+    checkout, home = root / "checkout", root / "home"
+    checkout.mkdir()
+    home.mkdir()
+    user = confine.sandbox_user(SANDBOX_USER) if os.geteuid() == 0 else None
+    confine.hand_over(checkout, user)
+    confine.hand_over(home, user)
+    return checkout, home
