@@ -35,8 +35,17 @@ TAIL_LINES = 40
 _TAIL_BYTES = 64 * 1024  # read from the end of the log: enough for TAIL_LINES of long lines
 _LINE_CHARS = 400  # a progress bar redrawn in one line is cut
 SECRET_SHOWN = "***"  # noqa: S105 - what a secret value is replaced with in the log
-# The checkout is the agent's by the time of a resume: the worker's git runs nothing it could have planted.
-_SAFE_GIT = ("git", "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-c", "safe.directory=*")
+# The checkout's .git is the agent's (a setup's steps, too, write it): the worker's git reads its own git directory
+# beside the checkout instead, with the checkout as the work tree (worker/gitdirs.py), and runs nothing a config could
+# name; nor does it look into nested repositories (`status` runs git in each submodule, whose config is the agent's).
+_SAFE_GIT = ("git", "-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-c", "safe.directory=*",
+             "-c", "submodule.recurse=false")
+WORKER_GIT_SUFFIX = ".git"  # {workspaces_dir}/{uuid}.git: the worker's git directory of the checkout {uuid}
+
+
+def worker_git_dir(checkout: Path) -> Path:
+    """The worker's own git directory of ``checkout``, beside it and bound into no sandbox (worker/gitdirs.py)."""
+    return checkout.with_name(f"{checkout.name}{WORKER_GIT_SUFFIX}")
 
 
 class Step(Protocol):
@@ -218,12 +227,18 @@ def _tail(output: IO[bytes], secrets: Mapping[str, str]) -> str:
 
 
 def untracked(checkout: Path) -> set[str]:
-    """The untracked and ignored paths git lists in ``checkout`` (a directory once, ending in /); empty when git
-    cannot tell (no repository)."""
+    """The untracked and ignored paths git lists in ``checkout`` (a directory once, ending in /), by the worker's git
+    directory of it; empty when git cannot tell (no such directory)."""
+    git_dir = worker_git_dir(checkout)
+    if not git_dir.is_dir():
+        log.warning("what the setup created is not known: the checkout has no worker's git directory")
+        return set()
     env = {"PATH": os.environ.get("PATH", os.defpath), "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
+    env.update(GIT_DIR=str(git_dir), GIT_WORK_TREE=str(checkout))
     try:
         done = subprocess.run(
-            [*_SAFE_GIT, "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal"],
+            [*_SAFE_GIT, "status", "--porcelain=v1", "-z", "--ignored", "--untracked-files=normal",
+             "--ignore-submodules=all"],
             cwd=checkout,
             env=env,
             capture_output=True,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, command_env
-from sandbox.setup import run_setup
+from sandbox.setup import run_setup, worker_git_dir
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
 from tests.helpers.stack import git, make_buggy_repo
@@ -51,6 +51,7 @@ def task(tmp_path: Path) -> tuple[Path, Path]:
     git(checkout, "add", "-A")
     git(checkout, "commit", "-q", "-m", "layout")
     (checkout / "stray.txt").write_text("there before the setup\n")
+    (checkout / ".git").rename(worker_git_dir(checkout))  # the worker's own, beside the checkout, as Checkout makes it
     home = tmp_path / "task.home"
     home.mkdir(mode=0o700)
     return checkout, home

@@ -138,8 +138,8 @@ def test_a_file_changed_behind_the_index_with_its_old_mtime_is_still_put_back(tm
 def test_nothing_the_previous_agent_left_in_git_reaches_the_next_task(tmp_path: Path) -> None:
     remote = make_buggy_repo(tmp_path / "repo")
     first = start_task(tmp_path, remote, "aaaaaaaa-0001")
-    first.git("config", "remote.origin.pushurl", str(tmp_path / "elsewhere.git"))
-    first.git("config", "filter.evil.clean", "touch planted")
+    git(first.path, "config", "remote.origin.pushurl", str(tmp_path / "elsewhere.git"))  # the agent's .git
+    git(first.path, "config", "filter.evil.clean", "touch planted")
     (first.path / ".git" / "info" / "attributes").parent.mkdir(exist_ok=True)
     (first.path / ".git" / "info" / "attributes").write_text("* filter=evil\n")
     first.release()

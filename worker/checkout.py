@@ -23,7 +23,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +31,25 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from contexts.errors import TasukiError
 from sandbox import confine, layers
 from sandbox.confine import SandboxUser
+from sandbox.setup import worker_git_dir
 from worker import fencing
 from worker.fencing import UNFENCED, Fence
+from worker.gitdirs import (
+    AUTHOR,
+    SAFE_GIT,
+    GitError,
+    agent_index_paths,
+    mirror_heads,
+    new_worker_git_dir,
+    run_git,
+    show_agent,
+    take_agent_head,
+    tree_env,
+    write_beneath,
+    write_repository,
+)
 from worker.leftout import (
     LeftOut,
     NeverCommitted,
@@ -53,20 +66,9 @@ from worker.warm_environment import recalled
 if TYPE_CHECKING:
     from worker.workcopy import GitCache
 
+__all__ = ["AUTHOR", "SAFE_GIT", "Checkout", "GitError", "run_git"]  # run_git and GitError: their old home
+
 log = structlog.get_logger(__name__)
-
-AUTHOR = {
-    "GIT_AUTHOR_NAME": "Tasuki",
-    "GIT_AUTHOR_EMAIL": "tasuki@localhost",
-    "GIT_COMMITTER_NAME": "Tasuki",
-    "GIT_COMMITTER_EMAIL": "tasuki@localhost",
-}
-
-
-# The checkout is the agent's: git run by the worker itself (with the forge credential in its environment)
-# never runs anything the checkout could have planted — hooks, an fsmonitor command. A root worker's checkouts belong
-# to the sandbox's user (sandbox.confine): its git works in them all the same (safe.directory).
-SAFE_GIT = ("-c", f"core.hooksPath={os.devnull}", "-c", "core.fsmonitor=false", "-c", "safe.directory=*")
 
 
 CHECKPOINT_SUBJECT = "tasuki: checkpoint after step "
@@ -75,10 +77,6 @@ ASIDE_PREFIX = ".aside-"  # a checkout set aside on a takeover (in {workspaces_d
 DISCARDED_PREFIX = ".discarded-"  # paths taken out of a checkout, being deleted in the background ({workspaces_dir})
 HOME_SUFFIX = ".home"  # {workspaces_dir}/{uuid}.home: the task's home, beside its checkout
 CLAIM_TRIES = 3
-
-
-class GitError(TasukiError):
-    """A git command failed; the message holds the command and git's last line of output."""
 
 
 @dataclass
@@ -125,9 +123,19 @@ class Checkout:
 
     def git(self, *args: str, cwd: Path | None = None, check: bool = True, index: bool = False,
             stdin: str | None = None) -> str:
-        """Run ``git args`` in the checkout; return stdout. ``index``: with the worker's own index."""
-        env = {**(self.git_env or {}), "GIT_INDEX_FILE": str(self.index_file)} if index else self.git_env
+        """Run ``git args`` on the checkout with the worker's own git directory (never the checkout's ``.git``,
+        which is the agent's: gitdirs.py); return stdout. ``index``: with the index checkpoints are staged in (else
+        the one the agent is shown)."""
+        env = {**(self.git_env or {}), **tree_env(self.git_dir, self.path)}
+        if index:
+            env["GIT_INDEX_FILE"] = str(self.index_file)
         return run_git(args, cwd=cwd or self.path, extra_env=env, check=check, stdin=stdin)
+
+    @property
+    def git_dir(self) -> Path:
+        """The worker's git directory of this checkout (``{workspaces_dir}/{uuid}.git``): made anew for every task,
+        out of every sandbox's reach; its config, refs, markers and excludes are the worker's alone."""
+        return worker_git_dir(self.path)
 
     @property
     def index_file(self) -> Path:
@@ -135,7 +143,13 @@ class Checkout:
         files whose stat information changed are hashed again."""
         if self.cache is not None:
             return self.cache.index_path(self.path)
-        return self.path / ".git" / "tasuki-checkpoint-index"
+        return self.git_dir / "tasuki-checkpoint-index"
+
+    @property
+    def mirror(self) -> Path:
+        """The bare repository the checkout's objects come from: the host's mirror of the remote, or (without a cache)
+        a clone of the task's own in its git directory."""
+        return self.cache.mirror_path(self.remote) if self.cache is not None else self.git_dir / "origin"
 
     @property
     def checkpoint_branch(self) -> str:
@@ -160,22 +174,17 @@ class Checkout:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.home.mkdir(mode=0o700, exist_ok=True)
         os.utime(self.home)  # its last use, for the sweep of homes whose task is long gone
-        if (self.path / ".git").is_dir():
+        if self._own_tree():  # this task's own tree (a resume on this host): its last checkpoint goes out first
             add_lines(self._exclude_file, self.never.patterns)
-            try:
-                self.git("checkout", "-q", self.branch)
-            except GitError:  # a crash left it half made, or it is another task's warm copy
-                pass
-            else:  # this task's own tree (a resume on this host): its last checkpoint goes out first
-                pending = self._pending_marker.read_text().strip() if self._pending_marker.exists() else None
-                if not fencing.ENFORCED:
-                    if pending:  # in the background, like any checkpoint's push
-                        tree = self.git("rev-parse", f"{pending}^{{tree}}").strip()
-                        self.pushes.start(lambda: self._push_checkpoint(pending, tree))
-                    return True
-                marker = self._commit_marker
-                self.claim(pending or (marker.read_text().strip() if marker.exists() else None), 0)
+            pending = self._pending_marker.read_text().strip() if self._pending_marker.exists() else None
+            if not fencing.ENFORCED:
+                if pending:  # in the background, like any checkpoint's push
+                    tree = self.git("rev-parse", f"{pending}^{{tree}}").strip()
+                    self.pushes.start(lambda: self._push_checkpoint(pending, tree))
                 return True
+            marker = self._commit_marker
+            self.claim(pending or (marker.read_text().strip() if marker.exists() else None), 0)
+            return True
         heads = self._fetch()
         add_lines(self._exclude_file, self.never.patterns)  # before any file of the task can be staged
         self.lease.branch = heads.get(self.branch, "")  # a follow-up's: its pull request's head as found
@@ -204,7 +213,7 @@ class Checkout:
         # last step on disk left them (deleted files included), so `git diff` shows the work as before.
         checkpoint = f"origin/{self.checkpoint_branch}"
         self.git("read-tree", "-u", "--reset", checkpoint, index=True)
-        self.git("reset", "-q")
+        self._show_agent_head()  # the files are the checkpoint's, HEAD and the agent's index the start's
         self._pushed_marker.write_text(self.git("rev-parse", f"{checkpoint}^{{tree}}"))
         step = self.git("log", "-1", "--format=%s", checkpoint).strip().removeprefix(CHECKPOINT_SUBJECT)
         self._restored_from(int(step) if step.isdigit() else 0)
@@ -275,6 +284,10 @@ class Checkout:
         with contextlib.suppress(FileNotFoundError):  # its home too
             os.rename(self.home, home_aside)
             layers.remove_home(home_aside)
+        git_aside = self.path.with_name(f"{ASIDE_PREFIX}{self.git_dir.name}-{os.urandom(4).hex()}")
+        with contextlib.suppress(FileNotFoundError):  # its git directory: its markers are its lease's
+            os.rename(self.git_dir, git_aside)
+            shutil.rmtree(git_aside, ignore_errors=True)
         aside = self.path.with_name(f"{ASIDE_PREFIX}{self.path.name}-{os.urandom(4).hex()}")
         try:
             os.rename(self.path, aside)
@@ -286,28 +299,40 @@ class Checkout:
             self.cache.drop_records(self.path)
 
     def _restored_from(self, step: int) -> None:
-        (self.path / ".git" / RESTORED_STEP_FILE).write_text(f"{step}\n")
+        (self.git_dir / RESTORED_STEP_FILE).write_text(f"{step}\n")
+
+    def _own_tree(self) -> bool:
+        """Whether the checkout is this task's own, left on this host by an earlier attempt: its git directory is
+        there with the task branch checked out (a crash before the switch leaves HEAD unborn)."""
+        if not (self.path.is_dir() and self.git_dir.is_dir()):
+            return False
+        head = self.git("symbolic-ref", "-q", "HEAD", check=False).strip()
+        return head == self._branch_ref and bool(self.git("rev-parse", "-q", "--verify", "HEAD", check=False).strip())
 
     def _fetch(self) -> dict[str, str]:
-        """Have the remote's branches as ``origin/*`` (returned: name -> commit): a clone, or (with a cache) a
-        warm copy on a freshly fetched mirror; a copy git cannot use is discarded and made again."""
+        """Have the remote's branches as ``origin/*`` (returned: name -> commit) in a new git directory of the
+        worker's: a clone of its own, or (with a cache) a freshly fetched mirror, with a warm copy as the tree; a
+        copy git cannot use is discarded and made again."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.cache is None:
             shutil.rmtree(self.path, ignore_errors=True)
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            run_git(("clone", "-q", "--no-hardlinks", self.remote, str(self.path)), cwd=self.path.parent,
+            shutil.rmtree(self.git_dir, ignore_errors=True)
+            self.git_dir.mkdir(mode=0o700)
+            run_git(("clone", "-q", "--bare", "--no-hardlinks", self.remote, str(self.mirror)), cwd=self.git_dir,
                     extra_env=self.git_env)
-            listed = self.git("for-each-ref", "--format=%(objectname) %(refname:lstrip=3)", "refs/remotes/origin")
-            return {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines())}
+            heads = mirror_heads(self.mirror)
+            write_repository(self.git_dir, self.remote, self.mirror, heads, {})
+            self.path.mkdir(mode=0o700)
+            return heads
         mirror, heads = self.cache.refresh(self.remote, self.git_env)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.path.exists():
             self.cache.take(self.remote, self.path)
-        try:
-            self.cache.new_git_dir(self.path, self.remote, mirror, heads)
-        except OSError as exc:
-            log.warning("working copy discarded; making a new one", error=str(exc)[:300])
+        if (self.path.exists() and not self.path.is_dir()) or self.path.is_symlink():
+            log.warning("working copy discarded; making a new one", error="not a directory")
             self.cache.discard(self.path)
-            self.cache.new_git_dir(self.path, self.remote, mirror, heads)
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        self.cache.index_path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        new_worker_git_dir(self.git_dir, self.remote, mirror, heads)
         return heads
 
     def _switch(self, start: str) -> None:
@@ -325,9 +350,21 @@ class Checkout:
 
     def _switch_tree(self, start: str) -> None:
         self.git("checkout", "-q", "-f", "-B", self.branch, start, index=True)
-        self.git("clean", "-q", "-ffdx", *self._warm_environment(), index=True)
+        self.git("clean", "-q", "-ffdx", *self._warm_environment(), index=True)  # never the top .git: git's rule
         # The agent's own git (status, diff) gets the same stat information: nothing to re-hash for it either.
-        shutil.copyfile(self.index_file, self.path / ".git" / "index")
+        shutil.copyfile(self.index_file, self.git_dir / "index")
+        self._show_agent()
+
+    def _show_agent(self) -> None:
+        """The checkout's ``.git`` (the agent's) made anew from the worker's state (gitdirs.show_agent)."""
+        show_agent(self.path, self.git_dir, self.remote, self.mirror)
+
+    def _show_agent_head(self) -> None:
+        """The worker's index of the tree, reset to HEAD (stat information kept), becomes the agent's: its git shows
+        the tree's changes against HEAD, as ``git reset`` leaves them."""
+        shutil.copyfile(self.index_file, self.git_dir / "index")
+        self.git("reset", "-q")
+        self._show_agent()
 
     def _warm_environment(self) -> list[str]:
         """git clean's exclusions for the environment the previous task left in this warm copy, if the worker
@@ -380,46 +417,47 @@ class Checkout:
             tree = f"{pending.read_text().strip()}^{{tree}}"
         else:
             tree = marker.read_text().strip() if marker.exists() else "HEAD"
-        self.git("read-tree", "-u", "--reset", tree)
-        self.git("clean", "-q", "-fd")
-        self.git("reset", "-q")
+        self.git("read-tree", "-u", "--reset", tree, index=True)
+        self.git("clean", "-q", "-fd", index=True)
+        self._show_agent_head()  # the agent's .git too: whatever it made of it since is gone
 
     def restored_step(self) -> int | None:
         """The step whose checkpoint this attempt's tree was rebuilt from (0: none was on the remote); None when
         the tree is this task's own, left on this host, so no step's changes can be missing from it."""
-        marker = self.path / ".git" / RESTORED_STEP_FILE
+        marker = self.git_dir / RESTORED_STEP_FILE
         return int(marker.read_text()) if marker.exists() else None
 
     def restore_told(self) -> None:
         """The model has been told what :meth:`restored_step` means for it: no later attempt tells it again."""
-        (self.path / ".git" / RESTORED_STEP_FILE).unlink(missing_ok=True)
+        (self.git_dir / RESTORED_STEP_FILE).unlink(missing_ok=True)
 
     @property
     def _pushed_marker(self) -> Path:
         """Holds the tree of the last checkpoint on the remote; absent while none was pushed."""
-        return self.path / ".git" / "tasuki-checkpoint-tree"
+        return self.git_dir / "tasuki-checkpoint-tree"
 
     @property
     def _commit_marker(self) -> Path:
         """Holds the commit this holder put on the checkpoint branch last (the lease of its next push)."""
-        return self.path / ".git" / "tasuki-checkpoint-commit"
+        return self.git_dir / "tasuki-checkpoint-commit"
 
     @property
     def _pending_marker(self) -> Path:
         """Holds the checkpoint commit being pushed; absent once it is on the remote."""
-        return self.path / ".git" / "tasuki-checkpoint-pending"
+        return self.git_dir / "tasuki-checkpoint-pending"
 
     @property
     def _exclude_file(self) -> Path:
-        return self.path / ".git" / "info" / "exclude"
+        return self.git_dir / "info" / "exclude"
 
     def exclude(self, paths: Sequence[str]) -> None:
         """Never commit nor push ``paths`` (relative to the checkout; a directory ends in ``/``): each is added to
-        the checkout's ``.git/info/exclude`` as an anchored pattern, once. A path the repository tracks is still
-        committed when it changes (git's rule)."""
+        the worker's ``info/exclude`` as an anchored pattern, once, and the agent's ``.git/info/exclude`` shows the
+        same list. A path the repository tracks is still committed when it changes (git's rule)."""
         added = add_lines(self._exclude_file, [anchored(path) for path in paths if path.strip(" ./")])
         if added:
             log.info("paths excluded from the commit", count=len(added))
+            write_beneath(self.path, (".git", "info", "exclude"), self._exclude_file.read_bytes())
 
     def _stage(self, *, index: bool) -> set[str]:
         """``git add -A``, but a file over the size limit is neither hashed nor staged, and a version of it the
@@ -436,13 +474,35 @@ class Checkout:
         return big
 
     def commit(self, message: str) -> bool:
-        """Commit everything but what is never committed (if anything changed); return whether a commit was made."""
+        """Commit everything but what is never committed (if anything changed) on top of the agent's own commits, with
+        what it staged or unstaged itself; return whether a commit was made."""
+        self._take_agent_work()
         self._stage(index=False)
         if not self.git("diff-index", "--cached", "--name-only", "HEAD").strip():
             return False
         self.git("commit", "-q", "--no-verify", "-m", message)
         self.tree.exact = None
         return True
+
+    def _take_agent_work(self) -> None:
+        """The agent's HEAD becomes the task branch's, and the agent's index's paths the worker's (its ``git rm
+        --cached``, its ``git add -f``), both read in a jail (gitdirs.py); the files are the tree's, as always."""
+        head = take_agent_head(self.git_dir, self.path, self.shared_paths)
+        if head is None:
+            return
+        if head != self.head():
+            self.git("reset", "-q", head)  # the branch moves with it; the index keeps what it knew of the files
+            self.tree.exact = None
+        paths = agent_index_paths(self.path, self.shared_paths)
+        if paths is None:
+            return
+        ours = set(zsplit(self.git("ls-files", "-z")))
+        if dropped := sorted(ours - paths):
+            self.git("rm", "-q", "--cached", "--ignore-unmatch", "--pathspec-from-file=-", "--pathspec-file-nul",
+                     stdin="\0".join(f":(top,literal){name}" for name in dropped))
+        if added := sorted(name for name in paths - ours if os.path.lexists(self.path / name)):
+            self.git("add", "-f", "--pathspec-from-file=-", "--pathspec-file-nul", check=False,
+                     stdin="\0".join(f":(top,literal){name}" for name in added))
 
     def left_out(self) -> LeftOut:
         """What the tree holds that the last commit left out: paths only the never-committed patterns (and a setup's
@@ -561,13 +621,14 @@ class Checkout:
     @property
     def shared_paths(self) -> tuple[Path, ...]:
         """What the sandbox must see, read-only, for git to work in the checkout: the mirror its objects are in."""
-        return (self.cache.mirror_path(self.remote),) if self.cache is not None else ()
+        return (self.mirror,)
 
     def release(self) -> None:
         """The task is over: its tree becomes a warm copy for the next task (or is deleted without a cache); its
         home is deleted."""
         self.settle()
         layers.remove_home(self.home)
+        shutil.rmtree(self.git_dir, ignore_errors=True)
         if self.cache is not None:
             self.cache.give_back(self.remote, self.path)
             try:
@@ -581,19 +642,3 @@ class Checkout:
         """The commit the task branch points at."""
         return self.tree.exact or self.git("rev-parse", "HEAD").strip()
 
-
-def run_git(
-    args: tuple[str, ...], *, cwd: Path, extra_env: Mapping[str, str] | None = None, check: bool = True,
-    stdin: str | None = None,
-) -> str:
-    """Run git with a fixed author and no terminal prompts; raise :class:`GitError` on failure."""
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
-    env.update(AUTHOR)
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env.update(extra_env or {})
-    proc = subprocess.run(["git", *SAFE_GIT, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False,
-                          input=stdin)
-    if check and proc.returncode != 0:
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise GitError(f"git {args[0]} failed: {last[0]}")
-    return proc.stdout

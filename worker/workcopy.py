@@ -5,8 +5,9 @@ file lock (several worker processes share a host). A finished task's working tre
 renamed into ``{workspaces_dir}/.idle/{remote key}/`` and the next task of that remote renames it to its own
 ``{workspaces_dir}/{uuid}`` (a rename is atomic: two processes never take the same copy, no lock needed).
 
-The agent had the tree, and its ``.git``, in its hands: nothing of either is trusted by the next task. The
-``.git`` is made anew at every switch (objects come from the mirror through ``alternates``), and the index
+The agent had the tree, and its ``.git``, in its hands: nothing of either is trusted by the next task, nor by the
+worker's own git, which never reads that ``.git`` (worker/gitdirs.py). The worker's git directory and the agent's
+``.git`` are made anew for every task (objects come from the mirror through ``alternates``), and the index
 the worker switches with lives in ``{git_cache_dir}/indexes``, out of the sandbox's reach: with it,
 ``checkout -f`` rewrites exactly the files that differ (ctime and inode give a tampered file away), and a
 checkpoint's ``git add -A`` re-hashes only the files that changed.
@@ -30,7 +31,11 @@ import structlog
 
 from contexts.filelocks import file_lock
 from sandbox import layers
-from worker.checkout import ASIDE_PREFIX, DISCARDED_PREFIX, HOME_SUFFIX, GitError, run_git
+from sandbox.setup import WORKER_GIT_SUFFIX
+from worker.checkout import ASIDE_PREFIX, DISCARDED_PREFIX, HOME_SUFFIX
+from worker.gitdirs import GitError, default_branch, mirror_heads, run_git
+
+__all__ = ["GitCache", "default_branch", "remote_key"]
 
 log = structlog.get_logger(__name__)
 
@@ -235,6 +240,9 @@ class GitCache:
             elif entry.name.endswith(HOME_SUFFIX):
                 checkout = entry.with_name(entry.name.removesuffix(HOME_SUFFIX))
                 stale = max(_mtime(entry), _mtime_or_zero(checkout)) < cutoff
+            elif entry.name.endswith(WORKER_GIT_SUFFIX):  # the worker's git directory of a checkout
+                checkout = entry.with_name(entry.name.removesuffix(WORKER_GIT_SUFFIX))
+                stale = max(_mtime(entry), _mtime_or_zero(checkout)) < cutoff
             elif entry.name.endswith(HOME_SUFFIX + layers.LAYERS_SUFFIX):  # layers whose home went first
                 home = entry.with_name(entry.name.removesuffix(layers.LAYERS_SUFFIX))
                 stale = not home.exists() and _mtime(entry) < cutoff
@@ -247,37 +255,7 @@ class GitCache:
 
     def heads(self, mirror: Path) -> dict[str, str]:
         """The mirror's branches: name -> commit; ``HEAD`` too (the remote's default branch)."""
-        listed = run_git(("for-each-ref", "--format=%(objectname) %(refname:lstrip=2)", "refs/heads"), cwd=mirror)
-        heads = {name: sha for sha, name in (line.split(" ", 1) for line in listed.splitlines() if " " in line)}
-        default = heads.get(default_branch(mirror))
-        return {**heads, "HEAD": default} if default else heads
-
-    def new_git_dir(self, copy: Path, remote: str, mirror: Path, heads: dict[str, str]) -> None:
-        """Give ``copy`` a ``.git`` of its own made now (the old one was the agent's): objects through the
-        mirror, ``origin`` the real remote, its ``heads`` as ``origin/*``. Written as files (git's repository
-        format), not by git: three git processes fewer on every task."""
-        git_dir = copy / ".git"
-        if git_dir.is_dir() and not git_dir.is_symlink():
-            shutil.rmtree(git_dir)
-        elif git_dir.exists() or git_dir.is_symlink():
-            git_dir.unlink()
-        copy.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Only what git needs; it makes the rest when first used. No reflogs: they were 12 of the 29 entries a
-        # minimal task left in .git to be made and deleted, and nobody reads them (checkpoints are the history).
-        for directory in ("objects/info", "refs/remotes/origin"):
-            (git_dir / directory).mkdir(parents=True)
-        url = remote.replace("\\", "\\\\").replace('"', '\\"')
-        (git_dir / "config").write_text(
-            "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = false\n"
-            f'[remote "origin"]\n\turl = "{url}"\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n'
-        )
-        (git_dir / "objects" / "info" / "alternates").write_text(f"{mirror / 'objects'}\n")
-        packed = "".join(f"{sha} refs/remotes/origin/{name}\n" for name, sha in sorted(heads.items()) if name != "HEAD")
-        (git_dir / "packed-refs").write_text(f"# pack-refs with: peeled fully-peeled sorted \n{packed}")
-        default = default_branch(mirror)
-        (git_dir / "refs" / "remotes" / "origin" / "HEAD").write_text(f"ref: refs/remotes/origin/{default}\n")
-        (git_dir / "HEAD").write_text(f"ref: refs/heads/{default}\n")
-        self.index_path(copy).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return mirror_heads(mirror)
 
 
 def _fetched_since(mirror: Path, asked_ns: int) -> dict[str, str] | None:
@@ -316,8 +294,3 @@ def _mtime_or_zero(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
-
-
-def default_branch(mirror: Path) -> str:
-    """The branch the mirror's ``HEAD`` names (the remote's default when it was cloned)."""
-    return (mirror / "HEAD").read_text().strip().removeprefix("ref: refs/heads/")
