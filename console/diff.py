@@ -1,8 +1,9 @@
 """The task branch's diff against its base, read-only (SPEC §15): from the task's checkout while it runs, from a
 local task's own repository once it finished; a forge task's finished branch is on the forge (its PR/MR link).
 
-The checkout is the agent's: git runs there without hooks, fsmonitor, external diff drivers or text
-conversions, so nothing the agent planted runs in the console's process. The diff is masked like a context.
+The checkout is the agent's: git runs there with the worker's own git directory of it, never the checkout's ``.git``
+(worker/gitdirs.py), and without external diff drivers or text conversions, so nothing the agent planted runs in the
+console's process. The diff is masked like a context.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from contexts.masking import mask
-from worker.checkout import GitError, run_git
+from sandbox.setup import worker_git_dir
+from worker.gitdirs import GitError, run_git, tree_env
 
 MAX_DIFF_CHARS = 400_000
 DIFF = ("diff", "--no-ext-diff", "--no-textconv", "--no-color")
@@ -40,9 +42,10 @@ def branch_diff(workspace: Path, metadata: Mapping[str, Any], state: Mapping[str
     if branch.startswith("-"):  # never an option to git
         branch = ""
     try:
-        if (workspace / ".git").is_dir():
-            base = run_git(("merge-base", "HEAD", "origin/HEAD"), cwd=workspace).strip()
-            text = run_git((*DIFF, base, "--"), cwd=workspace)
+        if worker_git_dir(workspace).is_dir() and workspace.is_dir():
+            env = tree_env(worker_git_dir(workspace), workspace)
+            base = run_git(("merge-base", "HEAD", "origin/HEAD"), cwd=workspace, extra_env=env).strip()
+            text = run_git((*DIFF, base, "--"), cwd=workspace, extra_env=env)
             return BranchDiff(mask(_cut(text)), "the task's checkout against its base, as it is now")
         request = metadata.get("request") if isinstance(metadata.get("request"), dict) else {}
         repo_path = (request or {}).get("repo_path")
