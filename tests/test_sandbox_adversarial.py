@@ -9,11 +9,13 @@ mark there, or prints what it holds. Each test here failed on 8da9827 (the trial
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +240,71 @@ def test_row8_the_layers_own_directories_are_out_of_reach(task: Task) -> None:
     assert "changed" in second
     assert (layers.layers_dir(task.home) / layers.LAYERS_FILE).read_text() == described
     assert (lower / ".venv" / "kept").read_text() == "snapshot\n"
+
+
+class _FleetService(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = SECRET.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def fleet_service() -> Iterator[int]:
+    """A service on the host's 127.0.0.1, where a worker's Redis, PostgreSQL and intake listen."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FleetService)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def test_row9_the_hosts_loopback_is_out_of_reach_directly_and_through_the_proxy(task: Task, fleet_service: int) -> None:
+    via_proxy = "env -u NO_PROXY -u no_proxy curl -sS --max-time 20 -x http://127.0.0.1:3128"
+    commands = (
+        f"curl -sS --max-time 10 http://127.0.0.1:{fleet_service}/ 2>&1 | tail -1",
+        f"{via_proxy} http://127.0.0.1:{fleet_service}/ 2>&1 | tail -1",
+        f"{via_proxy} http://localhost:{fleet_service}/ 2>&1 | tail -1",
+    )
+    refused = hostile_agent.run(task.checkout, task.home, commands, user=task.user, proxy=True)
+    assert SECRET not in "".join(refused), refused
+    # The same request, with the service named in sandbox.allowed_internal: the attack above would have got it.
+    (admitted,) = hostile_agent.run(
+        task.checkout, task.home, commands[1:2], user=task.user, proxy=True,
+        allowed_internal=[f"127.0.0.1/32:{fleet_service}"],
+    )
+    assert SECRET in admitted, admitted
+
+
+FORKS = """python3 -c '
+import os, time
+started = 0
+for _ in range(80):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    started += 1
+print("started", started)'"""
+
+
+def test_row12_forks_past_the_process_limit_fail_and_the_worker_goes_on(task: Task) -> None:
+    forks, after = hostile_agent.run(
+        task.checkout, task.home,
+        (FORKS, "echo still here"),
+        user=task.user, processes=40,
+    )
+    started = int(forks.split("started ")[1].split()[0])
+    assert started < 80, forks
+    assert "still here" in after
 
 
 def test_row10_the_kernels_keyrings_are_refused(task: Task) -> None:

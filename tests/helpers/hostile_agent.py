@@ -4,8 +4,8 @@ runs as the worker's user (root, or an unprivileged user the tests make).
 
 ``python -m tests.helpers.hostile_agent SPEC`` reads a JSON file::
 
-    {"checkout": "...", "home": "...", "commands": ["...", ...], "network": "full", "remove_home": false,
-     "timeout_s": 30}
+    {"checkout": "...", "home": "...", "commands": ["...", ...], "network": "full", "proxy": true,
+     "allowed_internal": [], "remove_home": false, "timeout_s": 30}
 
 and prints a JSON list: each command's tool output, then (with ``remove_home``) what ``layers.remove_home`` left.
 The worker's environment carries a secret, as a real worker's does, so a test can look for it where it must not be.
@@ -29,13 +29,29 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 def main(spec_path: str) -> None:
     from sandbox import layers
     from sandbox.jail import make_sandbox
-    from sandbox.settings import SandboxSettings
-    from worker.tools import Workspace, run_tool
+    from sandbox.settings import SandboxLimits, SandboxSettings
 
     spec = json.loads(Path(spec_path).read_text())
-    settings = SandboxSettings(network=spec.get("network", "full"))
-    sandbox = make_sandbox(settings)
+    internal = {"allowed_internal": spec["allowed_internal"]} if spec.get("allowed_internal") else {}
+    limits = SandboxLimits(processes=spec.get("processes", SandboxLimits().processes))
+    settings = SandboxSettings(network=spec.get("network", "full"), limits=limits, **internal)
     home = Path(spec["home"])
+    if spec.get("proxy"):  # as the worker's run starts it (imported here: the rest runs on 8da9827's code too)
+        from sandbox.egress import egress_policy, egress_proxy
+
+        policy = egress_policy(settings.network, settings.allowed_hosts, settings.allowed_internal)
+        with egress_proxy(policy, lambda _: None) as socket:
+            outputs = _calls(spec, make_sandbox(settings).with_egress(socket), settings, home)
+    else:
+        outputs = _calls(spec, make_sandbox(settings), settings, home)
+    if spec.get("remove_home"):
+        outputs.append(list(layers.remove_home(home) or ()))  # before issue 36 it said nothing
+    print(json.dumps(outputs))
+
+
+def _calls(spec: dict[str, Any], sandbox: Any, settings: Any, home: Path) -> list[Any]:
+    from worker.tools import Workspace, run_tool
+
     outputs: list[Any] = []
     for command in spec["commands"]:
         result = run_tool(
@@ -49,9 +65,7 @@ def main(spec_path: str) -> None:
             home=home,
         )
         outputs.append(result.output)
-    if spec.get("remove_home"):
-        outputs.append(list(layers.remove_home(home) or ()))  # before issue 36 it said nothing
-    print(json.dumps(outputs))
+    return outputs
 
 
 def run(
@@ -62,12 +76,18 @@ def run(
     user: str | None = None,
     remove_home: bool = False,
     network: str = "full",
+    proxy: bool = False,
+    allowed_internal: Sequence[str] = (),
+    processes: int | None = None,
     timeout_s: float = 120,
 ) -> list[Any]:
     """Run ``commands`` as the hostile agent of a worker running as ``user`` (None: this process's user); the
-    outputs. A call that never returns fails the test at ``timeout_s`` (subprocess.TimeoutExpired)."""
+    outputs. ``proxy``: behind the task's egress proxy, as a worker's run starts it for ``network``. A call that never
+    returns fails the test at ``timeout_s`` (subprocess.TimeoutExpired)."""
     spec = {"checkout": str(checkout), "home": str(home), "commands": list(commands), "remove_home": remove_home,
-            "network": network}
+            "network": network, "proxy": proxy, "allowed_internal": list(allowed_internal)}
+    if processes is not None:
+        spec["processes"] = processes
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir="/tmp", delete=False) as handle:
         json.dump(spec, handle)
     os.chmod(handle.name, 0o644)
