@@ -106,6 +106,7 @@ class Sandbox(Protocol):
     """How one tool command is run: the command line, where, and the limits applied before it starts."""
 
     name: str
+    user: confine.SandboxUser | None  # who its commands run as on the host when the worker is root (None: as itself)
 
     def command(
         self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
@@ -136,6 +137,7 @@ class NoSandbox:
     """Runs the command on the host, in the checkout (sandbox.backend: none)."""
 
     name = "none"
+    user: confine.SandboxUser | None = None  # as the worker itself: nothing is confined
 
     def command(
         self, argv: Sequence[str], checkout: Path, home: Path, env: Mapping[str, str], inherit: Sequence[str] = ()
@@ -328,7 +330,7 @@ def probe(sandbox: Sandbox) -> str | None:
             "install it, or set sandbox.backend: none to run them unsandboxed on purpose"
         )
     with tempfile.TemporaryDirectory(prefix="tasuki-probe-") as scratch:
-        user = getattr(sandbox, "user", None)
+        user = sandbox.user
         confine.hand_over(Path(scratch), user)
         argv, cwd = sandbox.command(["true"], Path(scratch), Path(scratch), {"PATH": "/usr/bin:/bin"})
         try:

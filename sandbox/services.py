@@ -130,7 +130,7 @@ class ServiceJail:
         """A service's line run as the sandbox's user when the worker is root (sandbox.confine; no cgroup: a service
         lives as long as its task), with what the worker made in the home (its directory, its log) handed over."""
         argv, cwd = line
-        user = getattr(self.sandbox, "user", None)
+        user = self.sandbox.user
         confine.hand_over_call(self.checkout, self.home, user)
         confine.hand_over(self.home / SERVICES_DIR, user)
         with confine.confined(argv, None, 0, user=user) as call:

@@ -108,7 +108,7 @@ def run_setup(
     before = untracked(checkout)
     envfiles.prepare(home)
     for tree in (checkout, home):  # the steps run as the sandbox's user when the worker is root (sandbox.confine)
-        confine.hand_over(tree, getattr(sandbox, "user", None))
+        confine.hand_over(tree, sandbox.user)
     scratch = Path(tempfile.mkdtemp(prefix="tasuki-setup-"))  # 0700: the raw log holds the secrets' values
     code: int | None = 0
     try:
@@ -184,7 +184,7 @@ def _run_step(
     ]
     env = step_env(step, github_files, home, sandbox, secrets)
     argv, cwd = sandbox.command(inner, checkout, home, env, inherit=tuple(secrets))
-    user = getattr(sandbox, "user", None)
+    user = sandbox.user
     confine.hand_over_call(checkout, home, user)
     with confine.confined(argv, limits, int(remaining) + 1, user=user, disk=confine.task_disk(sandbox, home)) as call:
         proc = subprocess.Popen(

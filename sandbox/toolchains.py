@@ -199,7 +199,7 @@ def probe_toolchains(
     its name, error and fix."""
     from sandbox import confine  # here: jail imports this module for its binds
 
-    user = getattr(sandbox, "user", None)
+    user = sandbox.user
     problems: list[ToolchainProblem] = []
     joined = os.pathsep.join(path)
     for toolchain in toolchains:

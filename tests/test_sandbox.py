@@ -197,6 +197,7 @@ def test_hooks_written_into_the_checkout_never_run_in_the_workers_git(tmp_path: 
     ran = tmp_path / "hook-ran"
     for hook in ("pre-commit", "pre-push", "post-checkout", "commit-msg", "post-commit", "reference-transaction"):
         script = checkout.path / ".git" / "hooks" / hook
+        script.parent.mkdir(exist_ok=True)  # the agent's .git, as the worker writes it, has no hooks directory
         script.write_text(f"#!/bin/sh\necho {hook} >> {ran}\n")
         script.chmod(0o755)
 

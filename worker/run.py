@@ -362,7 +362,7 @@ class TaskRun:
 
     def _run(self, ctx: Context, checkout: Checkout, workplace: Workplace) -> dict[str, Any]:
         sandbox = make_sandbox(self.settings.sandbox)  # a sandbox that cannot run here fails the task before it starts
-        user = getattr(sandbox, "user", None)  # who its commands run as, when the worker is root
+        user = sandbox.user  # who its commands run as, when the worker is root
         state = ctx.read_state()
         # Never run before: no message yet, and no earlier attempt (one killed before its first message, in its
         # environment's setup, had already pushed its claim).

@@ -44,7 +44,7 @@ def _write_bytes(workspace: Workspace, path: str, data: bytes, options: ToolOpti
     """Write through an fd opened beneath the checkout (an existing file keeps its inode and so its mode:
     an executable script stays executable); missing parent directories are made beneath it too. A root worker
     gives what it made to the sandbox's user, whose commands change it next."""
-    user = getattr(options.sandbox, "user", None)
+    user = options.sandbox.user
     owner = (user.uid, user.gid) if user is not None else None
     parent, _ = workspace.open_parent(path, create=True, owner=owner)
     os.close(parent)

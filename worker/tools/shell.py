@@ -70,7 +70,7 @@ class BashTool:
             envfiles.prepare(home)
             applied = command_env(home, options.env, options.sandbox, workspace.root)
             argv, cwd = options.sandbox.command(["bash", "-c", command], workspace.root, home, applied.env)
-            user = getattr(options.sandbox, "user", None)
+            user = options.sandbox.user
             if options.home is None:  # a tool run alone: its checkout was never handed over to the sandbox's user
                 confine.hand_over(workspace.root, user)
             confine.hand_over_call(workspace.root, home, user)
