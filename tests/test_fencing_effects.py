@@ -114,8 +114,9 @@ def test_late_writes_of_a_holder_set_aside_land_outside_the_checkout(tmp_path: P
         late.kill()
     assert not (second.path / "late.txt").exists()
     assert "late" not in (second.path / "calc.py").read_text()
-    # The aside copies are deleted; the new holder has its checkout and its own home (SPEC §17).
-    assert sorted(p.name for p in second.path.parent.iterdir()) == ["workspace", "workspace.home"]
+    # The aside copies are deleted; the new holder has its checkout, its own home (SPEC §17) and the worker's own git
+    # directory of the checkout (issue 36: never the agent's .git).
+    assert sorted(p.name for p in second.path.parent.iterdir()) == ["workspace", "workspace.git", "workspace.home"]
 
 
 def deadline_wait(predicate: Any, timeout_s: float = 30.0) -> None:

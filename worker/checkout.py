@@ -86,6 +86,7 @@ class TreeState:
 
     exact: str | None = None
     base: str | None = None  # the commit the task's work starts from, when this attempt's prepare knows it
+    shown: str | None = None  # the agent's HEAD as the worker last showed or took it (None: not known)
 
 
 @dataclass
@@ -358,6 +359,7 @@ class Checkout:
     def _show_agent(self) -> None:
         """The checkout's ``.git`` (the agent's) made anew from the worker's state (gitdirs.show_agent)."""
         show_agent(self.path, self.git_dir, self.remote, self.mirror)
+        self.tree.shown = self.head()
 
     def _show_agent_head(self) -> None:
         """The worker's index of the tree, reset to HEAD (stat information kept), becomes the agent's: its git shows
@@ -490,9 +492,12 @@ class Checkout:
         head = take_agent_head(self.git_dir, self.path, self.shared_paths)
         if head is None:
             return
-        if head != self.head():
+        # Only commits the agent made since its .git was shown (or since they were last taken) move the branch: the
+        # worker's own commits since then are not the agent's HEAD's, and must not be undone by it.
+        if head not in (self.head(), self.tree.shown):
             self.git("reset", "-q", head)  # the branch moves with it; the index keeps what it knew of the files
             self.tree.exact = None
+        self.tree.shown = head
         paths = agent_index_paths(self.path, self.shared_paths)
         if paths is None:
             return

@@ -91,6 +91,7 @@ def python_as(name: str) -> tuple[list[str], dict[str, str]]:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
     paths = [str(REPOSITORY), *site.getsitepackages()]
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    _let_through(name, [*paths, str(REPOSITORY / "tests")])
     probe = [sys.executable, "-c", "import sys"]
     if run_as(name, probe).returncode == 0:
         return [sys.executable], env
@@ -100,6 +101,16 @@ def python_as(name: str) -> tuple[list[str], dict[str, str]]:
     if told.returncode != 0 or told.stdout.strip() != version:
         cannot_run(f"no Python {version} that {name} can run (the test's own is out of its reach)")
     return [system], env
+
+
+def _let_through(name: str, paths: Sequence[str]) -> None:
+    """Let ``name`` pass the directories on the way to ``paths``: a clone in a 0700 directory (CI's ``mktemp -d``)
+    would otherwise keep the repository's code from the user the test runs it as. As the worker lets its sandbox's
+    user through to what bubblewrap binds: an ACL entry naming that user alone, on directories the test's user owns."""
+    from sandbox import confine
+
+    uid, gid = ensure_user(name)
+    confine.let_through(paths, confine.SandboxUser(name, uid, gid))
 
 
 def environment(extra: Mapping[str, str] | None = None, *, name: str) -> dict[str, str]:
