@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import Result, standalone, timed
@@ -54,17 +55,31 @@ def run(root: Path, *, quick: bool = False) -> list[Result]:
     layers.lay(layered_home, layered_checkout, root / "snapshot", [".venv"])
     layered = Workspace(layered_checkout)
     times: dict[str, list[float]] = {"bare": [], "none": [], "bubblewrap": [], "layers": [], "full": []}
+    paired: list[float] = []  # plain bubblewrap, in the loop beside the bridge's calls
     bare_line = _bare_bwrap(checkout)
     with egress_proxy(egress_policy("full", (), ()), lambda _: None) as socket:
         full = bubblewrap.with_egress(socket)
-        for _ in range(rounds):
-            times["bare"].append(timed(lambda: subprocess.run(bare_line, check=True, env=HOST_ENV)))
-            times["none"].append(timed(lambda: _call(workspace, NoSandbox(), home)))
-            times["bubblewrap"].append(timed(lambda: _call(workspace, bubblewrap, home)))
-            times["layers"].append(timed(lambda: _call(layered, bubblewrap, layered_home)))
-            times["full"].append(timed(lambda: _call(workspace, full, home)))
+        calls: dict[str, Callable[[], object]] = {
+            "bare": lambda: subprocess.run(bare_line, check=True, env=HOST_ENV),
+            "none": lambda: _call(workspace, NoSandbox(), home),
+            "bubblewrap": lambda: _call(workspace, bubblewrap, home),
+            "layers": lambda: _call(layered, bubblewrap, layered_home),
+            "full": lambda: _call(workspace, full, home),
+        }
+        # One call of each kind in turn, as the rows of 8da9827 were measured. The bridge's row is set against plain
+        # bubblewrap in a loop of their own: the call right after a layered one pays some 10 ms of the kernel's
+        # teardown of that one's mounts (swapping two kinds' order moved it from one to the other), which would hide
+        # a cost of a millisecond or two.
+        for group in (("bare", "none", "bubblewrap", "layers"), ("bubblewrap", "full")):
+            into = {name: times[name] for name in group}
+            if "full" in group:
+                into["bubblewrap"] = paired
+            for _ in range(rounds):
+                for name in group:
+                    into[name].append(timed(calls[name]))
     plain = statistics.median(times["bare"])
     bare, boxed, laid, bridged = (statistics.median(times[name]) for name in ("none", "bubblewrap", "layers", "full"))
+    bridged = bridged / statistics.median(paired) * boxed  # full against the plain calls of its own loop
     print(f"sandbox: bare bwrap running true {plain * 1e3:.1f} ms; the tool's call in bubblewrap {boxed / plain:.2f} "
           f"of it, with a layer {laid / plain:.2f}, with network full's bridge {bridged / plain:.2f}", flush=True)
     ratio = boxed / bare
