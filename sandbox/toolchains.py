@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sandbox import confine
 from sandbox.host import HOST_ENV
 
 if TYPE_CHECKING:  # jail imports this module for its binds
@@ -197,8 +198,6 @@ def probe_toolchains(
 ) -> list[ToolchainProblem]:
     """Each toolchain on ``path`` whose tiny command fails inside ``sandbox`` (under the tool calls' ``limits``):
     its name, error and fix."""
-    from sandbox import confine  # here: jail imports this module for its binds
-
     user = sandbox.user
     problems: list[ToolchainProblem] = []
     joined = os.pathsep.join(path)
