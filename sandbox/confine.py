@@ -25,7 +25,6 @@ import functools
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import stat
 import struct
@@ -38,7 +37,7 @@ from pathlib import Path
 import structlog
 
 from sandbox import layers
-from sandbox.host import SYSTEM_PATH
+from sandbox.host import program
 from sandbox.settings import SandboxLimits
 
 log = structlog.get_logger(__name__)
@@ -610,11 +609,6 @@ def _rlimits(argv: list[str], limits: SandboxLimits, cpu_s: int, *, nproc: bool)
         _warn_once("prlimit (util-linux) not found: tool calls run without rlimits")
         return argv
     return [prlimit, *(f"{flag}={value}" for flag, value in wanted.items() if value is not None), "--", *argv]
-
-
-def program(name: str) -> str | None:
-    """``name``'s absolute path in the system directories, looked up each time (cheap; never a PATH of the agent's)."""
-    return shutil.which(name, path=f"/usr/local/sbin:/usr/local/bin:{SYSTEM_PATH}")
 
 
 @functools.cache

@@ -235,7 +235,7 @@ class Bubblewrap:
     def _bridge(self) -> bridge.Bridge:
         """The task's network namespace and its bridge to the egress proxy (started on the task's first call)."""
         assert self.egress is not None  # noqa: S101 - only asked for with a proxy
-        socat = shutil.which("socat") or "socat"
+        socat = program("socat") or shutil.which("socat") or "socat"  # absolute, as bwrap's
         user = self.user
         drop = [program("setpriv") or "/usr/bin/setpriv", f"--reuid={user.uid}", f"--regid={user.gid}",
                 "--clear-groups", "--"] if user is not None else []
@@ -261,8 +261,7 @@ class Bubblewrap:
         """A copy whose network namespace is empty but for a bridge to the proxy on ``socket``."""
         if socket is None:
             return self
-        socat = shutil.which("socat")  # whoever asks for a proxy (the agent's run, a setup's) learns it here
-        if socat is None:
+        if shutil.which("socat") is None:  # whoever asks for a proxy (the agent's run, a setup's) learns it here
             raise SandboxUnavailable(_NO_SOCAT)
         confine.hand_over(socket.parent, self.user)  # socat runs as the sandbox's user: the proxy's socket is its
         confine.let_through([str(socket)], self.user)

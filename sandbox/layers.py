@@ -301,14 +301,10 @@ def helper_argv(
             f"{home_inside if layer.home else workspace}/{layer.path}",
         )
     ]
-    helper = [_tool("python3") or "/usr/bin/python3", "-I", "-S", "-c", HELPER, _tool("setpriv") or "/usr/bin/setpriv"]
-    applied = [_tool("env") or "/usr/bin/env", "-i", "--", *(f"{name}={value}" for name, value in env.items())]
+    python3, setpriv = program("python3") or "/usr/bin/python3", program("setpriv") or "/usr/bin/setpriv"
+    helper = [python3, "-I", "-S", "-c", HELPER, setpriv]
+    applied = [program("env") or "/usr/bin/env", "-i", "--", *(f"{name}={value}" for name, value in env.items())]
     return [*helper, "1" if writable else "0", INSIDE, str(len(layers)), *paths, *applied, *argv]
-
-
-def _tool(name: str) -> str | None:
-    """A system program the helper uses, by its path in the system directories (the sandbox sees those)."""
-    return program(name)
 
 
 def layers_probe(scratch_parent: Path, command: Command) -> str | None:
@@ -316,7 +312,7 @@ def layers_probe(scratch_parent: Path, command: Command) -> str | None:
     layered command: a file of the lower layer rewritten and another deleted, the layers' directory empty to the
     command, then the lower layer checked unchanged. ``command`` is a bubblewrap sandbox's ``command`` (the worker
     probes once per process: worker.environment)."""
-    missing = [name for name in ("python3", "setpriv") if _tool(name) is None]
+    missing = [name for name in ("python3", "setpriv") if program(name) is None]
     if missing:
         return f"{' and '.join(missing)} not found in the system directories (the sandbox's layer helper needs them)"
     try:
