@@ -9,13 +9,11 @@ mark there, or prints what it holds. Each test here failed on 8da9827 (the trial
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import stat
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from sandbox.jail import Bubblewrap
 from sandbox.settings import SandboxSettings
 from tests.helpers import hostile_agent
 from tests.helpers.ci import bubblewrap_here
+from tests.helpers.loopback_service import serve_text
 from tests.helpers.sandbox_users import SANDBOX_USER, WORKER_USER, give, need_root
 
 SECRET = "canary-secret-5e1f0c2a"
@@ -242,26 +241,11 @@ def test_row8_the_layers_own_directories_are_out_of_reach(task: Task) -> None:
     assert (lower / ".venv" / "kept").read_text() == "snapshot\n"
 
 
-class _FleetService(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = SECRET.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def fleet_service() -> Iterator[int]:
     """A service on the host's 127.0.0.1, where a worker's Redis, PostgreSQL and intake listen."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FleetService)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serve_text(SECRET) as port:
+        yield port
 
 
 def test_row9_the_hosts_loopback_is_out_of_reach_directly_and_through_the_proxy(task: Task, fleet_service: int) -> None:

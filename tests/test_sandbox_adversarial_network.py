@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import secrets
-import threading
 import uuid as uuid_module
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from sandbox.jail import Bubblewrap, Sandbox, probe
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import cannot_run
 from tests.helpers.context_support import wait_for
+from tests.helpers.loopback_service import serve_text
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import provider_env
 from worker.llm import Provider, make_provider
@@ -45,26 +44,11 @@ SECRET = f"fleet-secret-{secrets.token_hex(8)}"
 VIA_PROXY = "env -u NO_PROXY -u no_proxy curl -sS -i --max-time 20 -x http://127.0.0.1:3128"
 
 
-class _Secret(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = SECRET.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def fleet_service() -> Iterator[int]:
     """The port of a service on the host's 127.0.0.1 (what the fleet's Redis is to a worker)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Secret)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serve_text(SECRET) as port:
+        yield port
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,9 +4,7 @@ the real bash tool, real bubblewrap, the real proxy and a loopback HTTP server b
 
 from __future__ import annotations
 
-import http.server
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,31 +16,18 @@ from sandbox.jail import Bubblewrap, Sandbox
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
+from tests.helpers.loopback_service import serve_text
 from tests.helpers.sandbox_users import handed_over_task
 from worker.tools import Workspace, run_tool
 
 VIA_PROXY = "env -u NO_PROXY -u no_proxy curl -sS --max-time 20 -x http://127.0.0.1:3128"
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "5")
-        self.end_headers()
-        self.wfile.write(b"hello")
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def service() -> Iterator[int]:
     """A loopback service the tests admit through sandbox.allowed_internal."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
+    with serve_text("hello") as port:
+        yield port
 
 
 @pytest.fixture
