@@ -408,9 +408,31 @@ def test_public_dump_hides_credentials_inside_urls() -> None:
 
 
 def test_llm_profile_describes_the_selected_provider() -> None:
-    assert load_settings(env={}).llm_profile() == LLMProfile("openai", "gpt-4o", 128000, None)
+    assert load_settings(env={}).llm_profile()[:5] == ("openai", "openai", "gpt-4o", 128000, None)
     ollama = load_settings(env={"TASUKI__LLM__PROVIDER": "ollama", "TASUKI__LLM__OLLAMA__HOST": "http://gpu:11434"})
-    assert ollama.llm_profile() == LLMProfile("ollama", "qwen3:30b", 32768, "http://gpu:11434")
+    assert ollama.llm_profile()[:5] == ("ollama", "ollama", "qwen3:30b", 32768, "http://gpu:11434")
+
+
+def test_model_profiles_are_chosen_by_name_and_checked(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "llm:\n"
+        "  default: claude\n"
+        "  summarizer: cheap\n"
+        "  models:\n"
+        "    claude: {provider: openai, model: big, context_length: 200000, fallbacks: [cheap]}\n"
+        "    cheap: {provider: ollama, model: small, context_length: 8192, temperature: 0.2}\n"
+    )
+    settings = load_settings(config, env={})
+    chosen = settings.llm_profile()
+    assert isinstance(chosen, LLMProfile)
+    assert (chosen.name, chosen.model, chosen.settings.fallbacks) == ("claude", "big", ("cheap",))
+    assert settings.llm_profile("cheap").settings.temperature == 0.2
+    assert settings.llm_profile("openai").model == "gpt-4o"  # the built-in profile stays choosable
+    config.write_text("llm:\n  models:\n    x: {provider: nonesuch, model: m}\n")
+    assert "expected one of" in config_error(config.read_text(), {}, tmp_path)
+    config.write_text("llm:\n  default: missing\n")
+    assert "llm.default" in config_error(config.read_text(), {}, tmp_path)
 
 
 def test_public_dump_is_json_ready() -> None:

@@ -287,7 +287,7 @@ class Agent:
             status="processing", last_activity="llm_call", current_context_tokens=int(estimated * self.ctx.token_factor)
         )
         self.owner_check()  # a fenced holder never asks: the answer would go to a context it may not write
-        reply = self.provider.chat(prompt, TOOL_SCHEMAS)
+        reply = self.provider.chat(prompt, TOOL_SCHEMAS, cache_key=self.ctx.uuid)
         message = reply.to_message()
         usage = usage_of(reply, "agent", estimated)
         priced = self.meter.priced(usage) if self.meter is not None else (usage, None)

@@ -15,7 +15,7 @@ import structlog
 from contexts import ContextStore
 from contexts.names import ACTIVE_STATUSES
 from worker import bookkeeping
-from worker.llm import Provider, make_provider
+from worker.llm import ModelSpec, Provider, RetryPolicy, registry
 from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
 from worker.redis_clock import RedisClock
 from worker.settings import current_settings
@@ -100,40 +100,56 @@ def context_store(s: Settings | None = None, *, index: bool = True) -> ContextSt
 _stores: dict[tuple[object, ...], ContextStore] = {}
 
 
-def llm_config(s: Settings) -> dict[str, Any]:
-    """The resolved LLM settings recorded in ``metadata.json.config`` (never a secret)."""
-    profile = s.llm_profile()
+def llm_config(s: Settings, profile: str | None = None) -> dict[str, Any]:
+    """The resolved LLM settings recorded in ``metadata.json.config`` (never a secret): the model profile
+    ``profile`` (None: the default one)."""
+    chosen = s.llm_profile(profile)
     return {
-        "llm_provider": profile.provider,
-        "model": profile.model,
-        "context_length": profile.context_length,
+        "profile": chosen.name,
+        "llm_provider": chosen.provider,
+        "model": chosen.model,
+        "context_length": chosen.context_length,
         "compression_threshold": s.compression.threshold,
-        "endpoint": str(profile.endpoint) if profile.endpoint else None,
+        "endpoint": str(chosen.endpoint) if chosen.endpoint else None,
     }
+
+
+def model_spec(config: dict[str, Any], s: Settings) -> ModelSpec:
+    """What a task's recorded config asks of a provider: its profile's settings (the configuration's today), with
+    the provider, model, window and endpoint the task recorded (a per-user override, a profile changed since)."""
+    name = config.get("profile")
+    try:
+        profile = s.llm_profile(str(name)) if name else None
+    except KeyError:
+        profile = None  # a profile removed since the task started: the recorded values are all there is
+    options = profile.settings if profile is not None else None
+    provider = str(config.get("llm_provider") or (profile.provider if profile else s.llm_profile().provider))
+    return ModelSpec(
+        name=str(name or provider),
+        provider=provider,
+        model=str(config["model"]),
+        context_length=int(config["context_length"]),
+        endpoint=config.get("endpoint"),
+        temperature=options.temperature if options else None,
+        max_output_tokens=options.max_output_tokens if options else None,
+        effort=options.effort if options else None,
+        thinking_tokens=options.thinking_tokens if options else None,
+        headers=tuple(sorted(options.headers.items())) if options else (),
+        api_key_env=options.api_key_env if options else None,
+    )
 
 
 def provider_for(config: dict[str, Any], s: Settings | None = None) -> Provider:
     """A provider for a task's recorded LLM config; the API key comes from the environment.
 
-    Providers are kept per (provider, model, window, endpoint): a new HTTP client per task would reload
-    the TLS certificate bundle every time (about 50 ms).
+    Providers are kept per model spec: a new HTTP client per task would reload the TLS certificate bundle every
+    time (about 50 ms).
     """
     s = s or settings()
-    return _provider(
-        config["llm_provider"], config["model"], int(config["context_length"]), config.get("endpoint"), s
-    )
+    return _provider(model_spec(config, s), s)
 
 
 @functools.lru_cache(maxsize=32)
-def _provider(provider: str, model: str, context_length: int, endpoint: str | None, s: Settings) -> Provider:
-    key = s.secrets.openai_api_key
-    return make_provider(
-        provider,
-        model,
-        context_length,
-        endpoint,
-        key.get_secret_value() if key is not None else None,
-        timeout_s=float(s.llm.timeout_s),
-        max_retries=s.llm.max_retries,
-        backoff_base_s=s.llm.backoff_base_s,
-    )
+def _provider(spec: ModelSpec, s: Settings) -> Provider:
+    retry = RetryPolicy(s.llm.max_retries, s.llm.backoff_base_s)
+    return registry.build(spec, retry, float(s.llm.timeout_s))  # the key: from the environment, as every secret

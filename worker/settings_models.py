@@ -16,6 +16,7 @@ from contexts.masking import mask_value
 from contexts.sections import HashableDict, PositiveInt, Section
 from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
+from worker.llm import registry
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -139,29 +140,130 @@ class OllamaSettings(Section):
     """The model's context window in tokens; also sent as options.num_ctx."""
 
 
-class LLMProfile(NamedTuple):
-    """The selected provider's connection in one value."""
+def _provider_name(value: str) -> str:
+    if not registry.known(value):
+        raise PydanticCustomError("provider", "expected one of {names}", {"names": ", ".join(registry.names())})
+    return value
 
-    provider: Literal["openai", "ollama"]
+
+ProviderName = Annotated[str, AfterValidator(_provider_name)]
+Effort = Literal["minimal", "low", "medium", "high"]
+
+
+class ModelRateLimits(Section):
+    requests_per_minute: PositiveInt | None = None
+    """Requests all workers together may send with this profile per minute (a limiter in Redis); null: no limit."""
+    tokens_per_minute: PositiveInt | None = None
+    """Prompt and output tokens all workers together may send per minute; null: no limit."""
+
+
+Headers = Annotated[dict[str, str], AfterValidator(HashableDict)]
+
+
+class ModelProfileSettings(Section):
+    provider: ProviderName
+    """The API: anthropic (Messages), openai (Chat Completions, any compatible server), openai-responses
+    (Responses), ollama."""
+    model: Name
+    """Model name sent with every request."""
+    context_length: PositiveInt = 128000
+    """The model's context window in tokens; the compression budget."""
+    base_url: HttpUrl | None = None
+    """The API's base URL (an OpenAI-compatible server, a gateway) or the Ollama host; null: the vendor's own."""
+    api_key_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None
+    """The environment variable holding this profile's key; null: the provider's usual one (OPENAI_API_KEY,
+    ANTHROPIC_API_KEY). Keys never live in the configuration."""
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    """Sampling temperature; null: the model's default."""
+    max_output_tokens: PositiveInt | None = None
+    """Most tokens one answer may have (max_tokens, max_completion_tokens, max_output_tokens, num_predict)."""
+    effort: Effort | None = None
+    """Reasoning effort for models that take one (OpenAI reasoning models); null: the model's default."""
+    thinking_tokens: PositiveInt | None = None
+    """Extended thinking: Anthropic's budget_tokens, Ollama's think on; null: off."""
+    headers: Headers = Field(default_factory=HashableDict)
+    """Extra HTTP headers sent with every request (a gateway's routing header, a beta flag)."""
+    rate_limits: ModelRateLimits = ModelRateLimits()
+    """What all workers together may send with this profile."""
+    fallbacks: tuple[Name, ...] = ()
+    """Profiles that take over, in order, when this one stays down for the whole retry window."""
+
+
+class LLMProfile(NamedTuple):
+    """A resolved model profile: its name, the connection, and every setting a provider needs."""
+
+    name: str
+    provider: str
     model: str
     context_length: int
     endpoint: str | None
-    """openai's base_url (None: the official API) or ollama's host."""
+    """The API's base URL or the Ollama host (None: the vendor's own)."""
+    settings: ModelProfileSettings
+
+
+Profiles = Annotated[dict[Name, ModelProfileSettings], AfterValidator(HashableDict)]
+Choices = Annotated[dict[Name, Name], AfterValidator(HashableDict)]
 
 
 class LLMSettings(Section):
     provider: Literal["openai", "ollama"] = "openai"
-    """Which provider section below the agent talks to."""
+    """Which provider section below makes the built-in profile (named after it) when llm.models has none."""
     openai: OpenAISettings = OpenAISettings()
     """Settings of the openai provider."""
     ollama: OllamaSettings = OllamaSettings()
     """Settings of the ollama provider."""
+    models: Profiles = Field(default_factory=HashableDict)
+    """Named model profiles: {NAME: {provider, model, context_length, base_url, api_key_env, temperature,
+    max_output_tokens, effort, thinking_tokens, headers, rate_limits, fallbacks}}."""
+    default: Name | None = None
+    """The profile of a task that chooses none; null: the built-in profile of llm.provider."""
+    summarizer: Name | None = None
+    """The profile that writes compression summaries (a cheaper model); null: the task's own."""
+    memory: Name | None = None
+    """The profile of the memory jobs (episodes, repository memory); null: the default profile."""
+    repositories: Choices = Field(default_factory=HashableDict)
+    """A profile per repository: {"owner/name" or "source/owner/name": PROFILE}."""
     timeout_s: PositiveFloat = 600.0
     """Seconds one model request may take before it counts as failed (and is retried)."""
     max_retries: Annotated[int, Field(ge=0)] = 4
     """Retries of a request after a rate limit, a 5xx, a timeout or a connection error."""
     backoff_base_s: PositiveFloat = 1.0
     """First retry delay in seconds; it doubles per retry (with jitter), up to 30 s."""
+
+    @model_validator(mode="after")
+    def _profiles_exist(self) -> Self:
+        known = set(self.models) | {self.provider}
+        named = [("default", self.default), ("summarizer", self.summarizer), ("memory", self.memory)]
+        named += [(f"repositories.{repo}", name) for repo, name in self.repositories.items()]
+        named += [(f"models.{owner}.fallbacks", name) for owner, p in self.models.items() for name in p.fallbacks]
+        for field, name in named:
+            if name is not None and name not in known:
+                raise cross_field_error(field, name, f"a profile of llm.models ({', '.join(sorted(known))})")
+        return self
+
+    def profile_names(self) -> tuple[str, ...]:
+        """Every profile a task may choose: llm.models's and the built-in one."""
+        return tuple(dict.fromkeys([*self.models, self.provider]))
+
+    def profile(self, name: str | None = None) -> LLMProfile:
+        """The profile called ``name`` (None: the default); raises KeyError for an unknown name."""
+        name = name or self.default or self.provider
+        chosen = self.models.get(name)
+        if chosen is None:
+            if name != self.provider:
+                raise KeyError(name)
+            chosen = self._built_in()
+        return LLMProfile(name, chosen.provider, chosen.model, chosen.context_length, chosen.base_url, chosen)
+
+    def _built_in(self) -> ModelProfileSettings:
+        """llm.provider's section as a profile (configurations older than llm.models)."""
+        if self.provider == "ollama":
+            o = self.ollama
+            return ModelProfileSettings(provider="ollama", model=o.model, context_length=o.context_length,
+                                        base_url=o.host)
+        a = self.openai
+        return ModelProfileSettings(provider="openai", model=a.model, context_length=a.context_length,
+                                    base_url=a.base_url)
 
 
 class CompressionSettings(Section):
@@ -213,6 +315,8 @@ class AgentSettings(Section):
     """Default and ceiling of one bash command's run time, in seconds."""
     shutdown_grace_s: PositiveInt = 60
     """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
+    max_format_errors: PositiveInt = 3
+    """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
 
     @model_validator(mode="after")
     def _soft_before_hard(self) -> Self:
@@ -535,13 +639,9 @@ class Settings(Section):
                 raise cross_field_error(f"limits.{name}", value, "a price table in pricing (no cost can be counted)")
         return self
 
-    def llm_profile(self) -> LLMProfile:
-        """The selected provider's name, model, context length and endpoint."""
-        if self.llm.provider == "ollama":
-            o = self.llm.ollama
-            return LLMProfile("ollama", o.model, o.context_length, o.host)
-        a = self.llm.openai
-        return LLMProfile("openai", a.model, a.context_length, a.base_url)
+    def llm_profile(self, name: str | None = None) -> LLMProfile:
+        """The model profile ``name`` (None: the default one); raises KeyError for an unknown name."""
+        return self.llm.profile(name)
 
     def console_token(self) -> str | None:
         """The console's sign-in token: ``console.token``, else the API token; None: nobody can sign in."""

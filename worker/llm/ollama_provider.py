@@ -4,56 +4,57 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import ollama
 import pydantic
 
-from worker.llm.base import Message, Reply, ToolCall, parse_arguments
+from worker.llm.base import Message, ModelSpec, Reply, ToolCall, parse_arguments
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
 
 
 class OllamaProvider:
     """Chat with native tool calling on an Ollama server; we set the context window, not the model file."""
 
-    def __init__(
-        self,
-        model: str,
-        context_length: int,
-        host: str | None = None,
-        *,
-        timeout_s: float = 600.0,
-        max_retries: int = 4,
-        backoff_base_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-    ) -> None:
-        self.model = model
-        self.context_length = context_length
-        self.host = host or "http://localhost:11434"
-        self._retry = RetryPolicy(max_retries, backoff_base_s, backoff_max_s)
-        self._client = ollama.Client(host=self.host, timeout=timeout_s)
+    def __init__(self, spec: ModelSpec, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
+        self.spec = spec
+        self.model = spec.model
+        self.context_length = spec.context_length
+        self.host = spec.endpoint or "http://localhost:11434"
+        self._retry = retry
+        self._client = ollama.Client(host=self.host, timeout=timeout_s, headers=dict(spec.headers) or None)
 
     def __repr__(self) -> str:
         return f"OllamaProvider(model={self.model!r}, host={self.host!r})"
 
-    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> Reply:
-        """One chat call, retried on rate limits, 5xx, timeouts and connection errors."""
+    def chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None
+    ) -> Reply:
+        """One chat call, retried on rate limits, 5xx, timeouts and connection errors (Ollama keeps its own cache
+        of the prompt's prefix: ``cache_key`` has nothing to name)."""
         converted = to_ollama_messages(messages)
+        options: dict[str, Any] = {"num_ctx": self.context_length}
+        if self.spec.temperature is not None:
+            options["temperature"] = self.spec.temperature
+        if self.spec.max_output_tokens is not None:
+            options["num_predict"] = self.spec.max_output_tokens
+        request = {"model": self.model, "messages": converted, "tools": tools or None, "options": options}
         response = call_with_retries(
             lambda: self._client.chat(
                 model=self.model,
                 messages=converted,
                 tools=tools or None,
                 stream=False,
-                options={"num_ctx": self.context_length},
+                options=options,
             ),
             self._classify,
             self._retry,
             provider="ollama",
             model=self.model,
         )
-        return reply_from_response(response, messages, self.model)
+        return replace(reply_from_response(response, messages, self.model), request=request)
 
     def _classify(self, exc: Exception) -> Failure | None:
         if isinstance(exc, ollama.ResponseError):
@@ -122,3 +123,8 @@ def reply_from_response(response: ollama.ChatResponse, messages: list[Message], 
         total_tokens=total,
         model=response.model or requested_model,
     )
+
+
+def build(spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float) -> OllamaProvider:
+    """The registry's entry: an Ollama server (it takes no key)."""
+    return OllamaProvider(spec, retry, timeout_s)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from worker.llm.base import LLMError, Message, Reply, ToolCall, arguments_text, parse_arguments
+from worker.llm.base import LLMError, Message, ModelSpec, Reply, ToolCall, arguments_text, parse_arguments
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
 
 # Local servers (vLLM, llama.cpp, LM Studio, the replay model) ignore the key, but the client insists on one.
@@ -18,31 +19,29 @@ _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 class OpenAIProvider:
     """Chat completions with native tool calling; our retry policy is the only one (client retries off)."""
 
-    def __init__(
-        self,
-        model: str,
-        context_length: int,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout_s: float = 600.0,
-        max_retries: int = 4,
-        backoff_base_s: float = 1.0,
-        backoff_max_s: float = 30.0,
-    ) -> None:
-        if not api_key and not base_url:
-            raise LLMError(f"openai model {model!r}: no API key (set OPENAI_API_KEY) and no base_url")
-        self.model = model
-        self.context_length = context_length
-        self.base_url = base_url
+    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
+        if not api_key and not spec.endpoint:
+            raise LLMError(f"openai model {spec.model!r}: no API key (set OPENAI_API_KEY) and no base_url")
+        self.spec = spec
+        self.model = spec.model
+        self.context_length = spec.context_length
+        self.base_url = spec.endpoint
         self._api_key = api_key or LOCAL_API_KEY
-        self._retry = RetryPolicy(max_retries, backoff_base_s, backoff_max_s)
-        self._client = openai.OpenAI(api_key=self._api_key, base_url=base_url, timeout=timeout_s, max_retries=0)
+        self._retry = retry
+        self._client = openai.OpenAI(
+            api_key=self._api_key,
+            base_url=spec.endpoint,
+            timeout=timeout_s,
+            max_retries=0,
+            default_headers=dict(spec.headers) or None,
+        )
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
 
-    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> Reply:
+    def chat(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None
+    ) -> Reply:
         """One chat completion, retried on rate limits, 5xx, timeouts and connection errors."""
         request: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages)}
         if tools:
@@ -57,7 +56,7 @@ class OpenAIProvider:
             provider="openai",
             model=self.model,
         )
-        return reply_from_completion(completion, self.model)
+        return replace(reply_from_completion(completion, self.model), request=request)
 
     def _classify(self, exc: Exception) -> Failure | None:
         if isinstance(exc, openai.APITimeoutError):
@@ -132,3 +131,8 @@ def reply_from_completion(completion: ChatCompletion, requested_model: str) -> R
         model=completion.model or requested_model,
         cached_tokens=details.cached_tokens if details else None,
     )
+
+
+def build(spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float) -> OpenAIProvider:
+    """The registry's entry: Chat Completions for ``spec``."""
+    return OpenAIProvider(spec, api_key, retry, timeout_s)
