@@ -11,7 +11,8 @@ import httpx
 import ollama
 import pydantic
 
-from worker.llm.base import Message, ModelSpec, Reply, ToolCall, parse_arguments
+from worker.llm.base import ContextOverflow, Message, ModelSpec, Reply, ToolCall, parse_arguments
+from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
 
 
@@ -40,21 +41,40 @@ class OllamaProvider:
             options["temperature"] = self.spec.temperature
         if self.spec.max_output_tokens is not None:
             options["num_predict"] = self.spec.max_output_tokens
-        request = {"model": self.model, "messages": converted, "tools": tools or None, "options": options}
+        think = think_of(self.spec)
+        request: dict[str, Any] = {"model": self.model, "messages": converted, "tools": tools or None}
+        request["options"] = options
+        if think is not None:
+            request["think"] = think
         response = call_with_retries(
-            lambda: self._client.chat(
-                model=self.model,
-                messages=converted,
-                tools=tools or None,
-                stream=False,
-                options=options,
-            ),
+            lambda: self._send(converted, tools, think, options),
             self._classify,
             self._retry,
-            provider="ollama",
+            provider=self.spec.provider,
             model=self.model,
         )
         return replace(reply_from_response(response, messages, self.model), request=request)
+
+    def _send(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        think: bool | str | None,
+        options: dict[str, Any],
+    ) -> ollama.ChatResponse:
+        try:
+            return self._client.chat(
+                model=self.model, messages=messages, tools=tools or None, stream=False, think=think, options=options
+            )
+        except ollama.ResponseError as exc:
+            status = exc.status_code if exc.status_code > 0 else None
+            if not is_context_overflow(status, None, str(exc.error)):
+                raise
+            raise ContextOverflow(
+                f"{self.spec.provider} model {self.model!r}: the prompt does not fit the context window: "
+                f"{one_line(str(exc.error))}",
+                status,
+            ) from exc
 
     def _classify(self, exc: Exception) -> Failure | None:
         if isinstance(exc, ollama.ResponseError):
@@ -70,13 +90,28 @@ class OllamaProvider:
         return None
 
 
+def think_of(spec: ModelSpec) -> bool | str | None:
+    """Ollama's ``think``: the effort as a level for models that take one (gpt-oss: low, medium, high; Ollama has
+    no "minimal", so that one turns thinking off), else on when the profile asks for thinking
+    (``thinking_tokens``); None leaves the model's default."""
+    if spec.effort == "minimal":
+        return False
+    if spec.effort is not None:
+        return spec.effort
+    return True if spec.thinking_tokens is not None else None
+
+
 def to_ollama_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """OpenAI-style messages in Ollama's shape: arguments as dicts, tool results named by ``tool_name``."""
+    """OpenAI-style messages in Ollama's shape: arguments as dicts, tool results named by ``tool_name``; an
+    assistant's thinking goes back in ``thinking``, where the model's template finds it (gpt-oss needs its
+    reasoning beside the tool calls it led to)."""
     names_by_id: dict[str, str] = {}
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
         converted: dict[str, Any] = {"role": role, "content": message.get("content") or ""}
+        if role == "assistant" and isinstance(message.get("thinking"), str) and message["thinking"]:
+            converted["thinking"] = message["thinking"]
         if role == "assistant" and message.get("tool_calls"):
             calls = []
             for call in message["tool_calls"]:
@@ -122,6 +157,7 @@ def reply_from_response(response: ollama.ChatResponse, messages: list[Message], 
         completion_tokens=completion,
         total_tokens=total,
         model=response.model or requested_model,
+        thinking=response.message.thinking or None,
     )
 
 

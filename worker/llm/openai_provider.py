@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from worker.llm.base import LLMError, Message, ModelSpec, Reply, ToolCall, arguments_text, parse_arguments
+from worker.llm.base import (
+    ContextOverflow,
+    LLMError,
+    Message,
+    ModelSpec,
+    Reply,
+    ToolCall,
+    arguments_text,
+    parse_arguments,
+)
+from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
 
 # Local servers (vLLM, llama.cpp, LM Studio, the replay model) ignore the key, but the client insists on one.
 LOCAL_API_KEY = "unused"
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+_READABLE_REASONING_FIELDS = ("reasoning_content", "reasoning")  # vLLM, llama.cpp, LM Studio, DeepSeek; newer vLLM
+T = TypeVar("T")
 
 
 class OpenAIProvider:
@@ -42,51 +56,120 @@ class OpenAIProvider:
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None
     ) -> Reply:
-        """One chat completion, retried on rate limits, 5xx, timeouts and connection errors."""
-        request: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages)}
+        """One chat completion, retried on rate limits, 5xx, timeouts and connection errors; a prompt too long
+        for the window raises :class:`ContextOverflow` at once."""
+        official = is_openai_api(str(self._client.base_url))
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(messages, reasoning_content=not official),
+        }
         if tools:
             request["tools"] = tools
+        request.update(generation_options(self.spec, official))
+        if cache_key and official:
+            # OpenAI routes requests with the same key to the same cache. Only its own API gets it: Groq, Cerebras,
+            # Mistral, NVIDIA NIM and Azure AI Foundry answer an unknown top-level field with a 400/422, and
+            # llama.cpp and vLLM, which would ignore it, keep a prompt cache by prefix without a key anyway.
+            request["prompt_cache_key"] = cache_key
         # The client's own POST: `chat.completions.create` would first walk the messages and the tool schemas
         # against the request's TypedDicts (about 1 ms of CPU per call, a third of a minimal task's model
         # call) to rename aliased keys, and plain chat messages have none. Same HTTP client, errors and parsing.
         completion = call_with_retries(
-            lambda: self._client.post("/chat/completions", body=request, cast_to=ChatCompletion),
+            lambda: raising_overflow(
+                lambda: self._client.post("/chat/completions", body=request, cast_to=ChatCompletion),
+                self.spec,
+                self._api_key,
+            ),
             self._classify,
             self._retry,
-            provider="openai",
+            provider=self.spec.provider,
             model=self.model,
         )
         return replace(reply_from_completion(completion, self.model), request=request)
 
     def _classify(self, exc: Exception) -> Failure | None:
-        if isinstance(exc, openai.APITimeoutError):
-            return Failure("request timed out", retryable=True)
-        if isinstance(exc, openai.APIConnectionError):
-            cause = exc.__cause__ or exc
-            where = one_line(self.base_url or "the OpenAI API", self._api_key)
-            return Failure(f"cannot connect to {where}: {one_line(str(cause), self._api_key)}", retryable=True)
-        if isinstance(exc, openai.APIStatusError):
-            detail = one_line(_error_detail(exc), self._api_key)
-            return Failure(f"HTTP {exc.status_code}: {detail}", is_retryable_status(exc.status_code), exc.status_code)
-        if isinstance(exc, openai.OpenAIError):
-            return Failure(f"{type(exc).__name__}: {one_line(str(exc), self._api_key)}", retryable=False)
-        return None
+        return classify_openai_error(exc, self.base_url or "the OpenAI API", self._api_key)
 
 
-def _error_detail(exc: openai.APIStatusError) -> str:
+def is_openai_api(base_url: str | None) -> bool:
+    """Whether ``base_url`` is OpenAI's own API (None: the client's default, which is), not a compatible server:
+    only it takes ``prompt_cache_key`` and needs ``max_completion_tokens`` on every model."""
+    if not base_url:
+        return True
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
+def generation_options(spec: ModelSpec, official: bool) -> dict[str, Any]:
+    """The profile's sampling settings in Chat Completions' words.
+
+    The output cap is ``max_completion_tokens`` on OpenAI's API, which refuses ``max_tokens`` on its reasoning
+    models; compatible servers get ``max_tokens``, the one name all of them read (llama.cpp and vLLM read both,
+    DeepSeek and LM Studio only ``max_tokens``). ``reasoning_effort`` is sent as the profile names it (vLLM and
+    DeepSeek read it too)."""
+    options: dict[str, Any] = {}
+    if spec.temperature is not None:
+        options["temperature"] = spec.temperature
+    if spec.max_output_tokens is not None:
+        options["max_completion_tokens" if official else "max_tokens"] = spec.max_output_tokens
+    if spec.effort is not None:
+        options["reasoning_effort"] = spec.effort
+    return options
+
+
+def classify_openai_error(exc: Exception, where: str, secret: str) -> Failure | None:
+    """How the ``openai`` client's exceptions are retried (shared by Chat Completions and Responses)."""
+    if isinstance(exc, openai.APITimeoutError):
+        return Failure("request timed out", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return Failure(f"cannot connect to {one_line(where, secret)}: {one_line(str(cause), secret)}", retryable=True)
+    if isinstance(exc, openai.APIStatusError):
+        detail = one_line(error_detail(exc), secret)
+        return Failure(f"HTTP {exc.status_code}: {detail}", is_retryable_status(exc.status_code), exc.status_code)
+    if isinstance(exc, openai.OpenAIError):
+        return Failure(f"{type(exc).__name__}: {one_line(str(exc), secret)}", retryable=False)
+    return None
+
+
+def raising_overflow(call: Callable[[], T], spec: ModelSpec, secret: str) -> T:
+    """``call()``, with a rejection for a prompt too long for the window raised as :class:`ContextOverflow`
+    (never retried as it is: the agent compresses and sends the step again)."""
+    try:
+        return call()
+    except openai.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        code = body.get("code") if isinstance(body.get("code"), str) else body.get("type")
+        if not is_context_overflow(exc.status_code, code, error_detail(exc)):
+            raise
+        detail = one_line(error_detail(exc), secret)
+        raise ContextOverflow(
+            f"{spec.provider} model {spec.model!r}: the prompt does not fit the context window: {detail}",
+            exc.status_code,
+        ) from exc
+
+
+def error_detail(exc: openai.APIStatusError) -> str:
+    """The server's own message for a failed request (the ``error.message`` of OpenAI's shape and its kin)."""
     body = exc.body
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
     return exc.message
 
 
-def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Our records as the API wants them: only API keys, string contents, JSON-string tool arguments."""
+def to_openai_messages(messages: list[Message], *, reasoning_content: bool = False) -> list[dict[str, Any]]:
+    """Our records as the API wants them: only API keys, string contents, JSON-string tool arguments.
+
+    ``reasoning_content``: an assistant message that called tools carries its thinking back as
+    ``reasoning_content``, as DeepSeek's thinking mode requires (a 400 otherwise) and llama.cpp's and vLLM's chat
+    templates read; OpenAI's own API refuses the unknown field, so it never gets it."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
         keys = _MESSAGE_KEYS if role != "tool" else ("role", "content", "tool_call_id")
         clean = {key: message[key] for key in keys if message.get(key) not in (None, [])}
+        if reasoning_content and role == "assistant" and clean.get("tool_calls") and message.get("thinking"):
+            clean["reasoning_content"] = message["thinking"]
         if role != "assistant" or "tool_calls" not in clean:
             clean["content"] = clean.get("content") or ""  # only an assistant's tool call may lack text
         if role != "assistant":
@@ -130,7 +213,19 @@ def reply_from_completion(completion: ChatCompletion, requested_model: str) -> R
         total_tokens=usage.total_tokens if usage else None,
         model=completion.model or requested_model,
         cached_tokens=details.cached_tokens if details else None,
+        cache_write_tokens=details.cache_write_tokens if details else None,
+        thinking=readable_reasoning(message.model_extra),
     )
+
+
+def readable_reasoning(extra: dict[str, Any] | None) -> str | None:
+    """The reasoning a compatible server returns beside the content (a field OpenAI's own API does not have,
+    so the client keeps it among the message's extra fields)."""
+    for name in _READABLE_REASONING_FIELDS:
+        value = (extra or {}).get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
 
 
 def build(spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float) -> OpenAIProvider:
