@@ -236,8 +236,8 @@ def test_openai_without_key_or_base_url_is_a_configuration_error() -> None:
 
 
 def test_unknown_provider_is_rejected() -> None:
-    with pytest.raises(LLMError, match="unknown LLM provider 'anthropic'"):
-        make_provider("anthropic", "m", 1000, None, None)
+    with pytest.raises(LLMError, match="unknown LLM provider 'gemini'"):
+        make_provider("gemini", "m", 1000, None, None)
 
 
 def test_llm_error_survives_pickling() -> None:

@@ -17,12 +17,14 @@ PROVIDERS: dict[str, str] = {
     "openai": "worker.llm.openai_provider",  # Chat Completions: OpenAI and every compatible server
     "openai-responses": "worker.llm.responses_provider",  # Responses: stateless, encrypted reasoning sent back
     "ollama": "worker.llm.ollama_provider",
+    "anthropic": "worker.llm.anthropic_provider",  # Messages API: cache breakpoints, extended thinking
 }
 """Registry name -> the module whose ``build`` makes that provider."""
 
 API_KEY_ENV: dict[str, str] = {
     "openai": "OPENAI_API_KEY",
     "openai-responses": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
 }
 """The environment variable a provider's key is read from when the profile names none."""
 
