@@ -29,7 +29,9 @@ from cli.services import Service, child_env, worker_processes
 from contexts import ContextStore, TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
+from worker import runtime
 from worker.checkout import run_git
+from worker.llm import registry
 from worker.settings_models import Settings
 from worker.stores import open_store
 from worker.submit import send_run_task
@@ -52,17 +54,20 @@ def make_demo_repo(root: Path) -> Path:
 
 
 def choose_model(settings: Settings) -> str | None:
-    """A real model when one is configured and reachable; ``None`` means: use the replay model."""
+    """A real model when one is configured and reachable — the default profile has its key in the environment, or
+    its own endpoint answers HTTP at all (a local server needs no key); ``None`` means: use the replay model."""
     profile = settings.llm_profile()
-    if profile.provider == "openai" and settings.secrets.openai_api_key is not None:
-        return f"openai model {profile.model} at {profile.endpoint or 'api.openai.com'}"
-    if profile.provider == "ollama":
-        try:
-            httpx.get(f"{str(profile.endpoint).rstrip('/')}/api/version", timeout=2.0).raise_for_status()
-            return f"ollama model {profile.model} at {profile.endpoint}"
-        except httpx.HTTPError:
-            return None
-    return None
+    spec = runtime.model_spec(runtime.llm_config(settings), settings)
+    where = profile.endpoint or "the vendor's API"
+    if registry.api_key_of(spec) is not None:
+        return f"{profile.provider} model {profile.model} at {where}"
+    if profile.endpoint is None:
+        return None
+    try:
+        httpx.get(str(profile.endpoint), timeout=2.0)
+    except httpx.HTTPError:
+        return None
+    return f"{profile.provider} model {profile.model} at {where}"
 
 
 def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bool = False) -> int:
@@ -211,7 +216,7 @@ def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, 
 
     server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
     stack.callback(server.stop)
-    why = "--model replay" if force_replay else "no OPENAI_API_KEY (llm.provider openai) or answering Ollama server"
+    why = "--model replay" if force_replay else "the default profile has no key in the environment nor an endpoint"
     say(f"model:   Tasuki's replay model at {server.openai_base_url} ({why}): a recorded trajectory answers "
         "through the real openai client")
     return {
