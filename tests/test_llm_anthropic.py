@@ -159,7 +159,7 @@ def test_records_become_system_blocks_and_alternating_messages() -> None:
 
 
 def test_the_request_round_trips_through_the_official_client(ten_steps: AnthropicServer) -> None:
-    provider = claude(ten_steps.url, temperature=0.2, max_output_tokens=4000)
+    provider = claude(ten_steps.url, temperature=0.2, max_output_tokens=4000, effort="minimal")
     messages = task()
     first = step(provider, messages)
     second = step(provider, messages)
@@ -174,6 +174,7 @@ def test_the_request_round_trips_through_the_official_client(ten_steps: Anthropi
     assert body == second.request  # Reply.request is the body sent
     assert body["max_tokens"] == 4000
     assert body["temperature"] == 0.2
+    assert body["output_config"] == {"effort": "low"}  # Anthropic's lowest effort
     assert "thinking" not in body
     assert body["tools"] == [
         {

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 import anthropic
+import structlog
 from anthropic.types import Message as AnthropicMessage
 
 from worker.llm.base import (
@@ -38,6 +39,8 @@ from worker.llm.base import (
 )
 from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
+
+log = structlog.get_logger(__name__)
 
 PROVIDER = "anthropic"
 """The name replies' reasoning is recorded under (``reasoning.provider``); the registry's name for this module."""
@@ -131,8 +134,11 @@ def request_body(spec: ModelSpec, messages: list[Message], tools: list[dict[str,
     body["messages"] = converted
     if tools:
         body["tools"] = to_anthropic_tools(tools)
-    if spec.thinking_tokens and thinking_allowed(converted):
-        budget = max(spec.thinking_tokens, MIN_THINKING_BUDGET)
+    budget = max(spec.thinking_tokens, MIN_THINKING_BUDGET) if spec.thinking_tokens else None
+    if budget is not None and not thinking_allowed(converted):
+        log.info("llm_thinking_off", model=spec.model, reason="the open tool turn has no thinking blocks to send back")
+        budget = None
+    if budget is not None:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] = budget + body["max_tokens"]  # thinking counts toward max_tokens: room for the answer
     elif spec.temperature is not None:
@@ -144,9 +150,10 @@ def request_body(spec: ModelSpec, messages: list[Message], tools: list[dict[str,
 
 
 def thinking_allowed(messages: list[dict[str, Any]]) -> bool:
-    """Whether thinking may be on for this request: the API requires the assistant turn that opened the current
-    tool loop to start with its thinking blocks. A turn answered by another provider (a fallback) has none, and
-    signed blocks cannot be made up, so that step goes without thinking; the next one has it again."""
+    """Whether thinking may be on for this request: with thinking on, the API requires the newest assistant message
+    of the open tool loop to start with its thinking blocks. One answered by another provider (a fallback) or
+    recorded without them has none, and signed blocks cannot be made up: the request goes without thinking, and so
+    does the rest of that tool loop (its replies have no thinking either), until a user message opens a new turn."""
     if not messages or messages[-1]["role"] != "user":
         return True
     if not any(block.get("type") == "tool_result" for block in messages[-1]["content"]):
