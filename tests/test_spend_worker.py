@@ -139,8 +139,13 @@ def test_a_task_with_task_tokens_stops_at_the_first_step_over_it_and_reports_it(
     assert state["error"] == f"budget: the task used {running} tokens, limits.task_tokens is {cap}"
     assert state["usage"]["cost_usd"] == pytest.approx(cost)
     assert f'tasuki_tokens_total{{kind="agent",model="scripted"}} {float(running)}' in text
-    # The work so far is on the remote as a checkpoint, for a person (or a retry) to pick up.
-    assert git(repo, "show", f"tasuki-checkpoints/1-{uuid[:8]}:notes.txt") == NOTE
+    # The work so far is on the remote, committed as unfinished on the task branch, for a person (or a retry) to pick
+    # up; its checkpoint branch went with that push.
+    branch = f"tasuki/1-{uuid[:8]}"
+    assert git(repo, "show", f"{branch}:notes.txt") == NOTE
+    assert git(repo, "log", "-1", "--format=%s", branch).strip() == "tasuki: unfinished, stopped at its budget limit"
+    assert state["result"]["branch"] == branch
+    assert f"tasuki-checkpoints/1-{uuid[:8]}" not in git(repo, "branch", "--list", "tasuki-checkpoints/*")
 
 
 def crash_trajectory() -> list[dict[str, Any]]:

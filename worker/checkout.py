@@ -536,6 +536,21 @@ class Checkout:
             return True
         return self.git("rev-parse", "HEAD^{tree}").strip() != base_tree
 
+    def work_changed_since(self, base: str | None) -> bool:
+        """Whether the files as they are now — what a commit would take, never-committed paths left out — differ from
+        ``base``'s tree, without committing (an ending that delivers nothing asks; an unknown base counts as
+        changed). Staged in the checkpoints' index: HEAD and the agent's index are left alone."""
+        if not base:
+            return True
+        try:
+            base_tree = self.git("rev-parse", "--verify", "-q", f"{base}^{{tree}}").strip()
+        except GitError:
+            return True
+        if not self.index_file.exists():
+            self.git("read-tree", "HEAD", index=True)
+        self._stage(index=True)
+        return self.git("write-tree", index=True).strip() != base_tree
+
     def drop_checkpoints(self) -> None:
         """The task changed nothing: no branch is pushed, and the checkpoint branch its holders pushed goes, leased
         on this holder's last checkpoint (a fenced holder's delete is refused like its pushes)."""

@@ -6,6 +6,7 @@ lock, not Celery, decides who runs a task (SPEC §5).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-from celery.exceptions import SoftTimeLimitExceeded
 
 from contexts import (
     Context,
@@ -34,7 +34,7 @@ from contexts.state import read_state
 from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import make_sandbox
 from worker import fencing
-from worker.agent import Agent, AgentLimits, BudgetExceeded, Cancelled, Compressor, Finished, StepLimit
+from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, FormatErrors
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.fencing import fence_of
@@ -45,6 +45,7 @@ from worker.metering import Meter
 from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.services import services_for
 from worker.settings_models import Settings
+from worker.stops import Stop, commit_message, draft_body, last_words, stop_of
 from worker.threads import thread_history
 from worker.workcopy import GitCache
 
@@ -106,8 +107,9 @@ class Reporter(Protocol):
         """An agent step ended (progress)."""
         ...
 
-    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
-        """The work is pushed on ``branch``: open the pull/merge request; extra fields for the result."""
+    def deliver(self, branch: str, summary: str, *, draft: bool = False) -> dict[str, Any]:
+        """The work is pushed on ``branch``: open the pull/merge request (a draft for a task stopped by a limit, and
+        ``summary`` says why); extra fields for the result."""
         ...
 
     def finish(self, status: str, state: dict[str, Any], result: dict[str, Any] | None, error: str | None) -> None:
@@ -132,7 +134,7 @@ class LocalReporter:
     def on_step(self, state: dict[str, Any]) -> None:
         """Nothing to show."""
 
-    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
+    def deliver(self, branch: str, summary: str, *, draft: bool = False) -> dict[str, Any]:
         """The branch is the result."""
         return {}
 
@@ -271,6 +273,8 @@ class TaskRun:
     on_environment: Callable[[EnvironmentReport], None] = lambda report: None  # the environment is ready (metrics)
     # This delivery's environment: its spare is made once the task is over (docs/environments.md "Spares")
     environment: TaskEnvironment | None = field(default=None, init=False, repr=False)
+    # The commit the task's work is measured against, once this delivery's checkout is prepared (None: not yet)
+    base: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.reporter is None:
@@ -376,6 +380,7 @@ class TaskRun:
         base = state.get("base") or checkout.tree.base
         if base and not state.get("base"):
             ctx.stage_state(base=base)
+        self.base = base  # from now on an ending can tell whether the task changed anything
         repository = repository_of(self.request.task_key, self.request.repo_path)
         self.environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment)
         environment = self.environment.prepare(ctx, checkout)
@@ -425,10 +430,11 @@ class TaskRun:
         previous = self.request.followup.get("previous")
         return thread_history(self.store, str(previous)) if previous else ""
 
-    def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:  # noqa: PLR0911 - one return per kind of ending
+    def _on_error(self, ctx: Context, checkout: Checkout | None, exc: Exception) -> dict[str, Any]:
         """The final status an exception out of the loop means (or a hand-back on warm shutdown)."""
-        if isinstance(exc, SoftTimeLimitExceeded):
-            return self._finish(ctx, "timeout", "soft time limit reached", None, checkout)
+        stop = stop_of(exc, self.settings)
+        if stop is not None:  # steps, time, budget, a model that stays down: the work so far goes out as a draft
+            return self._stop_on_limit(ctx, checkout, stop)
         if isinstance(exc, Cancelled):
             if self.should_stop is not None and self.should_stop() and not ctx.read_state().get("cancel_requested"):
                 if checkout is not None:
@@ -437,16 +443,31 @@ class TaskRun:
                 ctx.release()  # warm shutdown: hand the baton back; another worker resumes at once
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
-            return self._finish(ctx, "cancelled", str(exc), None, checkout)
-        if isinstance(exc, (StepLimit, CredentialError)):  # said in one line where it arose: no traceback
-            return self._finish(ctx, "failed", str(exc), None, checkout)
-        if isinstance(exc, BudgetExceeded):
-            return self._stop_at_budget(ctx, checkout, exc)
+            return self._end_undelivered(ctx, checkout, "cancelled", str(exc))
+        if isinstance(exc, (FormatErrors, CredentialError)):  # said in one line where it arose: no traceback
+            return self._end_undelivered(ctx, checkout, "failed", str(exc))
         if isinstance(exc, StoreUnavailable):  # the fleet's database out of reach for a whole lease, mid-task
             return self._hand_back_unreachable(ctx, exc)
         log.exception("task failed")
         error = mask(f"{type(exc).__name__}: {exc}".splitlines()[0])[:2000]
-        return self._finish(ctx, "failed", error, None, checkout)
+        return self._end_undelivered(ctx, checkout, "failed", error)
+
+    def _end_undelivered(self, ctx: Context, checkout: Checkout | None, status: str, error: str) -> dict[str, Any]:
+        """An ending that delivers nothing (a cancel, a failure that is no limit): a task that changed nothing takes
+        its checkpoint branch with it, so nothing of it stays in the repository; one that did change something
+        keeps it (the only copy of that work). Only the holder deletes it: the delete is fenced and leased like
+        every push."""
+        if checkout is not None and self.base is not None:
+            try:
+                if not checkout.work_changed_since(self.base):
+                    checkout.drop_checkpoints()
+            except FencedError:
+                log.warning("lock taken over as the task ended; this delivery stops writing")
+                ctx.detach()
+                return {"uuid": self.uuid, "status": "fenced"}
+            except Exception as drop_error:  # the ending is still recorded and reported
+                log.warning("checkpoint branch not removed", error=mask(str(drop_error))[:300])
+        return self._finish(ctx, status, error, None, checkout)
 
     def _hand_back_unreachable(self, ctx: Context, exc: StoreUnavailable) -> dict[str, Any]:
         """The fleet's store out of reach for a whole lease: another host may hold the task by now, so this holder
@@ -458,15 +479,55 @@ class TaskRun:
         ctx.release()
         return {"uuid": self.uuid, "status": "deferred", "retry_in_s": wait}
 
-    def _stop_at_budget(self, ctx: Context, checkout: Checkout | None, exc: BudgetExceeded) -> dict[str, Any]:
-        """The task reached its cap: its work so far is pushed as a checkpoint, then it fails with reason budget."""
-        if checkout is not None:
+    def _stop_on_limit(self, ctx: Context, checkout: Checkout | None, stop: Stop) -> dict[str, Any]:
+        """The task reached a limit (or its model stayed down): what it changed is delivered as a draft that says
+        why, and it ends ``failed`` (``timeout``) with its reason; nothing changed, nothing is left behind."""
+        log.info("task stopped by a limit", reason=stop.reason, error=stop.error)
+        result: dict[str, Any] | None = None
+        if checkout is not None and self.base is not None:
             try:
+                result = self._deliver_unfinished(ctx, checkout, stop)
+            except FencedError:
+                log.warning("lock taken over as the task stopped; this delivery stops writing")
+                ctx.detach()
+                return {"uuid": self.uuid, "status": "fenced"}
+        return self._finish(ctx, stop.status, stop.error, result, checkout, reason=stop.reason)
+
+    def _deliver_unfinished(self, ctx: Context, checkout: Checkout, stop: Stop) -> dict[str, Any] | None:
+        """Commit the work as unfinished, push the task branch (its checkpoints go with that push) and open the
+        draft; None when the task changed nothing (its checkpoint branch is deleted then). A push that fails keeps
+        the work on the checkpoint branch; a draft the forge would not open leaves the pushed branch as the result."""
+        words = last_words(ctx)
+        try:
+            checkout.commit(commit_message(stop, words))
+            note = checkout.left_out().describe()
+            if not checkout.changed_since(self.base):
+                checkout.drop_checkpoints()  # leased like every push: a fenced holder's delete is refused
+                return None
+            checkout.push()
+        except FencedError:
+            raise
+        except Exception as push_error:
+            log.warning("the work so far was not pushed; it stays on the checkpoint branch",
+                        error=mask(str(push_error))[:300])
+            with contextlib.suppress(Exception):
                 checkout.checkpoint(int(ctx.read_state().get("llm_call_count", 0)))
-            except Exception as push_error:  # the failure is still recorded and reported
-                log.warning("checkpoint not pushed at the budget stop", error=mask(str(push_error))[:300])
-        log.info("task stopped at its budget", reason=str(exc))
-        return self._finish(ctx, "failed", str(exc), None, checkout, reason="budget")
+                checkout.settle()
+            return None
+        result: dict[str, Any] = {"branch": checkout.branch, "commit": checkout.head(), "stopped": stop.why}
+        if words:
+            result["summary"] = words
+        if note:
+            result["left_out"] = note
+        try:
+            with fence_of(ctx).holding():  # the draft lands only while this holder holds the task
+                result.update(self.report.deliver(checkout.branch, with_note(draft_body(stop, words), note),
+                                                  draft=True))
+        except FencedError:
+            raise
+        except Exception as deliver_error:  # the branch is pushed: it is the result, and the issue is still told
+            log.warning("the draft was not opened; the work is on its branch", error=mask(str(deliver_error))[:300])
+        return result
 
     def _egress(self, ctx: Context) -> AbstractContextManager[Path | None]:
         """The task's egress proxy, its commands' only way out with network ``full`` or ``allowlist`` (SPEC §17;
@@ -485,6 +546,7 @@ class TaskRun:
             context_length=int(config["context_length"]),
             tool_output_max_chars=s.agent.tool_output_max_chars,
             bash_timeout_s=s.agent.bash_timeout_s,
+            max_format_errors=s.agent.max_format_errors,
         )
         policy = s.compression.policy(float(config.get("compression_threshold", s.compression.threshold)))
         return ReportingAgent(

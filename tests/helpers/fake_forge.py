@@ -19,6 +19,7 @@ with FakeForge(tmp_path / "forge", token="t0ken").serve() as forge:
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -69,6 +70,13 @@ class FakeChange:
     title: str
     body: str
     url: str
+    draft: bool = False  # GitHub's draft flag; GitLab's and Gitea's read from the title, as they do
+
+
+# How GitLab and Gitea tell a draft by its title (GitLab: "Draft merge requests"; Gitea's default
+# WORK_IN_PROGRESS_PREFIXES), case-insensitive as both are.
+GITLAB_DRAFT = re.compile(r"^\s*(\[draft\]|\(draft\)|draft:)", re.IGNORECASE)
+GITEA_WIP = re.compile(r"^\s*(wip:|\[wip\])", re.IGNORECASE)
 
 
 @dataclass
@@ -274,13 +282,15 @@ class FakeForge:
                               text=True, check=True)
         return head.stdout.strip()
 
-    def _open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, web: str) -> FakeChange:
+    def _open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, web: str,
+                     draft: bool = False) -> FakeChange:
         if not self._branch_exists(owner, repo, head):
             raise ForgeError(422, f"head branch {head} does not exist")
         if any((c.owner, c.repo, c.head) == (owner, repo, head) for c in self.changes):  # as the real forges do
             raise ForgeError(422 if web == "pull" else 409, f"A pull request already exists for {owner}:{head}.")
         number = len(self.changes) + 100
-        change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}")
+        change = FakeChange(owner, repo, number, head, base, title, body, f"{self.url}/{owner}/{repo}/{web}/{number}",
+                            draft)
         self.changes.append(change)
         # A pull request is an issue too (labels, conversation comments).
         kind = "merge_request" if web.endswith("merge_requests") else "pull_request"
@@ -320,8 +330,10 @@ class FakeForge:
             head = query.get("head", "").split(":", 1)[-1]
             return 200, [{"number": c.number, "html_url": c.url} for c in self.changes
                          if (c.owner, c.repo, c.head) == (owner, repo, head)]
+        if not isinstance(data.get("draft", False), bool):
+            raise ForgeError(422, "draft is not a boolean")
         change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
-                                   "pull")
+                                   "pull", data.get("draft", False))
         return 201, {"number": change.number, "html_url": change.url}
 
     def _github_pull(self, method: str, owner: str, repo: str, number: int, rest: list[str], data: Any
@@ -405,7 +417,8 @@ class FakeForge:
                          if (c.owner, c.repo, c.head) == (owner, repo, query.get("source_branch"))]
         if rest == ["merge_requests"] and method == "POST":
             change = self._open_change(owner, repo, data["source_branch"], data["target_branch"], data["title"],
-                                       data.get("description", ""), "-/merge_requests")
+                                       data.get("description", ""), "-/merge_requests",
+                                       bool(GITLAB_DRAFT.match(data["title"])))
             return 201, {"iid": change.number, "web_url": change.url}
         if rest[:1] in (["issues"], ["merge_requests"]) and len(rest) >= 2:
             return self._gitlab_item(method, self._find(owner, repo, int(rest[1])), rest[2:], data)
@@ -536,7 +549,7 @@ class FakeForge:
                    for c in self.changes):
                 raise ForgeError(409, "pull request already exists for these targets")
             change = self._open_change(owner, repo, data["head"], data["base"], data["title"], data.get("body", ""),
-                                       "pulls")
+                                       "pulls", bool(GITEA_WIP.match(data["title"])))
             return 201, {"number": change.number, "html_url": change.url}
         if len(rest) >= 2 and method == "GET":  # /pulls/{base}/{head...}: the head branch may hold slashes
             base, head = rest[0], "/".join(rest[1:])

@@ -202,8 +202,10 @@ class Forge(Protocol):
         """Post a comment, or replace the text of ``comment_id``; return the comment's id."""
         ...
 
-    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """Open a pull/merge request from ``head`` into ``base`` (or find the one already open); its URL."""
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, *,
+                    draft: bool = False) -> str:
+        """Open a pull/merge request from ``head`` into ``base`` (or find the one already open); its URL. ``draft``:
+        opened as a draft (the work of a task stopped by a limit), in the forge's own way."""
         ...
 
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from worker.forges.base import (
 from worker.forges.repos_api import ReposAPI
 
 DEFAULT_PERMISSIONS = ("owner", "admin", "write")
+DRAFT_PREFIX = "WIP: "  # a work-in-progress pull request (Gitea's and Forgejo's way of a draft)
 LABEL_COLOR = "#ededed"  # a new label needs a colour; the state machine's labels get a quiet grey
 
 
@@ -70,13 +71,17 @@ class GiteaForge(ReposAPI):
                 return comment_id
         return int(self.http.json("POST", f"{self._issue(ref)}/comments", json={"body": body})["id"])
 
-    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, *,
+                    draft: bool = False) -> str:
         """The pull request of ``head`` into ``base`` (``GET .../pulls/{base}/{head}``), or one opened now: one per
-        branch, whoever asks and how often."""
+        branch, whoever asks and how often. A draft's title starts with ``WIP: ``, the first of Gitea's default
+        ``WORK_IN_PROGRESS_PREFIXES`` (Forgejo's too): such a pull request cannot be merged until it is taken off."""
         pulls = f"{self._repo(owner, repo)}/pulls"
         found = self._pull_of(pulls, base, head)
         if found is not None:
             return found
+        if draft:
+            title = f"{DRAFT_PREFIX}{title}"
         body_json = {"title": title, "head": head, "base": base, "body": body}
         created = self.http.request("POST", pulls, json=body_json, answered=(409,))
         if created.status_code == 409:  # "pull request already exists for these targets": opened since we looked

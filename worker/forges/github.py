@@ -58,13 +58,17 @@ class GitHubForge(ReposAPI):
                 return comment_id
         return int(self.http.json("POST", f"{self._issue(ref)}/comments", json={"body": body})["id"])
 
-    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """The pull request of ``head`` (found, or opened now): one per branch, whoever asks and how often."""
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, *,
+                    draft: bool = False) -> str:
+        """The pull request of ``head`` (found, or opened now): one per branch, whoever asks and how often. A draft
+        is opened with ``draft: true`` (``POST /repos/{owner}/{repo}/pulls``)."""
         pulls = f"{self._repo(owner, repo)}/pulls"
         found = self._pull_of(pulls, owner, head)
         if found is not None:
             return found
-        body_json = {"title": title, "head": head, "base": base, "body": body}
+        body_json: dict[str, Any] = {"title": title, "head": head, "base": base, "body": body}
+        if draft:
+            body_json["draft"] = True
         created = self.http.request("POST", pulls, json=body_json, answered=(422,))
         if created.status_code == 422:  # "A pull request already exists": opened since we looked
             found = self._pull_of(pulls, owner, head)

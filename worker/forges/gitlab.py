@@ -22,6 +22,7 @@ from worker.forges.base import (
     unreadable,
 )
 
+DRAFT_PREFIX = "Draft: "  # a merge request whose title starts so is a draft (GitLab's "Draft merge requests")
 DEVELOPER_ACCESS = 30  # GitLab's access level that may push branches; lower roles may not start a task by a note
 _COLLECTIONS = {"issue": "issues", "merge_request": "merge_requests"}
 
@@ -78,12 +79,16 @@ class GitLabForge:
                 return comment_id
         return int(self.http.json("POST", f"{self._item(ref)}/notes", json={"body": body})["id"])
 
-    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str) -> str:
-        """The merge request of ``head`` (found, or opened now): one per branch, whoever asks and how often."""
+    def open_change(self, owner: str, repo: str, head: str, base: str, title: str, body: str, *,
+                    draft: bool = False) -> str:
+        """The merge request of ``head`` (found, or opened now): one per branch, whoever asks and how often. A draft's
+        title starts with ``Draft: ``, which is how GitLab marks one as it is created."""
         requests = f"{self._project(owner, repo)}/merge_requests"
         found = self._request_of(requests, head)
         if found is not None:
             return found
+        if draft:
+            title = f"{DRAFT_PREFIX}{title}"
         body_json = {"source_branch": head, "target_branch": base, "title": title, "description": body}
         created = self.http.request("POST", requests, json=body_json, answered=(409,))
         if created.status_code == 409:  # "Another open merge request already exists for this source branch"

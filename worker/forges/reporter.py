@@ -100,6 +100,12 @@ def summary_body(uuid: str, status: str, result: dict[str, Any] | None, error: s
         text = f"**Tasuki finished:** no changes were needed/made: {result.get('summary', '')}".rstrip()
     elif status == "completed":
         text = f"**Tasuki finished.** {result.get('pull_request_url', '')}\n\n{result.get('summary', '')}".rstrip()
+    elif result.get("stopped"):  # a limit stopped it; what it changed is in a draft (or on its branch)
+        text = f"**Tasuki stopped: {status}.** {str(result['stopped'])[:1].upper()}{str(result['stopped'])[1:]}."
+        if result.get("pull_request_url"):
+            text += f"\n\nWhat it changed so far is in a draft: {result['pull_request_url']}"
+        elif result.get("branch"):
+            text += f"\n\nWhat it changed so far is on the branch `{result['branch']}`."
     else:
         text = f"**Tasuki stopped: {status}.**" + (f"\n\n{error}" if error else "")
     if status == "completed" and result.get("left_out"):
@@ -234,8 +240,9 @@ class ForgeReporter:
         body = progress_body(self.uuid, state, self.labels, self.change_url, priced=self.priced)
         self.comment_id = self.forge.comment(self.ref, body, self.comment_id)
 
-    def deliver(self, branch: str, summary: str) -> dict[str, Any]:
-        """Open (or find) the pull/merge request of the task branch."""
+    def deliver(self, branch: str, summary: str, *, draft: bool = False) -> dict[str, Any]:
+        """Open (or find) the pull/merge request of the task branch; ``draft``: the work of a task stopped by a limit,
+        opened as a draft whose text (``summary``) says why."""
         owner, repo = self.request.task_key["owner"], self.request.task_key["repo"]
         first_line = summary.strip().splitlines()[0] if summary.strip() else "changes"
         title = self.item.title if self.item is not None and self.item.title else first_line
@@ -248,7 +255,9 @@ class ForgeReporter:
         body += "\n" + marker(self.request.task_key, branch, self.uuid)
         # A follow-up's branch already has its request: open_change finds it, no second one is opened.
         self.change_url = self.forge.open_change(owner, repo, branch, self.base_branch or "main",
-                                                 mask(title)[:_TITLE_MAX], body)
+                                                 mask(title)[:_TITLE_MAX], body, draft=draft)
+        if draft:  # the review comments it was given are not addressed yet: they are not answered as if they were
+            return {"pull_request_url": self.change_url, "draft": True}
         self._answer_review(summary)
         return {"pull_request_url": self.change_url}
 
@@ -304,7 +313,7 @@ def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeRe
     forge = make_forge(source, settings, request.task_key, request.trigger)
     section = forge_section(source, settings)
     return ForgeReporter(forge, request, uuid, section.labels, section.bot_login,
-                         ci_log_lines=settings.followups.ci_log_lines, priced=bool(settings.pricing))
+                         ci_log_lines=settings.followups.ci_log_lines, priced=settings.prices_known())
 
 
 def report_outcome(settings: Settings, uuid: str, directory: Path) -> None:

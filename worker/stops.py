@@ -1,0 +1,91 @@
+"""A task stopped before it finished: which limit stopped it, and what its draft and its commit say (docs/endings.md).
+
+Reaching a limit — all of its steps, its time, its budget — or a model that stays down past its retry window (and
+its fallbacks) ends a task without its ``finish``, but not without its work: what the agent changed so far is
+committed, pushed and opened as a **draft** pull/merge request that says why the task stopped and what it was
+doing. The task's status stays what such an ending always was (``failed``, ``timeout``), with a ``reason``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from contexts import Context, jsonl
+from contexts.masking import mask
+from contexts.names import MESSAGES_FILE
+from worker.agent import BudgetExceeded, StepLimit
+from worker.llm.base import ContextOverflow, ModelUnavailable
+from worker.settings_models import Settings
+
+LAST_WORDS_MAX_CHARS = 2000
+LAST_WORDS_SCAN = 200  # the newest records looked through for the agent's last text (tool results come between)
+TIME_ERROR = "soft time limit reached"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a task stopped before it finished."""
+
+    reason: str
+    """``steps``, ``time``, ``budget`` or ``model`` (state.json's ``reason``)."""
+    status: str
+    """The final status: ``timeout`` for the time limit, else ``failed``."""
+    error: str
+    """The task's one-line error, as ``state.json`` keeps it."""
+    why: str
+    """The limit in words, with its figure: "it used all of its 30 steps (agent.max_steps)"."""
+
+
+def stop_of(exc: BaseException, settings: Settings) -> Stop | None:
+    """The limit ``exc`` means, or None for an ending that is not a limit (a crash, a cancel)."""
+    if isinstance(exc, StepLimit):
+        steps = settings.agent.max_steps
+        why = f"it used all of its {steps} steps (agent.max_steps) without finishing"
+        return Stop("steps", "failed", str(exc), why)
+    if isinstance(exc, SoftTimeLimitExceeded):
+        limit = settings.agent.soft_time_limit_s
+        return Stop("time", "timeout", TIME_ERROR, f"it ran past its time limit of {limit} s (agent.soft_time_limit_s)")
+    if isinstance(exc, BudgetExceeded):
+        figures = str(exc).removeprefix("budget: ")
+        return Stop("budget", "failed", str(exc), f"it reached its budget ({figures})")
+    if isinstance(exc, ModelUnavailable):
+        return Stop("model", "failed", mask(str(exc)), f"its model stayed unavailable ({mask(str(exc))})")
+    if isinstance(exc, ContextOverflow):
+        return Stop("model", "failed", mask(str(exc)),
+                    f"its prompt did not fit the model's context window even once shrunk ({mask(str(exc))})")
+    return None
+
+
+def last_words(ctx: Context) -> str:
+    """The agent's newest text (what it was doing when it stopped), masked and cut; "" when it wrote none lately."""
+    for count, record in enumerate(jsonl.iter_records_reversed(ctx.home / MESSAGES_FILE)):
+        if count >= LAST_WORDS_SCAN:
+            break
+        content = record.get("content")
+        if record.get("role") == "assistant" and isinstance(content, str) and content.strip():
+            text = mask(content.strip())
+            return text if len(text) <= LAST_WORDS_MAX_CHARS else text[: LAST_WORDS_MAX_CHARS - 3] + "..."
+    return ""
+
+
+def commit_message(stop: Stop, words: str) -> str:
+    """The commit of the unfinished work: says it is unfinished and why, then the agent's last words."""
+    subject = f"tasuki: unfinished, stopped at its {stop.reason} limit"
+    if stop.reason == "model":
+        subject = "tasuki: unfinished, its model stopped answering"
+    return "\n\n".join(part for part in (subject, f"The task stopped before it finished: {stop.why}.", words) if part)
+
+
+def draft_body(stop: Stop, words: str) -> str:
+    """The draft pull/merge request's text: why the task stopped (the limit and its figure), what was done."""
+    parts = [
+        f"**Unfinished.** Tasuki stopped before it finished: {stop.why}.",
+        "This draft holds what it changed so far: review it, push to it, or have Tasuki go on with a review or a "
+        "comment that mentions it, as on any of its pull requests.",
+    ]
+    if words:
+        quoted = "\n".join(f"> {line}" if line else ">" for line in words.splitlines())
+        parts.append(f"What it was doing last:\n\n{quoted}")
+    return "\n\n".join(parts)
