@@ -177,6 +177,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
         entry = model.record("POST", path, body)
         protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
         usage: dict[str, int] | None = None
+        headers: tuple[tuple[str, str], ...] = ()
         if path in (*OPENAI_EMBEDDING_PATHS, OLLAMA_EMBED_PATH):
             status, payload = embeddings_answer(protocol, body)
             if status == 200:
@@ -194,6 +195,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
             name = str(body.get("model") or MODEL_NAME)
             if status != 200:
                 payload = error_body(protocol, status, answer.error or "error")
+                headers = answer.headers
             else:
                 cached = cached_prompt_tokens(body["messages"]) if protocol == "openai" and answer.turn else 0
                 usage = usage_of(answer, entry["prompt_tokens"], cached)
@@ -203,12 +205,16 @@ class ReplayHandler(BaseHTTPRequestHandler):
         # Ollama streams chat unless told not to; a replay answer is then one final NDJSON chunk.
         chat = path == OLLAMA_CHAT_PATH
         streamed = chat and status == 200 and isinstance(body, dict) and body.get("stream", True)
-        self._send_json(status, payload, ndjson=bool(streamed))
+        self._send_json(status, payload, ndjson=bool(streamed), headers=headers)
 
-    def _send_json(self, status: int, payload: Any, *, ndjson: bool = False) -> None:
+    def _send_json(
+        self, status: int, payload: Any, *, ndjson: bool = False, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode() + (b"\n" if ndjson else b"")
         try:
             self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/x-ndjson" if ndjson else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,16 @@ class Answer:
     content: str | None = None
     tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = ()  # (id, name, arguments)
     error: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # response headers of an error (a scripted fault's Retry-After)
+
+
+@dataclass(frozen=True)
+class Storm:
+    """Every agent request is refused with ``status`` until ``until`` (``time.monotonic``)."""
+
+    until: float
+    status: int
+    headers: tuple[tuple[str, str], ...]
 
 
 @dataclass
@@ -80,6 +91,7 @@ class ReplayModel:
         self._stopping = threading.Event()
         self._gates: dict[str, Gate] = {}
         self._gates_changed = threading.Condition(self._lock)
+        self._storm: Storm | None = None
 
     def record(self, method: str, path: str, body: Any) -> dict[str, Any]:
         """Log a request on arrival; ``kind`` and ``turn`` are filled in when chosen, ``status`` when sent."""
@@ -92,6 +104,7 @@ class ReplayModel:
             "kind": None,
             "turn": None,
             "status": None,
+            "received_at": time.time(),  # wall-clock seconds: tests and benchmarks count requests per window
         }
         with self._lock:
             self.requests.append(entry)
@@ -118,6 +131,9 @@ class ReplayModel:
             return Answer("memory", content=replay_memory(messages))
         index = next_turn_index(messages)
         self.note(entry, kind="agent", turn=index)
+        storm = self._storm
+        if storm is not None and time.monotonic() < storm.until:
+            return Answer("agent", status=storm.status, turn=index, error="rate limited (storm)", headers=storm.headers)
         if index >= len(self.trajectory):
             error = f"replay trajectory exhausted: it has {len(self.trajectory)} turns, turn {index} was asked for"
             return Answer("agent", status=400, turn=index, error=error)
@@ -127,7 +143,8 @@ class ReplayModel:
             served = self._faults_served.get(key, 0)
             if served < len(turn.faults):
                 self._faults_served[key] = served + 1
-                return Answer("agent", status=turn.faults[served], turn=index, error="scripted failure")
+                status = turn.faults[served]
+                return Answer("agent", status=status, turn=index, error="scripted failure", headers=turn.fault_headers)
             delay = turn.delay_s if key not in self._delayed else 0.0
             self._delayed.add(key)
         if delay:
@@ -185,6 +202,12 @@ class ReplayModel:
                 name: {"reached": len(gate.reached), "open": gate.open, "released": list(gate.released)}
                 for name, gate in sorted(self._gates.items())
             }
+
+    def start_storm(self, seconds: float, status: int = 429, headers: dict[str, str] | None = None) -> None:
+        """From now on and for ``seconds``, answer every agent request with ``status`` and ``headers`` (a rate-limit
+        storm over the whole fleet, whatever the conversation; summaries and memory requests still pass)."""
+        pairs = tuple((name, str(value)) for name, value in (headers or {}).items())
+        self._storm = Storm(time.monotonic() + seconds, status, pairs)
 
     def stop(self) -> None:
         """Release requests waiting out a delay or held at a gate."""

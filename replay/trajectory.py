@@ -5,7 +5,8 @@ A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same
 - a **turn**: ``{"content": "text or null", "tool_calls": [{"name": "bash", "arguments": {...}}]}``;
   ``arguments`` may also be a JSON string, and OpenAI's ``{"function": {...}}`` shape is accepted;
 - a **fault** for the next turn: ``{"fail": 500}`` (HTTP status, answered once) or
-  ``{"fail": 429, "times": 3}``; with ``"for": "summary"`` it is answered to summary requests instead;
+  ``{"fail": 429, "times": 3}``; with ``"for": "summary"`` it is answered to summary requests instead; with
+  ``"headers": {"Retry-After": "2"}`` the turn's failures carry those response headers;
 - a **delay** for the next turn: ``{"delay_s": 2.5}`` (the turn's first answer waits that long);
 - a **gate** for the next turn: ``{"gate": "NAME"}`` (every answer to that turn waits until the gate is opened:
   ``ReplayModel.open_gate`` in a test, ``POST /_gates/NAME`` over HTTP), so a test can hold a task at a step
@@ -49,6 +50,8 @@ class Turn:
     content: str | None = None
     tool_calls: tuple[ScriptedCall, ...] = ()
     faults: tuple[int, ...] = ()
+    fault_headers: tuple[tuple[str, str], ...] = ()
+    """Response headers sent with each of ``faults`` (a ``Retry-After``)."""
     delay_s: float = 0.0
     summary_faults: tuple[int, ...] = ()
     gate: str | None = None
@@ -86,6 +89,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
     """Fold fault and delay entries into the turn that follows them."""
     turns: list[Turn] = []
     faults: list[int] = []
+    fault_headers: tuple[tuple[str, str], ...] = ()
     summary_faults: list[int] = []
     delay_s = 0.0
     gate: str | None = None
@@ -101,6 +105,11 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
                 raise ValueError(f"{source}: entry {index}: 'fail' must be an HTTP status 400-599")
             target = summary_faults if entry.get("for") == "summary" else faults
             target.extend([status] * int(entry.get("times", 1)))
+            headers = entry.get("headers", {})
+            if not isinstance(headers, dict) or not all(isinstance(v, str | int) for v in headers.values()):
+                raise ValueError(f"{source}: entry {index}: 'headers' must map names to strings")
+            if entry.get("for") != "summary":
+                fault_headers += tuple((str(name), str(value)) for name, value in headers.items())
         delay_s = float(entry.get("delay_s", delay_s))
         if "gate" in entry:
             if not isinstance(entry["gate"], str) or not entry["gate"]:
@@ -121,6 +130,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
                     for call in entry.get("tool_calls") or []
                 ),
                 faults=tuple(faults),
+                fault_headers=fault_headers,
                 delay_s=delay_s,
                 summary_faults=tuple(summary_faults),
                 gate=gate,
@@ -128,6 +138,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
             )
         )
         faults, summary_faults, delay_s, gate, gate_when = [], [], 0.0, None, None
+        fault_headers = ()
     if faults or summary_faults or delay_s or gate:
         raise ValueError(f"{source}: a fail, delay or gate entry at the end has no turn after it to apply to")
     return turns

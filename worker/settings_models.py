@@ -225,10 +225,15 @@ class LLMSettings(Section):
     """A profile per repository: {"owner/name" or "source/owner/name": PROFILE}."""
     timeout_s: PositiveFloat = 600.0
     """Seconds one model request may take before it counts as failed (and is retried)."""
-    max_retries: Annotated[int, Field(ge=0)] = 4
-    """Retries of a request after a rate limit, a 5xx, a timeout or a connection error."""
+    retry_for_s: PositiveFloat = 600.0
+    """Seconds a model may keep failing one request (rate limits, 5xx, timeouts, connection errors; counted from
+    the first failure) before it counts as unavailable: a fallback profile takes over, else the task stops."""
+    max_retries: Annotated[int, Field(ge=0)] | None = None
+    """Most retries of one request besides the window; null: as many as retry_for_s holds."""
     backoff_base_s: PositiveFloat = 1.0
-    """First retry delay in seconds; it doubles per retry (with jitter), up to 30 s."""
+    """First retry delay in seconds when the server names none (Retry-After); it doubles per retry, with jitter."""
+    backoff_max_s: PositiveFloat = 60.0
+    """Longest retry delay of our own backoff; a Retry-After the server sends is waited as it is, within the window."""
 
     @model_validator(mode="after")
     def _profiles_exist(self) -> Self:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from worker.llm import registry
 from worker.llm.base import (
     ContextOverflow,
@@ -41,7 +44,11 @@ def make_provider(
     max_retries: int = 4,
     backoff_base_s: float = 1.0,
     backoff_max_s: float = 30.0,
+    retry_for_s: float = 600.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Provider:
-    """A provider from plain values (tests, benchmarks): a profile named after its provider."""
+    """A provider from plain values (tests, benchmarks): a profile named after its provider; ``sleep`` does the
+    retries' waiting (a test's records the waits and returns at once)."""
     spec = ModelSpec(provider, provider, model, context_length, endpoint)
-    return registry.build(spec, RetryPolicy(max_retries, backoff_base_s, backoff_max_s), timeout_s, api_key)
+    policy = RetryPolicy(max_retries, backoff_base_s, backoff_max_s, retry_for_s, sleep=sleep)
+    return registry.build(spec, policy, timeout_s, api_key)

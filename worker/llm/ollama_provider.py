@@ -13,7 +13,14 @@ import pydantic
 
 from worker.llm.base import ContextOverflow, Message, ModelSpec, Reply, ToolCall, parse_arguments
 from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
+from worker.llm.retry import (
+    Failure,
+    RetryPolicy,
+    call_with_retries,
+    is_retryable_status,
+    one_line,
+    retry_after_of,
+)
 
 
 class OllamaProvider:
@@ -80,7 +87,8 @@ class OllamaProvider:
         if isinstance(exc, ollama.ResponseError):
             status = exc.status_code if exc.status_code > 0 else None
             reason = f"HTTP {status}: {one_line(str(exc.error))}" if status else one_line(str(exc.error))
-            return Failure(reason, retryable=status is not None and is_retryable_status(status), status=status)
+            retryable = status is not None and is_retryable_status(status)
+            return Failure(reason, retryable, status, retry_after_of(_response_headers(exc)))
         if isinstance(exc, httpx.TimeoutException):
             return Failure("request timed out", retryable=True)
         if isinstance(exc, ConnectionError | httpx.TransportError):
@@ -99,6 +107,13 @@ def think_of(spec: ModelSpec) -> bool | str | None:
     if spec.effort is not None:
         return spec.effort
     return True if spec.thinking_tokens is not None else None
+
+
+def _response_headers(exc: ollama.ResponseError) -> httpx.Headers | None:
+    """The headers of the response an error came from: the client raises its ``ResponseError`` while handling
+    httpx's ``HTTPStatusError`` (``from None`` hides it from tracebacks, not from ``__context__``)."""
+    context = exc.__context__
+    return context.response.headers if isinstance(context, httpx.HTTPStatusError) else None
 
 
 def to_ollama_messages(messages: list[Message]) -> list[dict[str, Any]]:

@@ -21,7 +21,14 @@ from worker.llm.base import (
     parse_arguments,
 )
 from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
+from worker.llm.retry import (
+    Failure,
+    RetryPolicy,
+    call_with_retries,
+    is_retryable_status,
+    one_line,
+    retry_after_of,
+)
 
 # Local servers (vLLM, llama.cpp, LM Studio, the replay model) ignore the key, but the client insists on one.
 LOCAL_API_KEY = "unused"
@@ -126,7 +133,12 @@ def classify_openai_error(exc: Exception, where: str, secret: str) -> Failure | 
         return Failure(f"cannot connect to {one_line(where, secret)}: {one_line(str(cause), secret)}", retryable=True)
     if isinstance(exc, openai.APIStatusError):
         detail = one_line(error_detail(exc), secret)
-        return Failure(f"HTTP {exc.status_code}: {detail}", is_retryable_status(exc.status_code), exc.status_code)
+        return Failure(
+            f"HTTP {exc.status_code}: {detail}",
+            is_retryable_status(exc.status_code),
+            exc.status_code,
+            retry_after_of(exc.response.headers),
+        )
     if isinstance(exc, openai.OpenAIError):
         return Failure(f"{type(exc).__name__}: {one_line(str(exc), secret)}", retryable=False)
     return None
