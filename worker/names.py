@@ -52,3 +52,4 @@ MERGE_QUEUED_PREFIX: Final = "tasuki:merge-queued:"  # + repository key, SET NX 
 MERGE_WAITING_PREFIX: Final = "tasuki:merge-waiting:"  # + repository key, hash: thread key -> UUID that flagged it
 MERGE_RUNNING_PREFIX: Final = "tasuki:merge-running:"  # + repository key, SET NX EX by the merge job that runs
 SPEND_TOTALS_KEY: Final = "tasuki:spend-totals"  # hash: tokens:{kind}:{model} and cost:{model} since start (/metrics)
+RATE_LIMIT_PREFIX: Final = "tasuki:rate-limit:"  # + model profile, sorted set: requests admitted in the window
