@@ -16,7 +16,11 @@ from contexts import ContextStore
 from contexts.names import ACTIVE_STATUSES
 from worker import bookkeeping
 from worker.llm import ModelSpec, Provider, RetryPolicy, registry
+from worker.llm.fallback import FallbackProvider
+from worker.llm.limiting import LimitedProvider, RateLimit
+from worker.model_waits import interruptible_sleep
 from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
+from worker.rate_limits import RedisLimiter
 from worker.redis_clock import RedisClock
 from worker.settings import current_settings
 from worker.settings_models import Settings
@@ -142,8 +146,13 @@ def model_spec(config: dict[str, Any], s: Settings) -> ModelSpec:
 def provider_for(config: dict[str, Any], s: Settings | None = None) -> Provider:
     """A provider for a task's recorded LLM config; the API key comes from the environment.
 
+    What a model hiccup costs is waiting, never the task: each profile retries within ``llm.retry_for_s``
+    (``Retry-After`` honoured), waits for the fleet's rate limit of its profile (``rate_limits``, kept in Redis),
+    and hands the request to its ``fallbacks`` in order when it stays down. Every wait stops at once on a cancel or
+    a shutdown (:mod:`worker.model_waits`).
+
     Providers are kept per model spec: a new HTTP client per task would reload the TLS certificate bundle every
-    time (about 50 ms).
+    time (about 50 ms), and a profile found down stays known as down to the next task.
     """
     s = s or settings()
     return _provider(model_spec(config, s), s)
@@ -151,5 +160,39 @@ def provider_for(config: dict[str, Any], s: Settings | None = None) -> Provider:
 
 @functools.lru_cache(maxsize=32)
 def _provider(spec: ModelSpec, s: Settings) -> Provider:
-    retry = RetryPolicy(s.llm.max_retries, s.llm.backoff_base_s)
-    return registry.build(spec, retry, float(s.llm.timeout_s))  # the key: from the environment, as every secret
+    chain = [_profile_provider(spec, s)]
+    for name in fallbacks_of(spec.name, s):
+        chain.append(_profile_provider(model_spec(llm_config(s, name), s), s))
+    return chain[0] if len(chain) == 1 else FallbackProvider(chain, cooldown_s=s.llm.retry_for_s)
+
+
+def fallbacks_of(profile: str, s: Settings) -> tuple[str, ...]:
+    """The profiles that take over from ``profile`` in order (itself and repeats left out; none for a profile
+    removed from the configuration since its task started)."""
+    try:
+        named = s.llm_profile(profile).settings.fallbacks
+    except KeyError:
+        return ()
+    return tuple(name for name in dict.fromkeys(named) if name != profile)
+
+
+def retry_policy(s: Settings) -> RetryPolicy:
+    """The configured patience with a failing model; its waits stop on a cancel or a shutdown."""
+    llm = s.llm
+    return RetryPolicy(
+        llm.max_retries, llm.backoff_base_s, llm.backoff_max_s, llm.retry_for_s, sleep=interruptible_sleep
+    )
+
+
+def _profile_provider(spec: ModelSpec, s: Settings) -> Provider:
+    """One profile's provider, behind the fleet's rate limiter when the profile has limits."""
+    provider = registry.build(spec, retry_policy(s), float(s.llm.timeout_s))  # the key: from the environment
+    try:
+        limits = s.llm_profile(spec.name).settings.rate_limits
+    except KeyError:
+        return provider
+    limit = RateLimit(limits.requests_per_minute, limits.tokens_per_minute)
+    if not limit:
+        return provider
+    limiter = RedisLimiter(lambda: _client_for(s.broker.url), spec.name, limit)  # these settings' Redis
+    return LimitedProvider(provider, limiter, sleep=interruptible_sleep)
