@@ -1,5 +1,5 @@
-"""The replay model's HTTP face: OpenAI ``/v1/chat/completions`` and ``/v1/embeddings``, Ollama ``/api/chat``
-and ``/api/embed``; non-streaming."""
+"""The replay model's HTTP face: OpenAI ``/v1/chat/completions``, ``/v1/responses`` (:mod:`replay.responses_api`)
+and ``/v1/embeddings``, Ollama ``/api/chat`` and ``/api/embed``; non-streaming."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from contexts.tokens import estimate_tokens
 from replay.embeddings import embedding_inputs, ollama_embeddings, openai_embeddings
+from replay.responses_api import OVERFLOW_MESSAGE, RESPONSES_PATHS, ResponsesFake
 from replay.rules import cached_prompt_tokens
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ OPENAI_EMBEDDING_PATHS = ("/v1/embeddings", "/embeddings")
 OLLAMA_EMBED_PATH = "/api/embed"
 GATES_PATH = "/_gates/"  # POST /_gates/NAME [{containing}] opens a gate; GET /_gates lists them (tests only)
 _OPENAI_ERROR_TYPES = {429: "rate_limit_error", 400: "invalid_request_error"}
+_CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
 
 
 class ReplayHTTPServer(ThreadingHTTPServer):
@@ -33,6 +35,7 @@ class ReplayHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], model: ReplayModel) -> None:
         self.replay_model = model
+        self.responses = ResponsesFake(model)
         super().__init__(address, ReplayHandler)
 
 
@@ -55,6 +58,8 @@ def usage_of(answer: Answer, prompt_tokens: int, cached_tokens: int) -> dict[str
 def openai_completion(answer: Answer, model: str, usage: dict[str, int]) -> dict[str, Any]:
     """A ``chat.completion`` object as the OpenAI API returns it (usage with its cached prompt tokens)."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.thinking:
+        message["reasoning_content"] = answer.thinking  # as vLLM, llama.cpp and DeepSeek return a thinking model's
     if answer.tool_calls:
         message["tool_calls"] = [
             {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
@@ -82,9 +87,12 @@ def openai_completion(answer: Answer, model: str, usage: dict[str, int]) -> dict
     }
 
 
-def ollama_chat(answer: Answer, model: str, usage: dict[str, int]) -> dict[str, Any]:
-    """A final (``done: true``) ``/api/chat`` response as Ollama returns it (Ollama reports no cached tokens)."""
+def ollama_chat(answer: Answer, model: str, usage: dict[str, int], think: object = None) -> dict[str, Any]:
+    """A final (``done: true``) ``/api/chat`` response as Ollama returns it (Ollama reports no cached tokens);
+    a thinking turn's thinking comes in ``message.thinking`` unless the request turned thinking off."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content or ""}
+    if answer.thinking and think is not False:
+        message["thinking"] = answer.thinking
     if answer.tool_calls:
         message["tool_calls"] = [
             {"id": cid, "function": {"index": k, "name": name, "arguments": arguments}}
@@ -175,6 +183,9 @@ class ReplayHandler(BaseHTTPRequestHandler):
             self._send_json(200, model.gates())
             return
         entry = model.record("POST", path, body)
+        # The headers a client sent, for tests of a profile's extra headers; never its credentials.
+        sent = {k.lower(): v for k, v in self.headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        model.note(entry, headers=sent)
         protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
         usage: dict[str, int] | None = None
         headers: tuple[tuple[str, str], ...] = ()
@@ -183,29 +194,41 @@ class ReplayHandler(BaseHTTPRequestHandler):
             if status == 200:
                 tokens = int(payload.get("prompt_eval_count") or payload.get("usage", {}).get("prompt_tokens") or 0)
                 usage = {"prompt_tokens": tokens, "completion_tokens": 0, "cached_tokens": 0, "total_tokens": tokens}
+        elif path in RESPONSES_PATHS:
+            status, payload, usage, headers = self.server.responses.handle(body, entry)
         elif path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
             status, payload = 404, error_body(protocol, 404, f"no route {path}")
-        elif not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            status, payload = 400, error_body(protocol, 400, "the body must be JSON with a 'messages' list")
-        elif protocol == "openai" and body.get("stream"):
-            status, payload = 400, error_body(protocol, 400, "the replay model does not stream")
         else:
-            answer = model.answer(body["messages"], entry)
-            status = answer.status
-            name = str(body.get("model") or MODEL_NAME)
-            if status != 200:
-                payload = error_body(protocol, status, answer.error or "error")
-                headers = answer.headers
-            else:
-                cached = cached_prompt_tokens(body["messages"]) if protocol == "openai" and answer.turn else 0
-                usage = usage_of(answer, entry["prompt_tokens"], cached)
-                payload = (ollama_chat if protocol == "ollama" else openai_completion)(answer, name, usage)
+            status, payload, usage, headers = self._chat(protocol, body, entry)
         # The log keeps the usage of every answer given, so a test can compare what Tasuki counted with it.
         model.note(entry, status=status, usage=usage)
         # Ollama streams chat unless told not to; a replay answer is then one final NDJSON chunk.
         chat = path == OLLAMA_CHAT_PATH
         streamed = chat and status == 200 and isinstance(body, dict) and body.get("stream", True)
         self._send_json(status, payload, ndjson=bool(streamed), headers=headers)
+
+    def _chat(
+        self, protocol: str, body: Any, entry: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], dict[str, int] | None, tuple[tuple[str, str], ...]]:
+        """Status, body, usage and extra headers of a chat request in the OpenAI or Ollama API."""
+        model = self.server.replay_model
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return 400, error_body(protocol, 400, "the body must be JSON with a 'messages' list"), None, ()
+        if protocol == "openai" and body.get("stream"):
+            return 400, error_body(protocol, 400, "the replay model does not stream"), None, ()
+        if protocol == "openai" and model.context_window and entry["prompt_tokens"] > model.context_window:
+            payload = error_body(protocol, 400, OVERFLOW_MESSAGE)
+            payload["error"].update(param="messages", code="context_length_exceeded")
+            return 400, payload, None, ()
+        answer = model.answer(body["messages"], entry)
+        if answer.status != 200:
+            return answer.status, error_body(protocol, answer.status, answer.error or "error"), None, answer.headers
+        name = str(body.get("model") or MODEL_NAME)
+        cached = cached_prompt_tokens(body["messages"]) if protocol == "openai" and answer.turn else 0
+        usage = usage_of(answer, entry["prompt_tokens"], cached)
+        if protocol == "ollama":
+            return 200, ollama_chat(answer, name, usage, body.get("think")), usage, ()
+        return 200, openai_completion(answer, name, usage), usage, ()
 
     def _send_json(
         self, status: int, payload: Any, *, ndjson: bool = False, headers: tuple[tuple[str, str], ...] = ()

@@ -53,6 +53,7 @@ class Answer:
     tool_calls: tuple[tuple[str, str, dict[str, Any]], ...] = ()  # (id, name, arguments)
     error: str | None = None
     headers: tuple[tuple[str, str], ...] = ()  # response headers of an error (a scripted fault's Retry-After)
+    thinking: str | None = None  # the turn's readable reasoning, for the protocols that return one
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,9 @@ class Gate:
 class ReplayModel:
     """Answers chat requests from ``trajectory``; records every request for tests (``GET /_requests``)."""
 
-    def __init__(self, trajectory: list[Turn]) -> None:
+    def __init__(self, trajectory: list[Turn], *, context_window: int | None = None) -> None:
         self.trajectory = trajectory
+        self.context_window = context_window  # prompt tokens past which OpenAI-shaped requests are refused
         self.requests: list[dict[str, Any]] = []
         self._faults_served: dict[tuple[str, int], int] = {}
         self._delayed: set[tuple[str, int]] = set()
@@ -158,6 +160,7 @@ class ReplayModel:
             tool_calls=tuple(
                 (call_id(index, k), call.name, dict(call.arguments)) for k, call in enumerate(turn.tool_calls)
             ),
+            thinking=turn.thinking,
         )
 
     def _answer_summary(self, messages: list[dict[str, Any]]) -> Answer:

@@ -3,7 +3,9 @@
 A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same entries):
 
 - a **turn**: ``{"content": "text or null", "tool_calls": [{"name": "bash", "arguments": {...}}]}``;
-  ``arguments`` may also be a JSON string, and OpenAI's ``{"function": {...}}`` shape is accepted;
+  ``arguments`` may also be a JSON string, and OpenAI's ``{"function": {...}}`` shape is accepted; an optional
+  ``"thinking": "text"`` is the turn's readable reasoning (``reasoning_content`` of compatible servers, Ollama's
+  ``thinking``, a Responses reasoning summary);
 - a **fault** for the next turn: ``{"fail": 500}`` (HTTP status, answered once) or
   ``{"fail": 429, "times": 3}``; with ``"for": "summary"`` it is answered to summary requests instead; with
   ``"headers": {"Retry-After": "2"}`` the turn's failures carry those response headers;
@@ -49,6 +51,7 @@ class Turn:
 
     content: str | None = None
     tool_calls: tuple[ScriptedCall, ...] = ()
+    thinking: str | None = None
     faults: tuple[int, ...] = ()
     fault_headers: tuple[tuple[str, str], ...] = ()
     """Response headers sent with each of ``faults`` (a ``Retry-After``)."""
@@ -125,6 +128,7 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
         turns.append(
             Turn(
                 content=strip_marker(entry.get("content")),
+                thinking=entry["thinking"] if isinstance(entry.get("thinking"), str) else None,
                 tool_calls=tuple(
                     _scripted_call(call, source, index, recorded="role" in entry)
                     for call in entry.get("tool_calls") or []

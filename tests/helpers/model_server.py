@@ -34,9 +34,12 @@ def write_trajectory(path: Path, entries: list[dict[str, Any]]) -> Path:
 
 
 @contextmanager
-def model_server(entries: list[dict[str, Any]], host: str = "127.0.0.1") -> Iterator[ReplayServer]:
-    """A replay server on a free port in this process, stopped on exit."""
-    server = serve(ReplayModel(turns_from_entries(entries)), host=host, port=0)
+def model_server(
+    entries: list[dict[str, Any]], host: str = "127.0.0.1", *, context_window: int | None = None
+) -> Iterator[ReplayServer]:
+    """A replay server on a free port in this process, stopped on exit; ``context_window``: prompts longer than
+    that many tokens are refused as OpenAI refuses them (``context_length_exceeded``)."""
+    server = serve(ReplayModel(turns_from_entries(entries), context_window=context_window), host=host, port=0)
     try:
         yield server
     finally:
