@@ -17,9 +17,9 @@ What makes it more than a translator, so a test can fail the way the real API wo
   that drops them anywhere is caught.
 - **Usage** by Anthropic's caching rules (:mod:`replay.anthropic_cache`): ``input_tokens``,
   ``cache_read_input_tokens`` and ``cache_creation_input_tokens`` computed from the request's breakpoints.
-- **Failures** as Claude reports them: a scripted 429 ``rate_limit_error`` (with ``retry-after`` when the fake is
-  given one), 529 ``overloaded_error``, 5xx ``api_error``, and 400 "prompt is too long: N tokens > M maximum" past
-  the configured window.
+- **Failures** as Claude reports them: a scripted 429 ``rate_limit_error`` (with the fault's headers, a
+  ``retry-after``), a storm of them (``ReplayModel.start_storm``), 529 ``overloaded_error``, 5xx ``api_error``, and
+  400 "prompt is too long: N tokens > M maximum" past the configured window.
 
 with serve_anthropic(ReplayModel(turns), context_window=200_000) as fake:
     anthropic.Anthropic(api_key="k", base_url=fake.url)   # fake.requests: the log, with each answer's usage
@@ -344,14 +344,12 @@ class AnthropicFake:
         *,
         context_window: int = 200_000,
         min_cacheable_tokens: int | None = None,
-        retry_after_s: float | None = None,
         redacted_thinking: bool = False,
         api_key: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model
         self.context_window = context_window
-        self.retry_after_s = retry_after_s
         self.redacted_thinking = redacted_thinking
         self.api_key = api_key
         self.cache = PromptCache(min_cacheable_tokens)
@@ -380,8 +378,7 @@ class AnthropicFake:
         messages = replay_messages(body)
         answer = self.model.answer(messages, entry)
         if answer.status != 200:
-            extra = {"retry-after": f"{self.retry_after_s:g}"} if answer.status == 429 and self.retry_after_s else {}
-            return answer.status, error_body(answer.status, answer.error or "error", request_id), extra
+            return answer.status, error_body(answer.status, answer.error or "error", request_id), dict(answer.headers)
         with self._lock:
             usage = self.cache.use(body, self._clock())
         content = self._content(answer, body, conversation_key(messages))

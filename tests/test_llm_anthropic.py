@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -28,7 +28,7 @@ from replay.anthropic_cache import (
     min_cacheable_tokens,
 )
 from replay.trajectory import turns_from_entries
-from worker.llm import ContextOverflow, LLMError, ModelSpec, Reply, RetryPolicy, registry
+from worker.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Reply, RetryPolicy, registry
 from worker.llm.anthropic_provider import DEFAULT_MAX_TOKENS, place_breakpoints, to_anthropic_messages
 
 MODEL = "claude-sonnet-4-5"
@@ -67,10 +67,19 @@ def fake_for(entries: list[dict[str, Any]], **options: Any) -> AnthropicServer:
     return serve_anthropic(ReplayModel(turns_from_entries(entries)), **options)
 
 
-def claude(url: str, *, key: str | None = SECRET_KEY, timeout_s: float = 10.0, **spec: Any) -> Any:
-    """The provider as a task gets it: from the registry, for a profile ``provider: anthropic``."""
+def claude(
+    url: str,
+    *,
+    key: str | None = SECRET_KEY,
+    timeout_s: float = 10.0,
+    sleep: Callable[[float], None] | None = None,
+    **spec: Any,
+) -> Any:
+    """The provider as a task gets it: from the registry, for a profile ``provider: anthropic``; ``sleep`` records
+    the waits between tries instead of waiting."""
     profile = ModelSpec("claude", "anthropic", MODEL, 200_000, url, **spec)
-    return registry.build(profile, RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.02), timeout_s, key)
+    policy = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.02, sleep=sleep or (lambda _: None))
+    return registry.build(profile, policy, timeout_s, key)
 
 
 def task(label: str = "task") -> list[dict[str, Any]]:
@@ -440,18 +449,38 @@ def test_a_turn_opened_by_another_provider_goes_without_thinking(ten_steps: Anth
 
 
 @pytest.mark.parametrize("status", [429, 529, 500])
-def test_rate_limits_overload_and_server_errors_are_retried(status: int) -> None:
-    with fake_for([{"fail": status, "times": 2}, bash_turn(0)], retry_after_s=1) as server:
-        reply = claude(server.url).chat(task(), TOOLS)
+def test_rate_limits_overload_and_server_errors_are_retried_waiting_what_retry_after_asks(status: int) -> None:
+    waits: list[float] = []
+    fault = {"fail": status, "times": 2, "headers": {"retry-after": "7"}}
+    with fake_for([fault, bash_turn(0)]) as server:
+        reply = claude(server.url, sleep=waits.append).chat(task(), TOOLS)
         statuses = [r["status"] for r in server.requests]
 
     assert reply.tool_calls[0].name == "bash"
     assert statuses == [status, status, 200]
+    assert waits == [7.0, 7.0]  # as the server asked, not our 0.01-0.02 s backoff
+
+
+def test_without_retry_after_our_backoff_applies() -> None:
+    waits: list[float] = []
+    with fake_for([{"fail": 529}, bash_turn(0)]) as server:
+        claude(server.url, sleep=waits.append).chat(task(), TOOLS)
+    assert len(waits) == 1
+    assert 0.005 <= waits[0] <= 0.01
+
+
+def test_a_storm_that_outlasts_the_retries_leaves_the_model_unavailable() -> None:
+    with fake_for([bash_turn(0)]) as server:
+        server.fake.model.start_storm(600, 429, {"retry-after": "1"})
+        with pytest.raises(ModelUnavailable, match="HTTP 429") as caught:
+            claude(server.url).chat(task(), TOOLS)
+        assert [r["status"] for r in server.requests] == [429] * 4  # the first try and three retries
+    assert caught.value.status == 429
 
 
 def test_a_rate_limit_answer_is_anthropics(ten_steps: AnthropicServer) -> None:
     with (
-        fake_for([{"fail": 429}, bash_turn(0)], retry_after_s=7) as server,
+        fake_for([{"fail": 429, "headers": {"retry-after": "7"}}, bash_turn(0)]) as server,
         pytest.raises(anthropic.RateLimitError) as caught,
     ):
         sdk(server).messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}])

@@ -38,7 +38,14 @@ from worker.llm.base import (
     reasoning_for,
 )
 from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import Failure, RetryPolicy, call_with_retries, is_retryable_status, one_line
+from worker.llm.retry import (
+    Failure,
+    RetryPolicy,
+    call_with_retries,
+    is_retryable_status,
+    one_line,
+    retry_after_of,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -81,9 +88,9 @@ class AnthropicProvider:
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None
     ) -> Reply:
-        """One Messages call, retried on rate limits, overload (529), 5xx, timeouts and connection errors; a
-        prompt too long for the window raises :class:`ContextOverflow`. ``cache_key``: Anthropic routes by the
-        prefix itself, there is nothing to name."""
+        """One Messages call, retried on rate limits, overload (529), 5xx, timeouts and connection errors (waiting
+        what ``retry-after`` asks); a prompt too long for the window raises :class:`ContextOverflow`.
+        ``cache_key``: Anthropic routes by the prefix itself, there is nothing to name."""
         request = request_body(self.spec, messages, tools)
         try:
             message = call_with_retries(
@@ -108,7 +115,12 @@ class AnthropicProvider:
             return Failure(f"cannot connect to {where}: {one_line(str(cause), self._api_key)}", retryable=True)
         if isinstance(exc, anthropic.APIStatusError):
             detail = one_line(exc.api_message or exc.message, self._api_key)
-            return Failure(f"HTTP {exc.status_code}: {detail}", is_retryable_status(exc.status_code), exc.status_code)
+            return Failure(
+                f"HTTP {exc.status_code}: {detail}",
+                is_retryable_status(exc.status_code),
+                exc.status_code,
+                retry_after_of(exc.response.headers),  # Anthropic's 429s and 529s say how long to wait
+            )
         if isinstance(exc, anthropic.AnthropicError):
             return Failure(f"{type(exc).__name__}: {one_line(str(exc), self._api_key)}", retryable=False)
         return None
