@@ -20,7 +20,7 @@ from contexts.durable import NO_WRITER, DurableWriter
 from contexts.errors import ContextError, FencedError, TasukiError
 from contexts.heartbeat import Heartbeat
 from contexts.lock import ContextLock, LockInfo
-from contexts.masking import mask, mask_value
+from contexts.masking import mask, mask_reasoning, mask_value
 from contexts.names import (
     COMPLETED_DIR,
     FINAL_STATUSES,
@@ -221,8 +221,11 @@ class Context:
     def append_message(self, role: str, content: str | None, **extra: Any) -> int:
         """Mask and append one message; returns its ``seq``."""
         record: dict[str, Any] = {"role": role, "content": mask(content) if content else content}
+        reasoning = extra.pop("reasoning", None)
         if extra:
             record.update(mask_value(extra))  # type: ignore[call-overload]
+        if reasoning:  # signed or encrypted: kept byte for byte, or dropped (contexts.masking.mask_reasoning)
+            record["reasoning"] = mask_reasoning(reasoning)
         record["timestamp"] = iso(self.store.clock())
         record.setdefault("token_count", estimate_message_tokens(record["content"], record.get("tool_calls")))
         with self._write_guard:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 # PEM (`-----BEGIN RSA PRIVATE KEY-----`) and PGP (`-----BEGIN PGP PRIVATE KEY BLOCK-----`) blocks; a block
 # cut off before its END line is masked to the end of the text.  `( BLOCK|)` always takes part in the match,
@@ -153,3 +154,21 @@ def mask_value(value: object) -> object:
     if isinstance(value, list | tuple):
         return [mask_value(v) for v in value]
     return value
+
+
+OPAQUE_REASONING_KEYS = frozenset({"encrypted_content", "signature", "data"})
+"""Fields of a reasoning item that are ciphertext or a signature (Responses' ``encrypted_content``, Anthropic's
+``signature`` and a redacted block's ``data``): nothing readable is in them, and a changed byte makes the API
+refuse the item."""
+
+
+def mask_reasoning(reasoning: dict[str, Any]) -> dict[str, Any]:
+    """A reply's reasoning to keep on disk and send back: its readable parts cannot be masked without breaking the
+    signature or the encryption that covers them, so an item whose readable text holds something to mask is
+    dropped whole (the provider goes on without it), and the opaque fields are kept byte for byte."""
+    kept = []
+    for item in reasoning.get("items") or []:
+        readable = {k: v for k, v in item.items() if k not in OPAQUE_REASONING_KEYS} if isinstance(item, dict) else item
+        if mask_value(readable) == readable:
+            kept.append(item)
+    return {**{k: mask_value(v) for k, v in reasoning.items() if k != "items"}, "items": kept}

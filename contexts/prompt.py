@@ -13,7 +13,7 @@ from typing import Any
 from contexts.importance import group_importance
 from contexts.tokens import estimate_message_tokens
 
-PROMPT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
+PROMPT_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name", "thinking", "reasoning")
 OMITTED_MARKER = "[{count} earlier messages omitted; the recall tool finds them]"
 
 

@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from contexts import CompressionPolicy, ContextStore, masking
-from contexts.masking import mask, mask_value, register_secrets
+from contexts.masking import mask, mask_reasoning, mask_value, register_secrets
 from tests.helpers.context_support import (
     CONFIG,
     TASK_KEY,
@@ -404,3 +404,14 @@ def test_the_state_error_field_is_masked(every_secret_everywhere: Path) -> None:
     assert state["error"] == "\n".join(masked for _, masked, _ in CASES)
     summary = json.loads((every_secret_everywhere / "summaries.jsonl").read_text())
     assert summary["summary"] == "summary: token [GITHUB_TOKEN] end"
+
+
+def test_reasoning_keeps_its_opaque_fields_byte_for_byte_and_drops_an_item_it_would_have_to_mask() -> None:
+    # URL-safe base64 ciphertext may hold what looks like a key: masking it would make the API refuse the item.
+    looks_like_a_key = "gAAAAB-" + "glpat-" + "A" * 20 + "_x-y"
+    clean = {"type": "thinking", "thinking": "the test fails on add", "signature": looks_like_a_key}
+    leaky = {"type": "thinking", "thinking": "the token is ghp_" + "a" * 36, "signature": "c2ln"}
+    encrypted = {"type": "reasoning", "id": "rs_1", "encrypted_content": looks_like_a_key, "summary": []}
+    kept = mask_reasoning({"provider": "anthropic", "items": [clean, leaky, encrypted]})
+    assert kept == {"provider": "anthropic", "items": [clean, encrypted]}
+    assert mask_value(clean) != clean  # the plain rule would have changed the signature

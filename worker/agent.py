@@ -291,7 +291,7 @@ class Agent:
         message = reply.to_message()
         usage = usage_of(reply, "agent", estimated)
         priced = self.meter.priced(usage) if self.meter is not None else (usage, None)
-        extra: dict[str, Any] = {"tool_calls": message["tool_calls"]} if "tool_calls" in message else {}
+        extra: dict[str, Any] = {k: message[k] for k in ("tool_calls", "thinking", "reasoning") if k in message}
         self.ctx.append_message("assistant", message["content"], usage=call_record(*priced), **extra)
         self.ctx.stage_state(  # right after its record: a resume recounts calls whose state write a crash lost
             add={"llm_call_count": 1},

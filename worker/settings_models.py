@@ -322,6 +322,8 @@ class AgentSettings(Section):
     """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
     max_format_errors: PositiveInt = 3
     """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
+    max_format_errors: PositiveInt = 3
+    """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
 
     @model_validator(mode="after")
     def _soft_before_hard(self) -> Self:
