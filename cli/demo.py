@@ -112,7 +112,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
             return 1
         detail = show_context(store, uuid, limit=10)
         say("")
-        say(viewer.format_detail(detail, now=utc_now(), width=100, priced=bool(settings.pricing)))
+        say(viewer.format_detail(detail, now=utc_now(), width=100, priced=settings.prices_known()))
         branch = (state.get("result") or {}).get("branch")
         if branch:
             diff = subprocess.run(["git", "diff", f"main..{branch}"], cwd=repo, capture_output=True, text=True,

@@ -44,7 +44,7 @@ def cmd_outcomes(args: argparse.Namespace, settings: Settings) -> int:
             rows, total = report(store, args.by, Selection(args.repo, date_from, date_to))
         finally:
             store.close()
-    priced = bool(settings.pricing)
+    priced = settings.prices_known()
     if args.json:
         out(viewer.to_json({"by": args.by, "priced": priced, "rows": [row.to_json() for row in rows],
                             "total": total.to_json() if total else None}))

@@ -95,7 +95,7 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
-    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=bool(settings.pricing), **flags))
+    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=settings.prices_known(), **flags))
     if args.follow and detail.summary.status not in FINAL_STATUSES:
         if not here:
             note(FOLLOWING_ELSEWHERE)
@@ -138,7 +138,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             data["contexts"] = [item.to_json() for item in matching]
         out(viewer.to_json(data))
     else:
-        out(viewer.format_stats(stats, filters, priced=bool(settings.pricing)))
+        out(viewer.format_stats(stats, filters, priced=settings.prices_known()))
         if matching is not None:
             out(f"\nTasks: {len(matching):,}\n{viewer.format_list(matching)}")
     warn_damaged(stats.damaged)

@@ -38,7 +38,7 @@ def cmd_usage(args: argparse.Namespace, settings: Settings) -> int:
     listing = every_summary(open_store(settings))
     rows = usage_rows(listing.items, by=args.by, repo=args.repo, user=args.user, date_from=date_from,
                       date_to=date_to)
-    priced = bool(settings.pricing)
+    priced = settings.prices_known()
     if args.json:
         total_cost = [row.cost_usd for row in rows if row.cost_usd is not None]
         out(viewer.to_json({"by": args.by, "priced": priced, "rows": [row.to_json() for row in rows],
@@ -80,8 +80,9 @@ def cmd_usage_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     repos, users = day_counters(listing.items, today)
     rebuild_day(redis_client(), today.isoformat(), repos, users)
     out(f"Rebuilt the counters of {today} (UTC): {len(repos)} repositories, {len(users)} users.")
+    priced = settings.prices_known()
     for repo, (tokens, cost) in sorted(repos.items()):
-        out(f"  {repo}: {tokens:,} tokens, {format_cost(cost if settings.pricing else None, bool(settings.pricing))}")
+        out(f"  {repo}: {tokens:,} tokens, {format_cost(cost if priced else None, priced)}")
     for user, tasks in sorted(users.items()):
         out(f"  {user}: {tasks} task{'s' if tasks != 1 else ''}")
     warn_damaged([{"uuid": damaged.uuid, "reason": damaged.reason} for damaged in listing.damaged])

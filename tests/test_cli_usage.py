@@ -23,6 +23,7 @@ from worker.settings_models import Settings
 from worker.spend import repo_spent, user_key
 
 PRICING = '{"gpt-4o": {"input": 2.5, "cached_input": 1.25, "output": 10.0}}'
+LOCAL = {"TASUKI__LLM__PROVIDER": "ollama"}  # no configured model has a price: "no prices configured"
 
 
 def _context(base: Path, when: datetime, repo: str, user: str, calls: list[tuple[Usage, float | None]]) -> None:
@@ -92,9 +93,11 @@ def test_the_report_holds_spend_recorded_after_a_task_ended_and_the_spend_of_run
 
 
 def test_usage_says_no_prices_configured_and_refuses_a_malformed_day(base: Path) -> None:
-    text = ok(tasuki(base, "usage", "--by", "repo"))
+    text = ok(tasuki(base, "usage", "--by", "repo", **LOCAL))
     assert "github/acme/api" in text
     assert "no prices configured" in text
+    # gpt-4o, the default model, has a built-in price: the unpriced model's row says so.
+    assert "no price for this model" in ok(tasuki(base, "usage", "--by", "repo"))
     assert "$0.0127" in ok(tasuki(base, "usage", TASUKI__PRICING=PRICING))  # the total
     assert "--from" in one_line_error(tasuki(base, "usage", "--from", "March"), 2)
 
@@ -102,7 +105,7 @@ def test_usage_says_no_prices_configured_and_refuses_a_malformed_day(base: Path)
 def test_stats_shows_tokens_and_cost(base: Path) -> None:
     text = ok(tasuki(base, "stats", TASUKI__PRICING=PRICING))
     assert "Spend:\n  - Tokens: 7,150\n  - Cost: $0.0127\n" in text
-    assert "  - Cost: no prices configured\n" in ok(tasuki(base, "stats"))
+    assert "  - Cost: no prices configured\n" in ok(tasuki(base, "stats", **LOCAL))
 
 
 def test_usage_rebuild_puts_todays_counters_back_after_redis_lost_them(
@@ -122,4 +125,4 @@ def test_context_show_gives_the_tasks_tokens_and_cost(base: Path) -> None:
     uuid = next(item["uuid"] for item in listed if item["user"] == "ann")
     text = ok(tasuki(base, "context", "show", uuid, TASUKI__PRICING=PRICING))
     assert "  Total tokens: 1,650 (prompt 1,500, of which cached 400; completion 150)\n  Cost: $0.0057\n" in text
-    assert "  Cost: no prices configured\n" in ok(tasuki(base, "context", "show", uuid))
+    assert "  Cost: no prices configured\n" in ok(tasuki(base, "context", "show", uuid, **LOCAL))

@@ -242,9 +242,10 @@ def test_an_explicit_env_mapping_ignores_the_process_environment(monkeypatch: py
             "task_tokens?)",
         ),
         (
-            "limits: {task_cost: 5}",
+            "llm: {provider: ollama}\nlimits: {task_cost: 5}",
             {},
-            "config: limits.task_cost = 5.0: a price table in pricing (no cost can be counted)",
+            "config: limits.task_cost = 5.0: a price for a configured model (qwen3:30b) in pricing (no cost can be "
+            "counted)",
         ),
         (
             "github: {api_url: api.github.com}",

@@ -4,7 +4,7 @@ task's ``state.json`` and to the Redis counters that budgets and ``/metrics`` re
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,17 @@ from worker.spend import count_usage
 log = structlog.get_logger(__name__)
 
 
-def usage_of(reply: Reply, kind: str, estimated_prompt_tokens: int = 0) -> Usage:
-    """A reply's usage as its provider reported it (our estimate when it reported no prompt tokens)."""
+def usage_of(reply: Reply, kind: str, estimated_prompt_tokens: int = 0, profile: str = "") -> Usage:
+    """A reply's usage as its provider reported it (our estimate when it reported no prompt tokens): cache reads
+    and writes included, which are part of the prompt and priced apart."""
     return Usage(
         kind=kind,
         model=reply.model,
         prompt_tokens=int(reply.prompt_tokens if reply.prompt_tokens is not None else estimated_prompt_tokens),
         completion_tokens=int(reply.completion_tokens or 0),
         cached_tokens=int(reply.cached_tokens or 0),
+        cache_write_tokens=int(reply.cache_write_tokens or 0),
+        profile=profile,
     )
 
 
@@ -46,6 +49,8 @@ class Meter:
     repo: str
     client: Callable[[], redis.Redis] | None = None
     clock: Callable[[], datetime] = utc_now
+    profile: str = ""
+    """The task's model profile: a call that names none was made with it."""
 
     @property
     def limits(self) -> LimitSettings:
@@ -53,8 +58,11 @@ class Meter:
         return self.settings.limits
 
     def priced(self, usage: Usage) -> tuple[Usage, float | None]:
-        """The call with its cost (``None`` without a price for its model)."""
-        return usage, cost_of(usage, self.settings.pricing)
+        """The call (with the task's profile unless it names its own) and its cost: ``pricing``, else the built-in
+        price of its model; ``None`` without either."""
+        if self.profile and not usage.profile:
+            usage = replace(usage, profile=self.profile)
+        return usage, cost_of(usage, self.settings.prices())
 
     def figures(self, usage: Usage) -> dict[str, Any]:
         """The per-call record kept beside a step or a summary."""

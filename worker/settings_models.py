@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
+from contexts.prices import PriceBook, price_book
 from contexts.sections import HashableDict, PositiveInt, Section
 from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
@@ -322,8 +323,6 @@ class AgentSettings(Section):
     """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
     max_format_errors: PositiveInt = 3
     """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
-    max_format_errors: PositiveInt = 3
-    """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
 
     @model_validator(mode="after")
     def _soft_before_hard(self) -> Self:
@@ -494,6 +493,9 @@ class ModelPrice(Section):
     """Prompt tokens the provider did not serve from its cache."""
     cached_input: Annotated[float, Field(ge=0)] = 0.0
     """Prompt tokens served from the provider's prompt cache."""
+    cache_write: Annotated[float, Field(ge=0)] | None = None
+    """Prompt tokens written to the provider's prompt cache; null: the vendor's premium for a model of the built-in
+    table (Claude: 1.25x input), else the input price (OpenAI bills writes as input)."""
     output: Annotated[float, Field(ge=0)]
     """Completion tokens."""
 
@@ -505,11 +507,19 @@ class PriceTable(HashableDict):
 Pricing = Annotated[dict[Name, ModelPrice], AfterValidator(PriceTable)]
 
 
+DEFAULT_TASK_COST = 3.0
+"""USD a task may cost unless limits.task_cost says otherwise: mini-swe-agent's and SWE-agent's per-task limit.
+Issue 37's recorded 40-step bug fix costs $0.4-$2.2 of input with prompt caching (Sonnet to Opus 4.1): an ordinary
+task fits, while a task that loops (100 steps of a full 128k window uncached: $32 on GPT-4o) stops early and hands
+over what it did."""
+
+
 class LimitSettings(Section):
     task_tokens: PositiveInt | None = None
     """Tokens one task may use (every model call of it); the task stops within one step. null: no limit."""
-    task_cost: PositiveFloat | None = None
-    """USD one task may cost (needs pricing for its model); the task stops within one step. null: no limit."""
+    task_cost: PositiveFloat | None = DEFAULT_TASK_COST
+    """USD one task may cost; counts only calls whose model has a price (pricing, or the built-in table), so it
+    never stops a task of an unpriced model (a local one). The task stops within one step. null: no limit."""
     repo_tokens: PositiveInt | None = None
     """Tokens one repository's tasks may use per UTC day; then its triggers get over_budget. null: no limit."""
     repo_cost: PositiveFloat | None = None
@@ -597,7 +607,8 @@ class Settings(Section):
     fleet: FleetSettings = FleetSettings()
     """Many hosts (SPEC §12): leases and the durable copy of every context in PostgreSQL; unset, one host."""
     pricing: Pricing = Field(default_factory=PriceTable)
-    """USD per million tokens by model name: {MODEL: {input, cached_input, output}}; empty: tokens only."""
+    """USD per million tokens by model name: {MODEL: {input, cached_input, cache_write, output}}; each entry overrides
+    the built-in price of its model (dated snapshots match their model); empty: the built-in table only."""
     limits: LimitSettings = LimitSettings()
     """Budgets: per task, and per repository and user per UTC day (SPEC §16)."""
     console: ConsoleSettings = ConsoleSettings()
@@ -639,12 +650,27 @@ class Settings(Section):
 
     @model_validator(mode="after")
     def _cost_caps_need_prices(self) -> Self:
-        # A cost cap without a price table could never be reached: every cost would be "no prices configured".
+        # A cost cap of the operator's where no configured model has a price could never be reached: every cost
+        # would be "no prices configured". The default task_cost (also as config.yaml writes it out) is no such
+        # promise: it applies where a price is known.
         for name in ("task_cost", "repo_cost"):
             value = getattr(self.limits, name)
-            if value is not None and not self.pricing:
-                raise cross_field_error(f"limits.{name}", value, "a price table in pricing (no cost can be counted)")
+            default = LimitSettings.model_fields[name].default
+            if value is not None and value != default and not self.prices_known():
+                models = ", ".join(sorted({self.llm.profile(p).model for p in self.llm.profile_names()}))
+                raise cross_field_error(f"limits.{name}", value,
+                                        f"a price for a configured model ({models}) in pricing (no cost can be "
+                                        "counted)")
         return self
+
+    def prices(self) -> PriceBook:
+        """What calls cost: ``pricing``, over the built-in table of common models (:mod:`contexts.prices`)."""
+        return price_book(cast(PriceTable, self.pricing))  # validated into a PriceTable: it hashes
+
+    def prices_known(self) -> bool:
+        """Whether any cost can be counted: a ``pricing`` entry, or a price for a configured profile's model."""
+        book = self.prices()
+        return bool(self.pricing) or any(book.knows(self.llm.profile(p).model) for p in self.llm.profile_names())
 
     def llm_profile(self, name: str | None = None) -> LLMProfile:
         """The model profile ``name`` (None: the default one); raises KeyError for an unknown name."""
