@@ -143,7 +143,7 @@ def test_a_task_with_task_tokens_stops_at_the_first_step_over_it_and_reports_it(
     # up; its checkpoint branch went with that push.
     branch = f"tasuki/1-{uuid[:8]}"
     assert git(repo, "show", f"{branch}:notes.txt") == NOTE
-    assert git(repo, "log", "-1", "--format=%s", branch).strip() == "tasuki: unfinished, stopped at its budget limit"
+    assert git(repo, "log", "-1", "--format=%s", branch).strip() == "tasuki: unfinished, stopped at its budget"
     assert state["result"]["branch"] == branch
     assert f"tasuki-checkpoints/1-{uuid[:8]}" not in git(repo, "branch", "--list", "tasuki-checkpoints/*")
 

@@ -8,13 +8,27 @@ real HTTP and git (GitHub, GitLab, Gitea)."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from tests.helpers.stack import git, local_request, make_buggy_repo
-from tests.helpers.worker_scenarios import bash_turn, running_stack
+from replay import ReplayModel, ReplayServer, serve
+from replay.trajectory import turns_from_entries
+from tests.helpers.fake_forge import FakeChange, FakeForge
+from tests.helpers.stack import Stack, git, local_request, make_buggy_repo
+from tests.helpers.worker_scenarios import (
+    agent_requests,
+    bash_turn,
+    finish_turn,
+    provider_env,
+    running_stack,
+    tool,
+)
+from worker.settings_models import LabelSettings
 
 pytestmark = pytest.mark.integration
 
@@ -48,3 +62,186 @@ def test_a_local_task_stopped_at_its_step_limit_without_a_change_leaves_no_branc
     assert state["llm_call_count"] == 2
     assert heads(bare) == {"main"}  # no task branch, no checkpoint branch
     assert not (state.get("result") or {}).get("branch")
+
+
+# -- on the forges ------------------------------------------------------------------------------------------------
+
+TOKEN = "endings-forge-token-5e1a"
+REPOS = {"github": ("octo", "calc"), "gitlab": ("group", "calc"), "gitea": ("team", "calc")}
+NOTE = "work so far\n"
+LABELS = LabelSettings()
+
+
+@contextmanager
+def forge_stack(
+    tmp_path: Path, redis_url: str, entries: list[dict[str, Any]], env: dict[str, str] | None = None,
+    *, context_window: int | None = None,
+) -> Iterator[tuple[Stack, ReplayServer, FakeForge]]:
+    """The replay model answering ``entries``, the fake forge with the calc repository on each of its forges, and a
+    stack whose workers use both."""
+    server = serve(ReplayModel(turns_from_entries(entries), context_window=context_window))
+    try:
+        with FakeForge(tmp_path / "forge", TOKEN).serve() as forge:
+            for source, (owner, repo) in REPOS.items():
+                forge.add_repo(owner, repo, make_buggy_repo(tmp_path / f"{source}-source"))
+            stack = Stack(tmp_path, redis_url, server.url, {
+                **provider_env("openai", server.url, 32768),
+                "TASUKI__GITHUB__API_URL": forge.github_api_url,
+                "TASUKI__GITLAB__API_URL": forge.gitlab_api_url,
+                "TASUKI__GITEA__API_URL": forge.gitea_api_url,
+                "GITHUB_TOKEN": TOKEN,
+                "GITLAB_TOKEN": TOKEN,
+                "GITEA_TOKEN": TOKEN,
+                **(env or {}),
+            })
+            try:
+                yield stack, server, forge
+            finally:
+                stack.stop()
+    finally:
+        server.stop()
+
+
+def run_issue(
+    stack: Stack, forge: FakeForge, source: str = "github", timeout_s: float = 90.0
+) -> tuple[str, dict[str, Any]]:
+    """Issue 1 of the source's calc repository, labelled: its task, run to its end; the UUID and the final state."""
+    owner, repo = REPOS[source]
+    forge.add_item(owner, repo, 1, "Leave a note", "Write what you find to notes.txt.", labels=[LABELS.trigger])
+    key = {"task_source": source, "owner": owner, "repo": repo, "task_type": "issue", "task_id": "1"}
+    stack.start_worker("w1")
+    uuid = stack.send({"task_key": key, "prompt": "", "user": "alice", "trigger": {"kind": "label", "user": "alice"}})
+    state = stack.wait_finished(uuid, timeout_s=timeout_s)
+    # The issue is told after the context is finished: wait for the final comment.
+    stack.wait_until(lambda: any(c.body.startswith("**Tasuki stopped") for c in forge.item(owner, repo, 1).comments),
+                     30, "the issue's final comment")
+    return uuid, state
+
+
+def note_then_steps(count: int) -> list[dict[str, Any]]:
+    """A note written at once, then ``count`` steps that print the log."""
+    return [{"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+            *(bash_turn(step) for step in range(1, count + 1)), finish_turn("Left a note.")]
+
+
+def assert_a_draft(forge: FakeForge, source: str, uuid: str, state: dict[str, Any], why: str) -> FakeChange:
+    """The task delivered its note as a draft that says ``why`` it stopped, its result names it, its issue was told,
+    and no checkpoint branch is left."""
+    owner, repo = REPOS[source]
+    branch = f"tasuki/1-{uuid[:8]}"
+    change = forge.change(owner, repo, branch)
+    assert change.draft, change
+    assert why in change.body
+    assert "Closes #1" in change.body
+    assert forge.branch_file(owner, repo, branch, "notes.txt") == NOTE
+    bare = forge.git_root / owner / f"{repo}.git"
+    assert heads(bare) == {"main", branch}  # the checkpoint branch went with the push
+    result = state["result"]
+    assert result["pull_request_url"] == change.url
+    assert result["draft"] is True
+    assert result["branch"] == branch
+    assert result["commit"] == git(bare, "rev-parse", branch).strip()
+    assert git(bare, "log", "-1", "--format=%s", branch).startswith("tasuki: unfinished, ")
+    issue = forge.item(owner, repo, 1)
+    assert issue.labels == [LABELS.failed]
+    last = issue.comments[-1].body
+    assert last.startswith(f"**Tasuki stopped: {state['status']}.**"), last
+    assert why in last
+    assert f"What it changed so far is in a draft: {change.url}" in last
+    return change
+
+
+def test_a_task_at_its_step_limit_delivers_its_work_as_a_draft_pull_request_and_tells_its_issue(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with forge_stack(tmp_path, redis_url, note_then_steps(5), {"TASUKI__AGENT__MAX_STEPS": "3"}) as (stack, _, forge):
+        uuid, state = run_issue(stack, forge)
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "steps"
+    assert state["error"] == "step limit of 3 reached without finish"
+    assert state["llm_call_count"] == 3
+    change = assert_a_draft(forge, "github", uuid, state, "used all of its 3 steps (agent.max_steps)")
+    assert "Step 2: print the log block." in change.body  # what it was doing last
+    assert change.title == "Leave a note (#1)"
+    bare = forge.git_root / "octo" / "calc.git"
+    message = git(bare, "log", "-1", "--format=%B", f"tasuki/1-{uuid[:8]}")
+    assert message.startswith("tasuki: unfinished, stopped at its step limit\n\n")
+    assert "Step 2: print the log block." in message
+
+
+@pytest.mark.parametrize(("source", "marker"), [("gitlab", "Draft: "), ("gitea", "WIP: ")])
+def test_gitlab_and_gitea_get_their_own_draft_marker(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, source: str, marker: str
+) -> None:
+    with forge_stack(tmp_path, redis_url, note_then_steps(5), {"TASUKI__AGENT__MAX_STEPS": "2"}) as (stack, _, forge):
+        uuid, state = run_issue(stack, forge, source)
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "steps"
+    change = assert_a_draft(forge, source, uuid, state, "used all of its 2 steps (agent.max_steps)")
+    assert change.title == f"{marker}Leave a note (#1)"
+
+
+def test_a_task_at_its_budget_delivers_a_draft(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
+    env = {"TASUKI__LIMITS__TASK_TOKENS": "6000"}
+    with forge_stack(tmp_path, redis_url, note_then_steps(11), env) as (stack, _, forge):
+        uuid, state = run_issue(stack, forge)
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "budget"
+    assert state["error"].startswith("budget: the task used ")
+    assert_a_draft(forge, "github", uuid, state, "reached its budget (the task used ")
+    assert "limits.task_tokens is 6000" in forge.change("octo", "calc", f"tasuki/1-{uuid[:8]}").body
+
+
+def test_a_task_past_its_time_limit_delivers_a_draft_and_ends_as_timeout(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [{"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+             {"delay_s": 300}, bash_turn(1), finish_turn()]
+    env = {"TASUKI__AGENT__SOFT_TIME_LIMIT_S": "12", "TASUKI__AGENT__TIME_LIMIT_S": "120"}
+    with forge_stack(tmp_path, redis_url, turns, env) as (stack, server, forge):
+        uuid, state = run_issue(stack, forge, timeout_s=60)
+        server.model.stop()  # release the held answer so the server can stop
+
+    assert state["status"] == "timeout", state["error"]
+    assert state["reason"] == "time"
+    assert state["error"] == "soft time limit reached"
+    assert state["llm_call_count"] == 1
+    assert_a_draft(forge, "github", uuid, state, "ran past its time limit of 12 s (agent.soft_time_limit_s)")
+
+
+def test_a_task_whose_model_stays_down_delivers_a_draft(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [{"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+             {"fail": 503, "times": 1000}, bash_turn(1), finish_turn()]
+    env = {"TASUKI__LLM__RETRY_FOR_S": "1", "TASUKI__LLM__BACKOFF_BASE_S": "0.05"}
+    with forge_stack(tmp_path, redis_url, turns, env) as (stack, server, forge):
+        uuid, state = run_issue(stack, forge)
+        refused = [r for r in agent_requests(server.requests) if r["turn"] == 1]
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "model"
+    assert "HTTP 503" in state["error"]
+    assert len(refused) > 1  # retried, then given up
+    assert {r["status"] for r in refused} == {503}
+    assert state["llm_call_count"] == 1
+    assert_a_draft(forge, "github", uuid, state, "model stayed unavailable (")
+
+
+def test_a_forge_task_stopped_without_a_change_opens_nothing_and_leaves_no_branch(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [bash_turn(step) for step in range(4)]
+    with forge_stack(tmp_path, redis_url, turns, {"TASUKI__AGENT__MAX_STEPS": "2"}) as (stack, _, forge):
+        _uuid, state = run_issue(stack, forge)
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "steps"
+    assert not forge.changes
+    assert heads(forge.git_root / "octo" / "calc.git") == {"main"}
+    issue = forge.item("octo", "calc", 1)
+    assert issue.labels == [LABELS.failed]
+    assert issue.comments[-1].body.startswith("**Tasuki stopped: failed.**\n\nstep limit of 2 reached without finish")

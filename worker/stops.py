@@ -22,6 +22,13 @@ from worker.settings_models import Settings
 LAST_WORDS_MAX_CHARS = 2000
 LAST_WORDS_SCAN = 200  # the newest records looked through for the agent's last text (tool results come between)
 TIME_ERROR = "soft time limit reached"
+SUBJECTS = {
+    "steps": "stopped at its step limit",
+    "time": "stopped at its time limit",
+    "budget": "stopped at its budget",
+    "model": "stopped by its model",
+}
+"""The unfinished commit's subject, by reason."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ def stop_of(exc: BaseException, settings: Settings) -> Stop | None:
         steps = settings.agent.max_steps
         why = f"it used all of its {steps} steps (agent.max_steps) without finishing"
         return Stop("steps", "failed", str(exc), why)
-    if isinstance(exc, SoftTimeLimitExceeded):
+    if timed_out(exc):
         limit = settings.agent.soft_time_limit_s
         return Stop("time", "timeout", TIME_ERROR, f"it ran past its time limit of {limit} s (agent.soft_time_limit_s)")
     if isinstance(exc, BudgetExceeded):
@@ -56,6 +63,19 @@ def stop_of(exc: BaseException, settings: Settings) -> Stop | None:
         return Stop("model", "failed", mask(str(exc)),
                     f"its prompt did not fit the model's context window even once shrunk ({mask(str(exc))})")
     return None
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether the soft time limit ended the task: ``exc`` itself, or what it was raised from or while handling (a
+    client that wraps whatever interrupted its request, as the ``openai`` one does)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, SoftTimeLimitExceeded):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def last_words(ctx: Context) -> str:
@@ -72,9 +92,7 @@ def last_words(ctx: Context) -> str:
 
 def commit_message(stop: Stop, words: str) -> str:
     """The commit of the unfinished work: says it is unfinished and why, then the agent's last words."""
-    subject = f"tasuki: unfinished, stopped at its {stop.reason} limit"
-    if stop.reason == "model":
-        subject = "tasuki: unfinished, its model stopped answering"
+    subject = f"tasuki: unfinished, {SUBJECTS.get(stop.reason, 'stopped before it finished')}"
     return "\n\n".join(part for part in (subject, f"The task stopped before it finished: {stop.why}.", words) if part)
 
 
