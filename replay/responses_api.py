@@ -7,11 +7,13 @@ delays and gates apply unchanged, and the answer comes back as a ``response`` ob
 It refuses what the real API refuses with ``store: false``, in OpenAI's error shape, so a provider that gets the
 protocol wrong fails here as it would there:
 
-- every answer of a reasoning model (any but ``gpt-4*``/``gpt-3.5*``, unless ``reasoning.effort`` is ``none``)
-  opens with a **reasoning item** whose ``encrypted_content`` this server sealed (an HMAC of the
+- every answer of a reasoning model (any but ``gpt-4*`` and ``gpt-3.5*``, unless ``reasoning.effort`` is
+  ``none``) opens with a **reasoning item** whose ``encrypted_content`` this server sealed (an HMAC of the
   conversation, the turn and the item id); a later request must send back, before each function call of that
-  answer, the reasoning item it came with, untouched (a dropped or altered item is a 400, as OpenAI answers
-  "...was provided without its required 'reasoning' item" or "...could not be verified");
+  answer, the reasoning item it came with, untouched (a dropped or altered item is a 400, in OpenAI's words
+  "...was provided without its required 'reasoning' item" or "...could not be verified"). Stricter than the
+  API, which links a call to its reasoning only through the call's item id (``fc_...``), which a client need
+  not send: a provider that loses reasoning fails here even where OpenAI would quietly reason again;
 - a reasoning item needs its ``encrypted_content`` (nothing is stored to look its id up) and an item after it;
 - a ``function_call_output`` answers a ``function_call`` earlier in the input by ``call_id``, and every function
   call has its output;

@@ -343,12 +343,6 @@ def test_a_whole_task_runs_on_an_openai_responses_profile(
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent records neither Reply.reasoning nor thinking in messages.jsonl (worker/agent.py query), and "
-    "contexts.prompt's PROMPT_FIELDS drops them from the prompt: step 1 sends turn 0's function call without "
-    "its reasoning item, which the Responses API (and the fake) refuses with a 400",
-)
 def test_a_whole_task_with_reasoning_sends_every_reasoning_item_back(
     tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:

@@ -166,6 +166,8 @@ def error_detail(exc: openai.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
+    if isinstance(body, str) and body:
+        return body  # {"error": "text"}, as LM Studio and some gateways answer
     return exc.message
 
 
