@@ -85,19 +85,20 @@ def test_a_task_on_an_anthropic_profile_completes_reading_each_step_from_the_cac
     assert [r["usage"]["cached_tokens"] for r in replies] == reads
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent records neither Reply.reasoning nor thinking in messages.jsonl, and contexts.prompt's "
-    "PROMPT_FIELDS drops them from the prompt: step 2 has no signed thinking to send back, so the provider turns "
-    "thinking off for the rest of the tool loop (the fake would refuse the request otherwise)",
-)
 def test_a_task_with_extended_thinking_keeps_it_on_every_step(
     tmp_path: Path, make_settings: Callable[..., Settings]
 ) -> None:
-    outcome, _, requests = run_on_claude(tmp_path, make_settings, {"context_length": 200_000, "thinking_tokens": 2048})
+    profile = {"context_length": 200_000, "thinking_tokens": 2048}
+    outcome, directory, requests = run_on_claude(tmp_path, make_settings, profile)
 
     assert outcome["status"] == "completed", outcome
-    assert all(r["status"] == 200 for r in requests)
+    assert all(r["status"] == 200 for r in requests)  # the fake refuses a turn whose signed thinking was dropped
     assert [r["body"].get("thinking") for r in requests] == [{"type": "enabled", "budget_tokens": 2048}] * 5
-    for body in (r["body"] for r in requests[1:]):
-        assert body["messages"][-2]["content"][0]["type"] == "thinking"
+    replies = [r for r in read_jsonl_lines(directory / "messages.jsonl") if r["role"] == "assistant"]
+    assert all(r["thinking"].startswith(f"Turn {n}:") for n, r in enumerate(replies))
+    for n, body in enumerate(r["body"] for r in requests[1:]):
+        # each step's newest assistant turn starts with the blocks its reply carried, as recorded
+        assert body["messages"][-2]["content"][:1] == replies[n]["reasoning"]["items"]
+    # the thinking settings stay the same, so every step still reads the one before it
+    reads = [r["usage"]["cache_read_input_tokens"] for r in requests]
+    assert reads == [0, *[r["prompt_tokens"] for r in requests[:-1]]]
