@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from contexts.clock import iso
 from contexts.errors import ContextError
+from contexts.requests import SentRequest
 from contexts.tokens import estimate_tokens
 
 Stage = Literal["ok", "warn", "compress", "emergency"]
@@ -20,6 +21,8 @@ class Summarized:
 
     text: str
     facts: Mapping[str, Any] = field(default_factory=dict)
+    request: SentRequest | None = None
+    """The summary's request, recorded in ``requests.jsonl`` (kind ``summary``) whether or not the summary is kept."""
 
 
 Summarizer = Callable[[str | None, list[dict[str, Any]]], "str | Summarized"]

@@ -26,11 +26,13 @@ from contexts.names import (
     FINAL_STATUSES,
     MESSAGES_FILE,
     METADATA_FILE,
+    REQUESTS_FILE,
     SUMMARIES_FILE,
     TOOLS_FILE,
 )
 from contexts.overlap import meanwhile
 from contexts.prompt import build_prompt
+from contexts.requests import RequestLog, SentRequest
 from contexts.state import read_state, update_state
 from contexts.tokens import calibrate, estimate_message_tokens
 from contexts.usage import Usage, usage_from_record
@@ -64,6 +66,7 @@ class Context:
         self._messages = jsonl.JsonlWriter(home / MESSAGES_FILE, fsync=store.fsync)
         self._summaries = jsonl.JsonlWriter(home / SUMMARIES_FILE, id_field="summary_id", fsync=store.fsync)
         self._tools = jsonl.JsonlWriter(home / TOOLS_FILE, fsync=store.fsync)
+        self._requests = RequestLog(store.fsync)  # requests.jsonl, opened by the first record
         self._write_guard = threading.Lock()
         self.pinned: list[dict[str, Any]] = []
         self._pinned_complete = False
@@ -268,6 +271,20 @@ class Context:
             self._durable.record(TOOLS_FILE, seq, self._tools.last_line)
             return seq
 
+    def record_request(self, sent: SentRequest) -> int:
+        """Mask, delta-code and append one model call's request to ``requests.jsonl``; returns its ``request_id``."""
+        with self._write_guard:
+            self._check()
+            request_id = self._requests.append(self.home, sent, self.store.clock())
+            self._durable.record(REQUESTS_FILE, request_id, self._requests.last_line)
+            return request_id
+
+    @property
+    def next_step(self) -> int:
+        """The number of the model call a step asks next (1 for the first): the calls ``state.json`` counted, plus
+        one."""
+        return int(self.read_state().get("llm_call_count", 0)) + 1
+
     def step_done(self, *, write_state: bool = True, **fields: Any) -> None:
         """End of an agent step: fsync the JSONL files under the ``step`` policy, then write the step's staged
         state changes, and ``fields``, in one ``state.json`` write (``write_state=False``: leave them staged for
@@ -289,6 +306,7 @@ class Context:
     def _sync_lines(self) -> None:
         for writer in (self._messages, self._tools, self._summaries):
             writer.sync()
+        self._requests.sync()
 
     def messages(self) -> list[dict[str, Any]]:
         """Every message record, oldest first (reads the whole file: for viewers and tests)."""
@@ -434,6 +452,8 @@ class Context:
             return None
         previous = self.latest_summary
         made = summarizer(previous["summary"] if previous else None, span)
+        if isinstance(made, compression.Summarized) and made.request is not None:
+            self.record_request(made.request)  # sent and paid for, kept or not
         text, facts = (made.text, dict(made.facts)) if isinstance(made, compression.Summarized) else (made, {})
         record = {
             **compression.make_summary_record(span=span, previous=previous, text=mask(text), now=self.store.clock()),
@@ -526,6 +546,7 @@ class Context:
         with self._write_guard:
             for writer in (self._messages, self._tools, self._summaries):
                 writer.close()
+            self._requests.close()
             if not keep_home:
                 self._lock.close()
             self.closed = True

@@ -12,10 +12,13 @@ STATE_FILE = "state.json"
 MESSAGES_FILE = "messages.jsonl"
 SUMMARIES_FILE = "summaries.jsonl"
 TOOLS_FILE = "tools.jsonl"
+REQUESTS_FILE = "requests.jsonl"  # each model call's request, delta-coded and compressed (contexts/requests.py)
 LOCK_FILE = ".lock"
 STATE_LOCK_FILE = ".state.lock"
 
-JSONL_FILES = (MESSAGES_FILE, SUMMARIES_FILE, TOOLS_FILE)
+JSONL_FILES = (MESSAGES_FILE, SUMMARIES_FILE, TOOLS_FILE)  # made with the context
+OPTIONAL_JSONL_FILES = (REQUESTS_FILE,)  # made by the first record: a context that made no model call has none
+RECORD_FILES = JSONL_FILES + OPTIONAL_JSONL_FILES  # every JSONL file a copy, an archive or a rebuild carries
 GZIP_SUFFIX = ".gz"
 
 DIR_MODE = 0o700

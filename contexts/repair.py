@@ -27,7 +27,7 @@ from contexts.durable import NO_WRITER, DurableWriter
 from contexts.errors import ContextCompletedError, ContextError, ContextNotFoundError, LockHeldError
 from contexts.filelocks import file_lock
 from contexts.lock import MUTEX_TIMEOUT_S, LockInfo, holder_alive, is_stale, lock_mutex_path, read_lock
-from contexts.names import FINAL_STATUSES, GZIP_SUFFIX, JSONL_FILES, LOCK_FILE, MUTEX_DIR, STAGING_DIR
+from contexts.names import FINAL_STATUSES, GZIP_SUFFIX, LOCK_FILE, MUTEX_DIR, RECORD_FILES, STAGING_DIR
 from contexts.state import read_state, update_state
 from contexts.store import ContextStore
 
@@ -163,7 +163,7 @@ def drop_running_copy(store: ContextStore, uuid: str, now: datetime) -> str:
         lock = read_lock(running / LOCK_FILE)
         if lock is not None and holder_is_live(lock, store, now):
             raise RepairSkipped(f"{uuid}: the running copy is held by a live holder ({lock.worker})")
-        newer = [name for name in JSONL_FILES if not _is_prefix(running / name, completed, name)]
+        newer = [name for name in RECORD_FILES if not _is_prefix(running / name, completed, name)]
         if newer:
             raise RepairSkipped(
                 f"{uuid}: conflict, the running copy has records the completed one lacks ({', '.join(newer)}); "

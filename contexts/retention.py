@@ -28,7 +28,7 @@ import structlog
 from contexts.atomic import fsync_dir
 from contexts.clock import parse_iso
 from contexts.errors import StoreUnavailable
-from contexts.names import FILE_MODE, GZIP_SUFFIX, JSONL_FILES, MUTEX_DIR
+from contexts.names import FILE_MODE, GZIP_SUFFIX, JSONL_FILES, MUTEX_DIR, RECORD_FILES
 from contexts.state import read_state
 from contexts.store import ContextStore
 
@@ -85,8 +85,8 @@ def completed_inventory(store: ContextStore) -> list[tuple[str, datetime, bool]]
 
 
 def gzip_context(directory: Path) -> None:
-    """Compress the context's JSONL files in place."""
-    for name in JSONL_FILES:
+    """Compress the context's JSONL files in place (``requests.jsonl`` too, where the context has one)."""
+    for name in RECORD_FILES:
         source = directory / name
         if not source.exists():
             continue

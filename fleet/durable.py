@@ -25,7 +25,7 @@ from contexts.atomic import fsync_dir, write_json_atomic
 from contexts.clock import parse_iso
 from contexts.durable import Amendment, Committed
 from contexts.errors import ContextCompletedError, ContextExistsError, ContextNotFoundError, FencedError, LockHeldError
-from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, STATE_FILE
+from contexts.names import DIR_MODE, FILE_MODE, FINAL_STATUSES, JSONL_FILES, METADATA_FILE, RECORD_FILES, STATE_FILE
 from fleet import lease
 from fleet.errors import FleetUnavailable
 from fleet.lease import Conn
@@ -395,7 +395,7 @@ class PostgresCopy:
             if row is None:
                 raise ContextNotFoundError(f"no context {uuid} in the fleet's store")
             metadata, state = row
-            lines: dict[str, list[str]] = {name: [] for name in JSONL_FILES}
+            lines: dict[str, list[str]] = {name: [] for name in RECORD_FILES}
             for file, line in conn.execute(
                 "SELECT file, line::text FROM tasuki_records WHERE uuid = %s ORDER BY file, id", (uuid,)
             ):
@@ -404,7 +404,8 @@ class PostgresCopy:
         write_json_atomic(directory / METADATA_FILE, metadata)
         write_json_atomic(directory / STATE_FILE, state)
         for name, text in lines.items():
-            _write_lines(directory / name, text)
+            if text or name in JSONL_FILES:  # requests.jsonl only where the context recorded a request
+                _write_lines(directory / name, text)
         fsync_dir(directory)
 
 

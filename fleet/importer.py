@@ -18,7 +18,7 @@ from contexts import jsonl
 from contexts.atomic import open_no_follow, read_json
 from contexts.errors import CorruptRecordError, TasukiError
 from contexts.index_schema import row_of
-from contexts.names import COMPLETED_DIR, GZIP_SUFFIX, JSONL_FILES, METADATA_FILE, RUNNING_DIR
+from contexts.names import COMPLETED_DIR, GZIP_SUFFIX, METADATA_FILE, RECORD_FILES, RUNNING_DIR
 from contexts.state import read_state
 from contexts.summary import context_uuids, summarize
 from fleet.index import UPSERT, pg_row
@@ -26,7 +26,9 @@ from fleet.lease import Conn
 from fleet.store import FleetStore
 from memory.store import MemoryStore
 
-ID_FIELDS = {"messages.jsonl": "seq", "tools.jsonl": "seq", "summaries.jsonl": "summary_id"}
+ID_FIELDS = {
+    "messages.jsonl": "seq", "tools.jsonl": "seq", "summaries.jsonl": "summary_id", "requests.jsonl": "request_id"
+}
 EVERY = 2**31  # an episode list with no end
 
 _CONTEXT = """
@@ -68,11 +70,12 @@ def raw_lines(path: Path) -> list[str]:
 
 
 def _lines(directory: Path) -> tuple[list[str], list[int], list[str]]:
-    """Every complete line of the context's three JSONL files, each with its own id, its text byte for byte."""
+    """Every complete line of the context's JSONL files (``requests.jsonl`` where it has one), each with its own id,
+    its text byte for byte."""
     files: list[str] = []
     ids: list[int] = []
     lines: list[str] = []
-    for name in JSONL_FILES:
+    for name in RECORD_FILES:
         for line in raw_lines(directory / name):
             files.append(name)
             ids.append(int(json.loads(line)[ID_FIELDS[name]]))

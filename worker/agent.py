@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -25,11 +25,13 @@ from sandbox.settings import SandboxLimits
 from worker.checkout import Checkout
 from worker.fencing import owner_check
 from worker.llm import Provider, Reply, ToolCall
-from worker.llm.base import parse_arguments
+from worker.llm.base import ContextOverflow, parse_arguments
+from worker.llm.textcalls import text_calls
 from worker.lost_steps import lost_steps
 from worker.metering import Meter, usage_of
 from worker.prompts import NUDGE
-from worker.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
+from worker.recorded import sent_request
+from worker.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
 from worker.tools.shell import stop_leftover
 
 log = structlog.get_logger(__name__)
@@ -37,6 +39,8 @@ log = structlog.get_logger(__name__)
 TOOLS_TOKENS = estimate_tokens(json.dumps(TOOL_SCHEMAS))
 FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the prompt gets far less
 COMPRESSION_RETRY_STEPS = 3
+OVERFLOW_RETRIES = 3  # sends of a step's prompt after the model refused it as too long, each one smaller
+OVERFLOW_SHRINK = 0.75  # the emergency budget after a refusal: this share of the prompt the model refused
 MUTATING_TOOLS = frozenset({"bash", "write_file", "edit_file"})
 LOST_STEPS = (
     "note: the worker running attempt {attempt} stopped before the checkout as step {last} left it reached the "
@@ -66,6 +70,10 @@ class StepLimit(TasukiError):
     """The task used all of its steps without finishing."""
 
 
+class FormatErrors(TasukiError):
+    """The model answered ``max_format_errors`` times in a row without a tool call Tasuki could run."""
+
+
 class BudgetExceeded(TasukiError):
     """The task reached ``limits.task_tokens`` or ``limits.task_cost``; the message carries the figures."""
 
@@ -79,6 +87,7 @@ class AgentLimits:
     tool_output_max_chars: int
     bash_timeout_s: int
     response_reserve_tokens: int = 1024
+    max_format_errors: int = 3  # replies in a row without a usable tool call before the task fails
 
     @property
     def reserve_tokens(self) -> int:
@@ -119,6 +128,7 @@ class Agent:
         self.compressor = compressor
         self.should_stop = should_stop or (lambda: False)
         self._skip_compression_until = 0
+        self._window: int | None = None  # the prompt budget a model that refused a prompt as too long showed it has
         self._restore_told = False
         self.touched = False  # whether this attempt ran anything that can change the checkout
         self.owner_check = owner_check(ctx.assert_owner)
@@ -150,10 +160,11 @@ class Agent:
             if over is not None:  # checked before every call: the step that reached the cap was the last
                 raise BudgetExceeded(over)
             self.maybe_compress(int(state.get("llm_call_count", 0)))
-            reply = self.query()
-            calls = reply.tool_calls
+            calls = self.query().tool_calls
             if not calls:
-                self.ctx.append_message("user", NUDGE)
+                self.format_error(int(state.get("format_errors", 0)) + 1)
+            elif state.get("format_errors"):
+                self.ctx.stage_state(format_errors=0)
         self.touched = self.touched or any(c.name in MUTATING_TOOLS for c in calls)
         summary = self.execute(calls)
         # The finishing step's state rides with the context's completing write (a crash before it: the resume
@@ -167,6 +178,14 @@ class Agent:
             self.ctx.stage_state(last_activity="checkpoint", checkpoint=self.checkout.lease.latest)
         if summary is not None:
             raise Finished(summary)
+
+    def format_error(self, count: int) -> None:
+        """The ``count``-th reply in a row without a usable call: the model is nudged, or, at the cap, the task
+        ends (a model that never writes a call would otherwise spend every step on nudges)."""
+        self.ctx.stage_state(format_errors=count)  # in state.json: a resumed task goes on counting
+        if count >= self.limits.max_format_errors:
+            raise FormatErrors(f"the model answered {count} times in a row without a tool call Tasuki could run")
+        self.ctx.append_message("user", NUDGE)
 
     def unanswered(self) -> list[ToolCall] | None:
         """Tool calls of the newest reply that have no result on disk yet (``None``: ask the model).
@@ -260,7 +279,7 @@ class Agent:
         tokens = int(self.ctx.unsummarized_tokens * self.ctx.token_factor)
         # Thresholds apply to the room messages really have: the tool schemas and the answer's reserve
         # are sent with every request, and with a small context_length they are a large share of it.
-        budget = self.limits.context_length - self.limits.reserve_tokens
+        budget = self.limits.context_length - self._reserve()  # less once the model showed a smaller window
         stage = self.policy.stage(tokens, budget)
         if stage == "warn":
             log.info("context filling up", tokens=tokens, budget=budget)
@@ -277,28 +296,88 @@ class Agent:
         finally:
             self.ctx.update_state(status="processing")
 
+    def ask(self) -> tuple[Reply, list[dict[str, Any]], int]:
+        """Send the step's prompt; the reply, the prompt it answers and that prompt's estimated tokens.
+
+        A prompt the model refuses as too long for its window (:class:`ContextOverflow`) is made smaller and sent
+        again: the history is compressed at once, whatever the threshold says; when that cannot shrink it (no
+        compressor, too few messages, a summary that failed) the prompt builder's emergency rule cuts it to a
+        smaller budget, kept for the rest of the task. After :data:`OVERFLOW_RETRIES` more refusals the task stops
+        (``reason: model``). Nothing is written nor counted for a refused request: the step is the reply's.
+        """
+        compressed = False
+        for refused in range(OVERFLOW_RETRIES + 1):
+            prompt = self.ctx.build_prompt(self.limits.context_length, self._reserve())
+            estimated = TOOLS_TOKENS + sum(
+                estimate_message_tokens(m.get("content"), m.get("tool_calls")) for m in prompt
+            )
+            self.ctx.stage_state(
+                status="processing", last_activity="llm_call",
+                current_context_tokens=int(estimated * self.ctx.token_factor),
+            )
+            self.owner_check()  # a fenced holder never asks: the answer would go to a context it may not write
+            try:
+                return self.provider.chat(prompt, TOOL_SCHEMAS, cache_key=self.ctx.uuid), prompt, estimated
+            except ContextOverflow as exc:
+                if refused == OVERFLOW_RETRIES:
+                    raise ContextOverflow(
+                        f"the prompt did not fit the model's window after {refused} tries to shrink it: {exc}",
+                        exc.status,
+                    ) from exc
+                sent = int((estimated - TOOLS_TOKENS) * self.ctx.token_factor)
+                log.warning("the model refused the prompt as too long for its window", tokens=sent, tries=refused + 1)
+                if not compressed:
+                    compressed = True
+                    if self.compress_now():
+                        continue
+                self._window = int(min(self.limits.context_length - self._reserve(), sent) * OVERFLOW_SHRINK)
+                log.info("prompt cut to a smaller budget by the emergency rule", budget=self._window)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _reserve(self) -> int:
+        """The room ``build_prompt`` keeps free: the tool schemas and the answer's, and what a model that refused a
+        prompt as too long showed its window to lack (:meth:`ask`)."""
+        if self._window is None:
+            return self.limits.reserve_tokens
+        return max(self.limits.reserve_tokens, self.limits.context_length - self._window)
+
+    def compress_now(self) -> bool:
+        """Compress the history now, below the threshold too (the model refused the prompt as too long); whether
+        the history in the prompt got smaller."""
+        if self.compressor is None:
+            return False
+        before = (self.ctx.unsummarized_tokens, self.ctx.unsummarized_count)
+        self.ctx.update_state(status="compressing", last_activity="compression")
+        try:
+            self.compressor(self.ctx)
+        except TasukiError as exc:  # the emergency rule shrinks the prompt instead
+            log.warning("compression after a refused prompt failed", error=str(exc)[:300])
+            return False
+        finally:
+            self.ctx.update_state(status="processing")
+        return (self.ctx.unsummarized_tokens, self.ctx.unsummarized_count) < before
+
     def query(self) -> Reply:
         """Ask the model; its reply is written before anything it asks for runs."""
-        prompt = self.ctx.build_prompt(self.limits.context_length, self.limits.reserve_tokens)
-        estimated = TOOLS_TOKENS + sum(
-            estimate_message_tokens(m.get("content"), m.get("tool_calls")) for m in prompt
-        )
-        self.ctx.stage_state(
-            status="processing", last_activity="llm_call", current_context_tokens=int(estimated * self.ctx.token_factor)
-        )
-        self.owner_check()  # a fenced holder never asks: the answer would go to a context it may not write
-        reply = self.provider.chat(prompt, TOOL_SCHEMAS, cache_key=self.ctx.uuid)
+        step = self.ctx.next_step
+        reply, prompt, estimated = self.ask()
+        written = [] if reply.tool_calls else text_calls(reply.content or "", TOOLS, seed=self.ctx.last_seq + 1)
+        if written:  # calls written in the text (small local models): run like native ones, the text kept as it came
+            reply = replace(reply, tool_calls=written)
         message = reply.to_message()
         usage = usage_of(reply, "agent", estimated)
         priced = self.meter.priced(usage) if self.meter is not None else (usage, None)
         extra: dict[str, Any] = {k: message[k] for k in ("tool_calls", "thinking", "reasoning") if k in message}
-        self.ctx.append_message("assistant", message["content"], usage=call_record(*priced), **extra)
+        if written:
+            extra["tool_calls_from"] = "text"
+        seq = self.ctx.append_message("assistant", message["content"], usage=call_record(*priced), **extra)
         self.ctx.stage_state(  # right after its record: a resume recounts calls whose state write a crash lost
             add={"llm_call_count": 1},
             usage=priced,
             current_context_tokens=int(reply.prompt_tokens or estimated),
             last_activity="llm_reply",
         )
+        self.ctx.record_request(sent_request(self.provider, step, "agent", prompt, TOOL_SCHEMAS, reply, seq))
         if self.meter is not None:
             self.meter.count(usage)
         if reply.prompt_tokens:

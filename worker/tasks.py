@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import timedelta
 from itertools import takewhile
 from typing import Any, cast
@@ -22,6 +22,7 @@ from contexts.atomic import read_json
 from contexts.compression import Summarized
 from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
+from contexts.requests import SentRequest
 from contexts.usage import Usage, repo_of
 from worker import bookkeeping, compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
 from worker.celery import app
@@ -38,10 +39,13 @@ from worker.names import (
     RUN_TASK,
     STATS_KEY,
 )
+from worker.profiles import PROFILE_KEY, choose_profile, previous_profile
 from worker.prompts import summarizer_messages
+from worker.recorded import request_as_json, request_from_json, sent_request
 from worker.remembering import first_prompt_memory, task_recall
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
-from worker.runtime import CLOCK, context_store, provider_for, redis_client, settings, unindex
+from worker.runtime import CLOCK, context_store, llm_config, provider_for, redis_client, settings, unindex
+from worker.settings_models import Settings
 from worker.submit import send_run_task
 from worker.user_config import resolve_llm_config
 
@@ -74,7 +78,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
     try:
         s = settings()
         parsed = TaskRequest.from_json(request)
-        config = {**resolve_llm_config(s, redis_client(), parsed.user), **parsed.config}
+        config = task_config(s, parsed)
         reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
         on_finish = lambda u, status: task_ended(u, parsed.task_key, status, request)  # noqa: E731 - passed twice
         try:
@@ -82,7 +86,7 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
             result = cannot_start(uuid, reporter or LocalReporter(parsed), on_finish, s.contexts.base_dir, exc)
             raise TaskEnded(mask(f"failed: {result['error']}")) from None
-        meter = Meter(s, repo_of(parsed.task_key), redis_client)
+        meter = Meter(s, repo_of(parsed.task_key), redis_client, profile=str(config.get(PROFILE_KEY) or ""))
         try:
             result = TaskRun(
                 uuid=uuid,
@@ -131,6 +135,17 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         structlog.contextvars.unbind_contextvars("uuid")
 
 
+def task_config(s: Settings, request: TaskRequest) -> dict[str, Any]:
+    """The LLM config a new task records in ``metadata.json.config``: its model profile (the request's, the task it
+    follows, its repository's, else the default: :mod:`worker.profiles`), with the per-user settings on top, then
+    whatever else the request's ``config`` sets."""
+    named = request.config.get(PROFILE_KEY)
+    previous = None if named else previous_profile(lambda: context_store(s), request.followup.get("previous"))
+    profile = choose_profile(s, named, previous, request.task_key)
+    extra = {key: value for key, value in request.config.items() if key != PROFILE_KEY}
+    return {**resolve_llm_config(s, redis_client(), request.user, profile=profile), **extra}
+
+
 def count_environment(report: EnvironmentReport) -> None:
     """The task's environment is ready: counted for ``/metrics`` (a Redis that does not answer loses the count)."""
     try:
@@ -175,11 +190,12 @@ def compress_context(self: Task, uuid: str, start_seq: int, end_seq: int) -> dic
         span = list(takewhile(lambda r: int(r["seq"]) <= end_seq, jsonl.iter_from_id(directory / MESSAGES_FILE,
                                                                                      start_seq)))
         previous = jsonl.last_record(directory / SUMMARIES_FILE)
-        config = jsonl_metadata_config(directory)
-        text, usage = summarize(provider_for(config), previous["summary"] if previous else None, span)
+        config = summary_config(settings(), jsonl_metadata_config(directory))
+        text, usage, sent = summarize(provider_for(config), previous["summary"] if previous else None, span,
+                                      str(config.get(PROFILE_KEY) or ""))
         run_ms = int((time.monotonic() - started) * 1000)
         return {"summary": text, "start_seq": start_seq, "end_seq": end_seq, "started_at": started_at, "run_ms": run_ms,
-                "usage": asdict(usage)}
+                "usage": asdict(usage), "request": request_as_json(sent)}
     finally:
         structlog.contextvars.unbind_contextvars("uuid")
 
@@ -211,12 +227,25 @@ def jsonl_metadata_config(directory: Any) -> dict[str, Any]:
     return config
 
 
-def summarize(provider: Provider, previous_summary: str | None, span: list[dict[str, Any]]) -> tuple[str, Usage]:
-    """One stateless summarization request (the prompt never enters the task's own messages), and its usage."""
-    reply = provider.chat(summarizer_messages(previous_summary, span), None)
+def summary_config(s: Settings, config: dict[str, Any]) -> dict[str, Any]:
+    """The LLM config summaries of a task whose config is ``config`` are written with: ``llm.summarizer``'s profile
+    when one is set (a cheaper model), else the task's own."""
+    if s.llm.summarizer is None or s.llm.summarizer == config.get(PROFILE_KEY):
+        return config
+    return llm_config(s, s.llm.summarizer)
+
+
+def summarize(
+    provider: Provider, previous_summary: str | None, span: list[dict[str, Any]], profile: str = ""
+) -> tuple[str, Usage, SentRequest]:
+    """One stateless summarization request (the prompt never enters the task's own messages), its usage (under the
+    model profile ``profile``), and the request for ``requests.jsonl`` (its step left 0: the holder numbers it)."""
+    messages = summarizer_messages(previous_summary, span)
+    reply = provider.chat(messages, None)
     if not reply.content or not reply.content.strip():
         raise CompressionError("the model returned an empty summary")
-    return reply.content, usage_of(reply, "summary")
+    sent = sent_request(provider, 0, "summary", messages, None, reply)
+    return reply.content, usage_of(reply, "summary", profile=profile), sent
 
 
 def compress_through_queue(ctx: Context) -> None:
@@ -224,15 +253,18 @@ def compress_through_queue(ctx: Context) -> None:
     takes the job in time (a single busy worker must never wait on itself)."""
     s = settings()
     policy = s.compression.policy()
-    meter = Meter(s, repo_of(ctx.metadata["task_key"]), redis_client)
+    meter = Meter(s, repo_of(ctx.metadata["task_key"]), redis_client,
+                  profile=str(ctx.metadata["config"].get(PROFILE_KEY) or ""))
     used: list[Usage] = []  # the summary request's usage, recorded once its summary is on disk
 
     def inline(previous: str | None, span: list[dict[str, Any]], waited_ms: int) -> Summarized:
         started = time.monotonic()
-        text, usage = summarize(provider_for(ctx.metadata["config"]), previous, span)
+        config = summary_config(s, ctx.metadata["config"])
+        text, usage, sent = summarize(provider_for(config), previous, span, str(config.get(PROFILE_KEY) or ""))
         used.append(usage)
         return Summarized(text, {"via": "inline", "queue_wait_ms": waited_ms, "usage": meter.figures(usage),
-                                 "run_ms": int((time.monotonic() - started) * 1000)})
+                                 "run_ms": int((time.monotonic() - started) * 1000)},
+                          request=replace(sent, step=ctx.next_step))
 
     def summarizer(previous: str | None, span: list[dict[str, Any]]) -> Summarized:
         if not compressor_alive():
@@ -251,7 +283,7 @@ def compress_through_queue(ctx: Context) -> None:
         if isinstance(done.get("usage"), dict):  # a worker of an earlier version during a rolling upgrade sends none
             used.append(Usage(**done["usage"]))
             facts["usage"] = meter.figures(used[-1])
-        return Summarized(str(done["summary"]), facts)
+        return Summarized(str(done["summary"]), facts, request=request_from_json(done.get("request"), ctx.next_step))
 
     try:
         summary = ctx.compress(summarizer, policy, summary_span_budget(ctx))
@@ -284,9 +316,9 @@ def compressor_alive() -> bool:
 
 
 def summary_span_budget(ctx: Context) -> int:
-    """Tokens of messages one summarization request may carry: the window, less the instructions, the
+    """Tokens of messages one summarization request may carry: the summarizer's window, less the instructions, the
     previous summary and room for the answer, in stored (uncalibrated) estimates."""
-    context_length = int(ctx.metadata["config"]["context_length"])
+    context_length = int(summary_config(settings(), ctx.metadata["config"])["context_length"])
     previous = int(ctx.latest_summary.get("summary_tokens", 0)) if ctx.latest_summary else 0
     room = context_length - SUMMARIZER_OVERHEAD_TOKENS - previous
     return max(int(room * SPAN_SHARE / max(ctx.token_factor, 0.25)), 1)
