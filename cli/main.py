@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, fleet, github, memory, outcomes, reading, usage
+from cli import commands, context_requests, fleet, github, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -77,6 +77,12 @@ COMMANDS: list[Command] = [
         "one context: header, statistics, messages, summaries",
         reading.cmd_context_show,
         reading.show_arguments,
+    ),
+    Command(
+        ("context", "request"),
+        "the request one step sent to its model; --send PROFILE asks another model with it",
+        context_requests.cmd_context_request,
+        context_requests.request_arguments,
     ),
     Command(
         ("fleet", "import"),
