@@ -16,6 +16,7 @@ import pytest
 from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from worker.llm import ContextOverflow, LLMError, ModelSpec, Provider, Reply, RetryPolicy, registry
+from worker.llm.openai_provider import dialect_of, generation_options
 
 KEY = "sk-test-extras-0123456789SECRET"
 MODEL = "replay-model"
@@ -152,6 +153,30 @@ def test_openai_s_own_api_gets_the_cache_key_and_max_completion_tokens_and_never
         assert "max_tokens" not in body
         assert body["reasoning_effort"] == "high"
     assert "reasoning_content" not in bodies(server)[1]["messages"][2]  # OpenAI refuses unknown message fields
+
+
+@pytest.mark.parametrize(
+    ("base_url", "cache_key", "cap", "reasoning_content"),
+    [
+        (None, True, "max_completion_tokens", False),  # the client's default: OpenAI
+        ("https://api.openai.com/v1", True, "max_completion_tokens", False),
+        ("https://eu.api.openai.com/v1", True, "max_completion_tokens", False),
+        ("https://team.openai.azure.com/openai/v1", False, "max_completion_tokens", False),
+        ("https://api.deepseek.com/v1", False, "max_tokens", True),
+        ("https://api.groq.com/openai/v1", False, "max_tokens", True),  # not fooled by /openai in the path
+        ("http://localhost:8080/v1", False, "max_tokens", True),  # llama.cpp, vLLM, LM Studio
+        ("https://openai.com.evil.example/v1", False, "max_tokens", True),
+    ],
+)
+def test_the_dialect_follows_the_host(
+    base_url: str | None, cache_key: bool, cap: str, reasoning_content: bool
+) -> None:
+    dialect = dialect_of(base_url)
+    options = generation_options(ModelSpec("p", "openai", MODEL, 8192, base_url, max_output_tokens=100), dialect)
+
+    assert dialect.prompt_cache_key is cache_key
+    assert list(options) == [cap]
+    assert dialect.reasoning_content is reasoning_content
 
 
 def test_reasoning_content_is_kept_as_thinking_and_sent_back_with_its_tool_calls(server: ReplayServer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -65,18 +65,15 @@ class OpenAIProvider:
     ) -> Reply:
         """One chat completion, retried on rate limits, 5xx, timeouts and connection errors; a prompt too long
         for the window raises :class:`ContextOverflow` at once."""
-        official = is_openai_api(str(self._client.base_url))
+        dialect = dialect_of(str(self._client.base_url))
         request: dict[str, Any] = {
             "model": self.model,
-            "messages": to_openai_messages(messages, reasoning_content=not official),
+            "messages": to_openai_messages(messages, reasoning_content=dialect.reasoning_content),
         }
         if tools:
             request["tools"] = tools
-        request.update(generation_options(self.spec, official))
-        if cache_key and official:
-            # OpenAI routes requests with the same key to the same cache. Only its own API gets it: Groq, Cerebras,
-            # Mistral, NVIDIA NIM and Azure AI Foundry answer an unknown top-level field with a 400/422, and
-            # llama.cpp and vLLM, which would ignore it, keep a prompt cache by prefix without a key anyway.
+        request.update(generation_options(self.spec, dialect))
+        if cache_key and dialect.prompt_cache_key:
             request["prompt_cache_key"] = cache_key
         # The client's own POST: `chat.completions.create` would first walk the messages and the tool schemas
         # against the request's TypedDicts (about 1 ms of CPU per call, a third of a minimal task's model
@@ -98,27 +95,45 @@ class OpenAIProvider:
         return classify_openai_error(exc, self.base_url or "the OpenAI API", self._api_key)
 
 
-def is_openai_api(base_url: str | None) -> bool:
-    """Whether ``base_url`` is OpenAI's own API (None: the client's default, which is), not a compatible server:
-    only it takes ``prompt_cache_key`` and needs ``max_completion_tokens`` on every model."""
-    if not base_url:
-        return True
-    host = (urlsplit(base_url).hostname or "").lower()
-    return host == "openai.com" or host.endswith(".openai.com")
+@dataclass(frozen=True)
+class Dialect:
+    """What a Chat Completions server reads beyond the common core, told by its host."""
+
+    prompt_cache_key: bool
+    """OpenAI routes requests with the same key to the same cache. Groq, Cerebras, Mistral, NVIDIA NIM and Azure AI
+    Foundry answer the unknown field with a 400/422; llama.cpp and vLLM keep a prefix cache without a key."""
+    max_completion_tokens: bool
+    """OpenAI's reasoning models (Azure's too) refuse ``max_tokens``; DeepSeek and LM Studio read only it (llama.cpp
+    and vLLM read both)."""
+    reasoning_content: bool
+    """An assistant's thinking goes back as ``reasoning_content`` beside its tool calls: DeepSeek's thinking mode
+    refuses a tool turn without it, llama.cpp's and vLLM's templates read it; OpenAI and Azure refuse unknown
+    message fields."""
 
 
-def generation_options(spec: ModelSpec, official: bool) -> dict[str, Any]:
-    """The profile's sampling settings in Chat Completions' words.
+OPENAI = Dialect(prompt_cache_key=True, max_completion_tokens=True, reasoning_content=False)
+AZURE_OPENAI = Dialect(prompt_cache_key=False, max_completion_tokens=True, reasoning_content=False)
+COMPATIBLE = Dialect(prompt_cache_key=False, max_completion_tokens=False, reasoning_content=True)
 
-    The output cap is ``max_completion_tokens`` on OpenAI's API, which refuses ``max_tokens`` on its reasoning
-    models; compatible servers get ``max_tokens``, the one name all of them read (llama.cpp and vLLM read both,
-    DeepSeek and LM Studio only ``max_tokens``). ``reasoning_effort`` is sent as the profile names it (vLLM and
-    DeepSeek read it too)."""
+
+def dialect_of(base_url: str | None) -> Dialect:
+    """The dialect of the server at ``base_url`` (None: the client's default, OpenAI's own API)."""
+    host = (urlsplit(base_url).hostname or "").lower() if base_url else "api.openai.com"
+    if host == "openai.com" or host.endswith(".openai.com"):
+        return OPENAI
+    if host.endswith(".openai.azure.com"):
+        return AZURE_OPENAI
+    return COMPATIBLE
+
+
+def generation_options(spec: ModelSpec, dialect: Dialect) -> dict[str, Any]:
+    """The profile's sampling settings in the words ``dialect`` reads (``reasoning_effort`` as the profile names
+    it: vLLM and DeepSeek read it too)."""
     options: dict[str, Any] = {}
     if spec.temperature is not None:
         options["temperature"] = spec.temperature
     if spec.max_output_tokens is not None:
-        options["max_completion_tokens" if official else "max_tokens"] = spec.max_output_tokens
+        options["max_completion_tokens" if dialect.max_completion_tokens else "max_tokens"] = spec.max_output_tokens
     if spec.effort is not None:
         options["reasoning_effort"] = spec.effort
     return options
@@ -172,11 +187,8 @@ def error_detail(exc: openai.APIStatusError) -> str:
 
 
 def to_openai_messages(messages: list[Message], *, reasoning_content: bool = False) -> list[dict[str, Any]]:
-    """Our records as the API wants them: only API keys, string contents, JSON-string tool arguments.
-
-    ``reasoning_content``: an assistant message that called tools carries its thinking back as
-    ``reasoning_content``, as DeepSeek's thinking mode requires (a 400 otherwise) and llama.cpp's and vLLM's chat
-    templates read; OpenAI's own API refuses the unknown field, so it never gets it."""
+    """Our records as the API wants them: only API keys, string contents, JSON-string tool arguments; with
+    ``reasoning_content`` (:class:`Dialect`), an assistant message that called tools carries its thinking back."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
