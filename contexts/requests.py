@@ -27,13 +27,15 @@ from typing import Any
 from contexts import jsonl
 from contexts.clock import iso
 from contexts.errors import ContextNotFoundError, CorruptRecordError
-from contexts.masking import mask, mask_value
+from contexts.masking import OPAQUE_REASONING_KEYS, mask
 from contexts.names import REQUESTS_FILE
 
 ID_FIELD = "request_id"
 ENCODING = "delta+zlib+b85"
 KINDS = ("agent", "summary")
 _LOOKUPS = 4  # positions of an item in the base tried for the longest run (items repeat: nudges, markers)
+REASONING_TYPES = frozenset({"reasoning", "thinking", "redacted_thinking"})
+"""Items whose opaque fields (a signature, ciphertext) are kept byte for byte, as ``messages.jsonl`` keeps them."""
 
 
 class RequestNotFound(ContextNotFoundError):
@@ -110,7 +112,7 @@ def delta(current: Any, base: Any = _ABSENT) -> dict[str, Any]:
         return {"fields": {mask(key): delta(value, base.get(key, _ABSENT)) for key, value in current.items()}}
     if isinstance(current, list) and isinstance(base, list):
         return {"list": list_ops(current, base)}
-    return {"value": mask_value(current)}
+    return {"value": masked(current)}
 
 
 def list_ops(current: list[Any], base: list[Any]) -> list[list[Any]]:
@@ -133,7 +135,7 @@ def list_ops(current: list[Any], base: list[Any]) -> list[list[Any]]:
             if run > count:
                 start, count = place, run
         if count == 0:
-            added.append(mask_value(current[index]))
+            added.append(masked(current[index]))
             index += 1
             continue
         if added:
@@ -145,6 +147,26 @@ def list_ops(current: list[Any], base: list[Any]) -> list[list[Any]]:
     if added:
         ops.append(["add", added])
     return ops
+
+
+def masked(value: Any) -> Any:
+    """``value`` with every string masked, except the opaque fields of reasoning items (Responses' reasoning,
+    Claude's thinking blocks): masking cannot find a secret in ciphertext, and a changed byte would make the API
+    refuse the item; their readable text was checked when the reply was recorded (``contexts.masking.mask_reasoning``
+    drops an item whose text holds something to mask)."""
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        opaque = value.get("type") in REASONING_TYPES
+        return {
+            mask(key) if isinstance(key, str) else key: item
+            if opaque and key in OPAQUE_REASONING_KEYS
+            else masked(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [masked(item) for item in value]
+    return value
 
 
 def _run(keys: list[str], index: int, base_keys: list[str], start: int) -> int:

@@ -160,6 +160,27 @@ def test_a_secret_in_what_is_handed_over_is_masked_before_the_disk(tmp_path: Pat
     ctx.detach()
 
 
+def test_reasoning_items_opaque_fields_are_kept_byte_for_byte(tmp_path: Path) -> None:
+    store = ContextStore(tmp_path, fsync="never")
+    ctx = store.create(TASK_KEY, {"model": "m"}, heartbeat=False)
+    sealed = "gAAAA" + "sk-" + "Q1w2E3r4T5y6U7i8O9p0A1s2" + "=="  # ciphertext that happens to look like a key
+    item = {"type": "reasoning", "id": "rs_1", "encrypted_content": sealed, "summary": []}
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": "sk-" + "Q1w2E3r4T5y6U7i8O9p0A1s2",
+            "reasoning": {"provider": "x", "items": [item]},
+        },
+    ]
+    ctx.record_request(SentRequest(1, "agent", "p", "x", "m", messages, None, {"input": [item]}))
+    (recorded,) = recorded_requests(ctx.path)
+    assert recorded.messages[1]["reasoning"]["items"] == [item]
+    assert recorded.wire == {"input": [item]}
+    assert recorded.messages[1]["content"] == "[OPENAI_KEY]"
+    ctx.detach()
+
+
 def stored_bytes(directory: Path) -> int:
     return sum(r.stored_bytes for r in recorded_requests(directory))
 
