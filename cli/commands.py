@@ -63,6 +63,8 @@ def submit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where --repo lives")
     parser.add_argument("--prompt", metavar="TEXT", default="", help="what to do (local tasks: required)")
     parser.add_argument("--user", metavar="USER", help="who asked (recorded in metadata.json)")
+    parser.add_argument("--model", metavar="NAME",
+                        help="the model profile (llm.models) to run with; default: the repository's, else llm.default")
     parser.add_argument("--wait", action="store_true", help="show progress until the task finishes")
 
 
@@ -100,7 +102,12 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     from worker.runtime import context_store, redis_client
     from worker.submit import enqueue
 
-    queued = enqueue(app, redis_client(), settings, build_request(args))
+    request = build_request(args)
+    if getattr(args, "model", None):
+        from worker.profiles import PROFILE_KEY, check_profile
+
+        request["config"] = {PROFILE_KEY: check_profile(settings, args.model)}  # an unknown one: one line, exit 1
+    queued = enqueue(app, redis_client(), settings, request)
     if queued.already_active:
         out(f"{queued.uuid} (a task for this issue is already queued or running)")
     else:

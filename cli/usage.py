@@ -22,7 +22,8 @@ def usage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", metavar="USER", help="only tasks of this user")
     parser.add_argument("--from", dest="date_from", metavar="YYYY-MM-DD", help="spent on or after this UTC day")
     parser.add_argument("--to", dest="date_to", metavar="YYYY-MM-DD", help="spent on or before this UTC day")
-    parser.add_argument("--by", choices=("repo", "user", "model", "day"), default="repo", help="group by (repo)")
+    parser.add_argument("--by", choices=("repo", "user", "model", "day"), default="repo",
+                        help="group by (repo); model: PROFILE: MODEL, the model profile and the model that answered")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -72,6 +72,14 @@ def repository(task_key: Mapping[str, str]) -> str:
     return safe(f"{task_key.get('task_source', '?')}/{task_key.get('owner', '?')}/{task_key.get('repo', '?')}")
 
 
+def model_label(config: Any) -> str:
+    """The model a task runs with, from ``metadata.json.config``: ``PROFILE (provider model)``."""
+    if not isinstance(config, Mapping) or not config.get("model"):
+        return "-"
+    provider_model = safe(f"{config.get('llm_provider') or '?'} {config['model']}")
+    return f"{safe(str(config['profile']))} ({provider_model})" if config.get("profile") else provider_model
+
+
 def task_label(task_key: Mapping[str, str]) -> str:
     """``issue #27``."""
     return safe(f"{task_key.get('task_type', '?')} #{task_key.get('task_id', '?')}")
@@ -228,6 +236,7 @@ def format_detail(
         f"Status: {safe(item.status)}",
         f"Repository: {repository(item.task_key)}",
         f"Task: {task_label(item.task_key)}",
+        f"Model: {model_label(detail.metadata.get('config'))}",
         f"Started: {format_time(item.started_at)}",
         f"Completed: {format_time(item.completed_at)}",
         f"Duration: {duration}",

@@ -1,5 +1,6 @@
 """``tasuki usage`` and ``tasuki usage rebuild`` read the contexts' spend totals (SPEC §16): grouped by
-repository, user, model or UTC day; and the figures of one day that Redis's daily counters hold."""
+repository, user, model profile and model, or UTC day; and the figures of one day that Redis's daily counters
+hold."""
 
 from __future__ import annotations
 
@@ -38,14 +39,15 @@ def _shares(item: ContextSummary, by: str, date_from: date | None, date_to: date
             ) -> Iterator[tuple[str, int, float | None]]:
     """(group key, tokens, cost) of one task's spend on the days between ``date_from`` and ``date_to``."""
     usage = item.usage or {}
-    if by == "model":  # per call kind and model, not per day: the task counts when it was created in range
+    if by == "model":  # per profile and model, not per day: the task counts when it was created in range
         if _within(item.created_at.date(), date_from, date_to):
             models: dict[str, tuple[int, float | None]] = {}
             for bucket in (usage.get("by_call") or {}).values():
-                tokens, cost = models.get(str(bucket["model"]), (0, None))
+                key = model_key(str(bucket["model"]), bucket.get("profile"))
+                tokens, cost = models.get(key, (0, None))
                 priced = bucket.get("cost_usd")
-                models[str(bucket["model"])] = (tokens + int(bucket["tokens"]),
-                                                cost if priced is None else (cost or 0.0) + float(priced))
+                models[key] = (tokens + int(bucket["tokens"]),
+                               cost if priced is None else (cost or 0.0) + float(priced))
             for model, (tokens, cost) in models.items():
                 yield model, tokens, cost
         return
@@ -54,6 +56,12 @@ def _shares(item: ContextSummary, by: str, date_from: date | None, date_to: date
             continue
         key = {"repo": repo_of(item.task_key), "user": item.user or "(none)", "day": day}[by]
         yield key, int(figures.get("tokens", 0)), figures.get("cost_usd")
+
+
+def model_key(model: str, profile: object) -> str:
+    """The ``--by model`` group of calls: ``PROFILE: MODEL`` (the model profile they were made with and the model
+    that answered), the model alone for calls recorded before profiles."""
+    return f"{profile}: {model}" if isinstance(profile, str) and profile else model
 
 
 def _within(day: date, date_from: date | None, date_to: date | None) -> bool:

@@ -13,8 +13,8 @@ from worker.names import USER_CONFIG_PREFIX
 from worker.settings_models import Settings
 from worker.user_config import resolve_llm_config
 
-DEFAULTS = {"llm_provider": "openai", "model": "gpt-4o", "context_length": 128000, "compression_threshold": 0.7,
-            "endpoint": None}
+DEFAULTS = {"profile": "openai", "llm_provider": "openai", "model": "gpt-4o", "context_length": 128000,
+            "compression_threshold": 0.7, "endpoint": None}
 
 
 @pytest.fixture
@@ -51,8 +51,8 @@ def test_user_overrides_apply_and_api_keys_never_enter_the_config(settings: Sett
 
 def test_flat_overrides_switch_provider_endpoint_and_threshold(settings: Settings, fake_redis: redis.Redis) -> None:
     assert resolve_llm_config(settings, fake_redis, "bob") == {
-        "llm_provider": "ollama", "model": "qwen3:8b", "context_length": 16384, "compression_threshold": 0.6,
-        "endpoint": "http://ollama.internal:11434", "user_config": "api",
+        "profile": "ollama", "llm_provider": "ollama", "model": "qwen3:8b", "context_length": 16384,
+        "compression_threshold": 0.6, "endpoint": "http://ollama.internal:11434", "user_config": "api",
     }
 
 

@@ -19,6 +19,7 @@ from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
+from worker.profiles import PROFILE_KEY, UnknownProfile, check_profile
 from worker.settings_models import Settings
 from worker.spend import resets_at
 from worker.submit import Enqueued
@@ -38,6 +39,8 @@ class Submission(BaseModel):
     issue: Annotated[int, Field(gt=0)] | None = None
     prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
     user: Annotated[str, Field(max_length=200)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """The model profile (``llm.models``) to run with; None: the repository's, else the default."""
 
     @model_validator(mode="after")
     def _one_target(self) -> Submission:
@@ -53,16 +56,18 @@ class Submission(BaseModel):
 
     def request(self, uuid: str) -> dict[str, Any]:
         """The ``tasuki.run_task`` request; a prompt-only task gets a task key of its own."""
+        chosen = {"config": {PROFILE_KEY: self.model}} if self.model else {}
         if self.repo_path is not None:
             name = PurePosixPath(self.repo_path).name or "repo"
             key = {"task_source": "local", "owner": "local", "repo": name, "task_type": "prompt", "task_id": uuid[:8]}
             return {"task_key": key, "repo_path": self.repo_path, "prompt": self.prompt, "user": self.user,
-                    "trigger": {"kind": "api"}}
+                    "trigger": {"kind": "api"}, **chosen}
         owner, name = str(self.repo).rsplit("/", 1)
         task_type, task_id = ("issue", str(self.issue)) if self.issue else ("prompt", uuid[:8])
         key = {"task_source": self.source, "owner": owner, "repo": name, "task_type": task_type, "task_id": task_id}
         issue = {"number": self.issue} if self.issue else None
-        return {"task_key": key, "issue": issue, "prompt": self.prompt, "user": self.user, "trigger": {"kind": "api"}}
+        return {"task_key": key, "issue": issue, "prompt": self.prompt, "user": self.user, "trigger": {"kind": "api"},
+                **chosen}
 
 
 def _error(status_code: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -107,6 +112,11 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
         except ValidationError as exc:
             problems = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors(include_url=False)]
             return _error(422, problems)
+        if submission.model is not None:
+            try:
+                check_profile(settings, submission.model)
+            except UnknownProfile as exc:
+                return _error(422, [{"loc": ["model"], "msg": str(exc)}])
         if submission.repo_path is not None and (problem := await blocking(local_path_refusal, submission.repo_path)):
             return problem
         uuid = str(uuid_module.uuid4())

@@ -20,6 +20,11 @@ from worker.settings_models import GitHubSettings, GitLabSettings
 COMMAND_PREFIX = "/tasuki"
 CANCEL_COMMAND = "/tasuki cancel"
 COMMANDS = ("cancel", "retry", "autofix on", "autofix off")
+MODEL_COMMAND = "model"
+"""``/tasuki model NAME``: start the task (or the follow-up) with the model profile NAME, the comment's other lines
+as what to do, as the trigger label ``coding agent:NAME`` does."""
+COMMAND_FORMS = (*COMMANDS, f"{MODEL_COMMAND} NAME")
+"""Every command as a person writes it (the answer to an unknown one lists them)."""
 _FENCE = re.compile(r"^\s*(```|~~~)")
 
 
@@ -35,6 +40,7 @@ class Trigger:
     body: str = ""  # a pull/merge request's body (it carries the thread marker of one a task opened)
     head: str = ""  # a pull/merge request's head branch, when the payload names it
     details: dict[str, Any] = field(default_factory=dict)  # review_id, comments (path, line, diff hunk)
+    profile: str | None = None  # the model profile a label ``coding agent:NAME`` or ``/tasuki model NAME`` chose
 
 
 @dataclass(frozen=True)
@@ -117,17 +123,39 @@ def command(body: str) -> str | None:
     return None
 
 
+def model_command(body: str) -> tuple[str | None, str]:
+    """The profile of a ``/tasuki model NAME`` command (None: the command names none) and the comment's other live
+    lines; the name keeps its case (profile names are the operator's)."""
+    lines = live_lines(body)
+    for number, line in enumerate(lines):
+        words = line.strip().split()
+        if len(words) >= 2 and words[0].lower() == COMMAND_PREFIX and words[1].lower() == MODEL_COMMAND:
+            rest = lines[:number] + lines[number + 1:]
+            return (words[2] if len(words) > 2 else None), "\n".join(rest).strip()
+    return None, "\n".join(lines).strip()
+
+
+def label_profile(label: str, trigger_label: str) -> str | None:
+    """The profile a trigger label names: ``NAME`` of ``coding agent:NAME``; None for any other label."""
+    head, colon, name = label.partition(":")
+    return name.strip() or None if colon and head == trigger_label else None
+
+
 def _key(source: str, owner: str, repo: str, task_type: str, number: int) -> dict[str, str]:
     return {"task_source": source, "owner": owner, "repo": repo, "task_type": task_type, "task_id": str(number)}
 
 
 def _commanded(
-    body: str, user: str, key: dict[str, str], pull: tuple[str, str], trigger: dict[str, Any]
+    body: str, user: str, key: dict[str, str], issue: dict[str, Any], pull: tuple[str, str],
+    trigger: dict[str, Any],
 ) -> Action | None:
-    """The ``/tasuki`` command of a comment, if it holds one."""
+    """The ``/tasuki`` command of a comment, if it holds one; ``/tasuki model NAME`` starts work as a mention does."""
     said = command(body)
     if said == "cancel":
         return Cancel(key, user)
+    if said is not None and said.split()[:1] == [MODEL_COMMAND] and len(said.split()) > 1:
+        profile, text = model_command(body)
+        return Trigger(key, user, issue, text, {**trigger, "kind": "comment"}, *pull, profile=profile)
     return Command(key, user, said, *pull, trigger={**trigger, "kind": "comment"}) if said is not None else None
 
 
@@ -136,7 +164,7 @@ def _comment_action(
     pull: tuple[str, str] = ("", ""),
 ) -> Action:
     """``pull``: the body and head branch of the pull/merge request commented on."""
-    commanded = _commanded(body, user, key, pull, trigger)
+    commanded = _commanded(body, user, key, issue, pull, trigger)
     if commanded is not None:
         return commanded
     text = "\n".join(live_lines(body)).strip()
@@ -152,7 +180,7 @@ def _review_action(
     pull: tuple[str, str], details: dict[str, Any],
 ) -> Action:
     """A review or review comment: commands as in any comment, else a follow-up (when a task opened it)."""
-    commanded = _commanded(body, user, key, pull, trigger)
+    commanded = _commanded(body, user, key, issue, pull, trigger)
     if commanded is not None:
         return commanded
     return Trigger(key, user, issue, "\n".join(live_lines(body)).strip(), {**trigger, "kind": "review"}, *pull,
@@ -271,8 +299,10 @@ def _github_label(
     if number is None or action not in ("labeled", "unlabeled"):
         return Ignore(f"event {event}.{action}")
     key = _key("github", owner, repo, "issue" if event == "issues" else "pull_request", number)
-    if action == "labeled" and label == cfg.labels.trigger:
-        return Trigger(key, sender, _github_issue(item), trigger={"kind": "label", "user": sender})
+    if action == "labeled" and isinstance(label, str) and (label == cfg.labels.trigger or
+                                                           label_profile(label, cfg.labels.trigger)):
+        return Trigger(key, sender, _github_issue(item), trigger={"kind": "label", "user": sender},
+                       profile=label_profile(label, cfg.labels.trigger))
     if action == "unlabeled" and label == cfg.labels.processing:
         return Cancel(key, sender)
     return Ignore(f"label {label!r} {action}")
@@ -327,8 +357,10 @@ def _gitlab_labels(
     key = _key("gitlab", owner, repo, kind, number)
     before = _label_titles(_get(payload, "changes", "labels", "previous"))
     after = _label_titles(_get(payload, "changes", "labels", "current"))
-    if cfg.labels.trigger in after - before:
-        return Trigger(key, user, _gitlab_issue(attributes), trigger=trigger)
+    added = after - before
+    profiles = sorted(filter(None, (label_profile(label, cfg.labels.trigger) for label in added)))
+    if cfg.labels.trigger in added or profiles:
+        return Trigger(key, user, _gitlab_issue(attributes), trigger=trigger, profile=profiles[0] if profiles else None)
     if cfg.labels.processing in before - after:
         return Cancel(key, user)
     return Ignore(f"{kind} without a trigger label change")

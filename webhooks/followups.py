@@ -15,7 +15,7 @@ import redis
 import structlog
 
 from webhooks.ci_events import CIFailure
-from webhooks.events import COMMANDS, Command, Note, Trigger
+from webhooks.events import COMMAND_FORMS, Command, Note, Trigger
 from worker.forges import forge_section
 from worker.inbox import deliver
 from worker.names import (
@@ -28,6 +28,7 @@ from worker.names import (
     LAST_TASK_PREFIX,
     MAINTENANCE_QUEUE,
 )
+from worker.profiles import PROFILE_KEY
 from worker.settings_models import Settings
 from worker.submit import Enqueued, task_key_id
 from worker.threads import (
@@ -57,9 +58,11 @@ def may_continue_thread(task_key: dict[str, str]) -> bool:
 
 
 def new_task_request(action: Trigger) -> dict[str, Any]:
-    """The request of a trigger that starts new work (the request of a trigger on an issue)."""
-    return {"task_key": action.task_key, "issue": action.issue, "user": action.user, "prompt": action.prompt,
-            "trigger": action.trigger}
+    """The request of a trigger that starts new work (the request of a trigger on an issue); the model profile it
+    chose, if any, in ``config.profile`` (worker/profiles.py)."""
+    request = {"task_key": action.task_key, "issue": action.issue, "user": action.user, "prompt": action.prompt,
+               "trigger": action.trigger}
+    return {**request, "config": {PROFILE_KEY: action.profile}} if action.profile else request
 
 
 class Followups:
@@ -156,7 +159,7 @@ class Followups:
             return 200, {"status": action.name.replace(" ", "_")}, "command"
         if action.name == "retry":
             return self._retry(action, thread, submit)
-        known = ", ".join(f"`/tasuki {name}`" for name in COMMANDS)
+        known = ", ".join(f"`/tasuki {name}`" for name in COMMAND_FORMS)
         self.reply(action.task_key, f"Unknown command `/tasuki {action.name}`. Known commands: {known}.")
         return 200, {"status": "ignored", "reason": "unknown command"}, "ignored"
 

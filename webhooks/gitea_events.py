@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from webhooks.events import Action, Cancel, Ignore, Trigger
+from webhooks.events import Action, Cancel, Ignore, Trigger, label_profile
 from webhooks.events import _comment_action as comment_action  # the comment rules every forge shares
 from webhooks.events import _key as task_key
 from webhooks.events import _review_action as review_action
@@ -73,8 +73,10 @@ def _labels(event: str, payload: dict[str, Any], cfg: GiteaSettings, owner: str,
         return Ignore(f"{event} without a number")
     key = task_key("gitea", owner, repo, "issue" if event == "issues" else "pull_request", found)
     labels = _names(get(item, "labels"))
-    if cfg.labels.trigger in labels:
-        return Trigger(key, sender, _issue(item), trigger={"kind": "label", "user": sender})
+    profiles = sorted(filter(None, (label_profile(label, cfg.labels.trigger) for label in labels)))
+    if cfg.labels.trigger in labels or profiles:
+        return Trigger(key, sender, _issue(item), trigger={"kind": "label", "user": sender},
+                       profile=profiles[0] if profiles else None)
     if not labels & {cfg.labels.processing, cfg.labels.done, cfg.labels.failed}:
         # Not necessarily a removal of the processing label (the payload cannot say): a cancel with no task
         # running on this item is answered "ignored"; a finished item keeps its final label and is never cancelled.

@@ -30,6 +30,7 @@ from webhooks.outcome_intake import PullOutcomes
 from webhooks.pull_events import PullEnded
 from worker.admission import Admissions
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
+from worker.profiles import UnknownProfile, check_profile
 from worker.settings_models import Settings
 from worker.stores import open_store
 from worker.submit import Enqueued, enqueue, release_active, request_cancel, run_task_admission, task_key_id
@@ -101,7 +102,8 @@ class Intake:
         key = delivery_key(source, delivery_id)
         # Daily budgets (SPEC §16) read and take Redis counters first: with any set, triggers go the blocking way.
         budgets = self.settings.limits.per_day
-        if isinstance(action, Trigger) and not may_continue_thread(action.task_key) and not budgets:
+        if (isinstance(action, Trigger) and not may_continue_thread(action.task_key) and not budgets
+                and self._profile_refusal(action) is None):
             return await self._new_task(key, action)
         return await self.blocking(self._deliver_blocking, key, action)
 
@@ -145,6 +147,17 @@ class Intake:
             return self._command(action)
         return self._ci_failure(action)
 
+    def _profile_refusal(self, action: Trigger) -> str | None:
+        """Why a trigger's model profile (a label ``coding agent:NAME``, ``/tasuki model NAME``) cannot be used, if
+        it names one the configuration does not have."""
+        if action.profile is None:
+            return None
+        try:
+            check_profile(self.settings, action.profile)
+        except UnknownProfile as exc:
+            return str(exc)
+        return None
+
     def _command(self, action: Command) -> Answer:
         """A ``/tasuki`` command; a retry starts a task, so it is held to the daily budgets as a trigger is."""
         if action.name == "retry":
@@ -166,6 +179,11 @@ class Intake:
         return Answer(*self.followups.ci_failure(action, self.submit))
 
     def _trigger(self, action: Trigger) -> Answer:
+        why = self._profile_refusal(action)
+        if why is not None:  # nothing starts; the issue hears why (one reply per delivery)
+            self.followups.reply(action.task_key, f"Tasuki did not start this task: {why}.")
+            log.info("trigger names an unknown model profile", task_key=task_key_id(action.task_key), reason=why)
+            return Answer(200, {"status": "ignored", "reason": why}, "ignored")
         request = self.followups.request(action)
         if request is None:
             return Answer(200, {"status": "ignored", "reason": "review on a request no task opened"}, "ignored")

@@ -23,6 +23,7 @@ from worker.merging import DELAY_S, RETRY_S, finish_merge, queue_merge, release_
 from worker.metering import Meter, usage_of
 from worker.names import MAINTENANCE_QUEUE, MERGE_MEMORY, UPDATE_MEMORY
 from worker.outcome_tasks import respend
+from worker.profiles import PROFILE_KEY
 from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.runtime import context_store, llm_config, provider_for, redis_client, settings
 from worker.settings_models import Settings
@@ -155,8 +156,14 @@ class MemoryCalls:
         self.usages: list[Usage] = []
         self.metadata = self._metadata()
         config = self.metadata.get("config") if self.metadata is not None else None
-        # No config: a task that never had a context, so the configured model.
-        self.provider = provider_for(config if isinstance(config, dict) else llm_config(s))
+        # llm.memory's profile when set; else the task's model (no config: a task that never had a context, so the
+        # default profile).
+        if s.llm.memory is not None:
+            config = llm_config(s, s.llm.memory)
+        elif not isinstance(config, dict):
+            config = llm_config(s)
+        self.profile = str(config.get(PROFILE_KEY) or "")
+        self.provider = provider_for(config)
 
     def _metadata(self) -> dict[str, Any] | None:
         """The task's ``metadata.json``: this host's, else the fleet's durable copy's; None when neither has it."""
@@ -174,7 +181,7 @@ class MemoryCalls:
     def chat(self, messages: list[dict[str, str]]) -> str | None:
         """Ask the model; its usage is kept for :meth:`meter`."""
         reply = self.provider.chat(messages, None)
-        self.usages.append(usage_of(reply, "memory"))
+        self.usages.append(usage_of(reply, "memory", profile=self.profile))
         return reply.content
 
     def embedded(self, tokens: int) -> None:

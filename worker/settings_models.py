@@ -221,7 +221,7 @@ class LLMSettings(Section):
     summarizer: Name | None = None
     """The profile that writes compression summaries (a cheaper model); null: the task's own."""
     memory: Name | None = None
-    """The profile of the memory jobs (episodes, repository memory); null: the default profile."""
+    """The profile of the memory jobs (thread and repository memory); null: the task's own."""
     repositories: Choices = Field(default_factory=HashableDict)
     """A profile per repository: {"owner/name" or "source/owner/name": PROFILE}."""
     timeout_s: PositiveFloat = 600.0

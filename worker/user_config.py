@@ -39,33 +39,70 @@ def fetch_json(url: str) -> Any:
 
 
 def resolve_llm_config(
-    settings: Settings, client: redis.Redis | None, user: str | None, fetch: Fetch = fetch_json
+    settings: Settings, client: redis.Redis | None, user: str | None, fetch: Fetch = fetch_json,
+    profile: str | None = None,
 ) -> dict[str, Any]:
-    """The LLM config recorded in ``metadata.json.config`` for a task of ``user`` (never a secret)."""
+    """The LLM config recorded in ``metadata.json.config`` for a task of ``user`` with the model profile
+    ``profile`` (None: the default one, which the user's settings may name); never a secret. An unknown
+    ``profile`` raises KeyError (the caller checked it)."""
     url = settings.user_config_api.url
     if not url or not user:
-        return llm_config(settings)
-    key = USER_CONFIG_PREFIX + user
+        return llm_config(settings, profile)
+    key = USER_CONFIG_PREFIX + user + (f":{profile}" if profile else "")
     cached = _cache_get(client, key)
     if cached is not None:
         return cached
     try:
         answer = fetch(f"{url.rstrip('/')}/config/{quote(user, safe='')}")
-        resolved = {**llm_config(apply_overrides(settings, answer)), "user_config": "api"}
-    except (httpx.HTTPError, ValueError, ValidationError, TypeError) as exc:
+        resolved = {**llm_config(apply_overrides(settings, answer, profile), profile), "user_config": "api"}
+    except (httpx.HTTPError, ValueError, ValidationError, TypeError, KeyError) as exc:
         log.warning("user config unavailable; using the defaults", user=user, error=str(exc)[:300])
-        return llm_config(settings)
+        return llm_config(settings, profile)
     _cache_set(client, key, resolved)
     return resolved
 
 
-def apply_overrides(settings: Settings, answer: Any) -> Settings:
-    """``settings`` with the LLM and compression values of a user-config answer (validated like config.yaml)."""
+def apply_overrides(settings: Settings, answer: Any, profile: str | None = None) -> Settings:
+    """``settings`` with the LLM and compression values of a user-config answer (validated like config.yaml).
+    The flat keys (``llm_provider``, ``model``, ``context_length``, ``endpoint``) change the task's profile:
+    ``profile``, else the default one; which environment variable holds a profile's key is never the user's to
+    say."""
     data = answer.get("data", answer) if isinstance(answer, dict) else None
     if not isinstance(data, dict):
         raise ValueError("the user config answer is not a JSON object")
     llm = _known(data.get("llm"), LLMSettings)
     compression = _known(data.get("compression"), CompressionSettings)
+    models = {name: {k: v for k, v in p.items() if k != "api_key_env"} for name, p in
+              (llm.get("models") or {}).items() if isinstance(p, dict)}
+    if models:
+        llm["models"] = models
+    else:
+        llm.pop("models", None)
+    target = profile or llm.get("default") or settings.llm.default
+    if target is not None and (target in settings.llm.models or target in models):
+        llm["models"] = {**models, str(target): _flat_into_profile(dict(models.get(str(target)) or {}), data)}
+    else:
+        _flat_into_built_in(settings, llm, data)
+    if data.get("compression_threshold") is not None:
+        compression["threshold"] = data["compression_threshold"]
+    merged_llm = LLMSettings.model_validate(recursive_merge(settings.llm.model_dump(), llm))
+    merged_compression = CompressionSettings.model_validate(
+        recursive_merge(settings.compression.model_dump(), compression)
+    )
+    return settings.model_copy(update={"llm": merged_llm, "compression": merged_compression})
+
+
+def _flat_into_profile(section: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """A named profile's overrides with the flat keys of an answer."""
+    for flat, target in (("llm_provider", "provider"), ("model", "model"), ("context_length", "context_length"),
+                         ("endpoint", "base_url")):
+        if data.get(flat) is not None:
+            section[target] = data[flat]
+    return section
+
+
+def _flat_into_built_in(settings: Settings, llm: dict[str, Any], data: dict[str, Any]) -> None:
+    """The flat keys of an answer into the built-in profile: ``llm.provider`` and its section."""
     if data.get("llm_provider") is not None:
         llm["provider"] = data["llm_provider"]
     provider = str(llm.get("provider", settings.llm.provider))
@@ -77,13 +114,6 @@ def apply_overrides(settings: Settings, answer: Any) -> Settings:
         section["host" if provider == "ollama" else "base_url"] = data["endpoint"]
     if section:
         llm[provider] = section
-    if data.get("compression_threshold") is not None:
-        compression["threshold"] = data["compression_threshold"]
-    merged_llm = LLMSettings.model_validate(recursive_merge(settings.llm.model_dump(), llm))
-    merged_compression = CompressionSettings.model_validate(
-        recursive_merge(settings.compression.model_dump(), compression)
-    )
-    return settings.model_copy(update={"llm": merged_llm, "compression": merged_compression})
 
 
 def _known(section: Any, model: type[BaseModel]) -> dict[str, Any]:

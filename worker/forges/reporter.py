@@ -159,8 +159,9 @@ class ForgeReporter:
         issue = self.request.issue
         if self.ref is not None:
             self.item = self.forge.read_item(self.ref)
-            stale = [name for name in (self.labels.trigger, self.labels.done, self.labels.failed)
-                     if name in self.item.labels]
+            stale = [name for name in self.item.labels if name in (self.labels.trigger, self.labels.done,
+                                                                     self.labels.failed)
+                     or name.startswith(f"{self.labels.trigger}:")]  # coding agent:NAME, which chose the model
             self.forge.move_labels(self.ref, add=[self.labels.processing], remove=stale)
             self.comment_id = find_comment(self.item.comments, MARKER.format(uuid=self.uuid))
             self._progress(state, force=True)
