@@ -5,15 +5,14 @@ raised as ``ContextOverflow``."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from replay import ReplayServer
+from tests.helpers.canned_server import canned_server
 from tests.helpers.model_server import model_server
 from worker.llm import ContextOverflow, LLMError, ModelSpec, Provider, Reply, RetryPolicy, registry
 from worker.llm.openai_provider import dialect_of, generation_options
@@ -60,49 +59,6 @@ def bodies(server: ReplayServer) -> list[dict[str, Any]]:
 def server() -> Iterator[ReplayServer]:
     with model_server(TURNS) as s:
         yield s
-
-
-class Canned:
-    """A server answering every POST with one status and JSON body (an error a real server sends), on 127.0.0.1."""
-
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.posts: list[dict[str, Any]] = []
-        posts = self.posts
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                posts.append(json.loads(self.rfile.read(length) or b"null"))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
-@pytest.fixture
-def canned() -> Iterator[Any]:
-    made: list[Canned] = []
-
-    def make(status: int, body: dict[str, Any]) -> Canned:
-        made.append(Canned(status, body))
-        return made[-1]
-
-    yield make
-    for server in made:
-        server.close()
 
 
 def test_a_compatible_server_gets_the_profile_settings_in_the_names_it_reads(server: ReplayServer) -> None:
@@ -207,16 +163,16 @@ def completion(message: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def test_cache_reads_and_writes_and_a_reasoning_field_come_back_in_the_reply(canned: Any) -> None:
+def test_cache_reads_and_writes_and_a_reasoning_field_come_back_in_the_reply() -> None:
     usage = {
         "prompt_tokens": 5000,
         "completion_tokens": 40,
         "total_tokens": 5040,
         "prompt_tokens_details": {"cached_tokens": 3968, "cache_write_tokens": 1032},
     }
-    fake = canned(200, completion({"role": "assistant", "content": "ok", "reasoning": "Short and sure."}, usage))
-
-    reply = provider("openai", fake.url).chat(task())
+    answer = completion({"role": "assistant", "content": "ok", "reasoning": "Short and sure."}, usage)
+    with canned_server(200, answer) as fake:
+        reply = provider("openai", fake.url).chat(task())
 
     assert (reply.prompt_tokens, reply.cached_tokens, reply.cache_write_tokens) == (5000, 3968, 1032)
     assert reply.thinking == "Short and sure."  # newer vLLM names it reasoning
@@ -266,21 +222,16 @@ OVERFLOWS = {
 
 
 @pytest.mark.parametrize("server_name", list(OVERFLOWS))
-def test_each_compatible_server_s_overflow_error_is_a_context_overflow(canned: Any, server_name: str) -> None:
-    fake = canned(400, OVERFLOWS[server_name])
-    chosen = provider("openai", fake.url, max_retries=2)
-
-    with pytest.raises(ContextOverflow):
-        chosen.chat(task())
+def test_each_compatible_server_s_overflow_error_is_a_context_overflow(server_name: str) -> None:
+    with canned_server(400, OVERFLOWS[server_name]) as fake, pytest.raises(ContextOverflow):
+        provider("openai", fake.url, max_retries=2).chat(task())
 
     assert len(fake.posts) == 1
 
 
-def test_another_bad_request_stays_an_llm_error(canned: Any) -> None:
+def test_another_bad_request_stays_an_llm_error() -> None:
     body = {"error": {"message": "Invalid value for 'tool_choice'.", "type": "invalid_request_error", "code": None}}
-    fake = canned(400, body)
-
-    with pytest.raises(LLMError, match="Invalid value for 'tool_choice'") as caught:
+    with canned_server(400, body) as fake, pytest.raises(LLMError, match="Invalid value for 'tool_choice'") as caught:
         provider("openai", fake.url).chat(task())
 
     assert not isinstance(caught.value, ContextOverflow)
@@ -316,10 +267,9 @@ def test_ollama_without_settings_leaves_thinking_to_the_model(server: ReplayServ
     assert "think" not in bodies(server)[0]
 
 
-def test_ollama_refusing_a_prompt_for_its_length_is_a_context_overflow(canned: Any) -> None:
-    fake = canned(400, {"error": "the input length exceeds the context length"})
-
-    with pytest.raises(ContextOverflow, match="exceeds the context length"):
+def test_ollama_refusing_a_prompt_for_its_length_is_a_context_overflow() -> None:
+    refusal = {"error": "the input length exceeds the context length"}
+    with canned_server(400, refusal) as fake, pytest.raises(ContextOverflow, match="exceeds the context length"):
         provider("ollama", fake.url, max_retries=2).chat(task())
 
     assert len(fake.posts) == 1

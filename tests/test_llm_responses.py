@@ -14,11 +14,12 @@ import pytest
 
 from contexts import ContextStore
 from replay import ReplayServer
+from tests.helpers.canned_server import canned_server
 from tests.helpers.ci import bubblewrap_here
 from tests.helpers.model_server import model_server
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
 from tests.helpers.stack import fix_calc_trajectory, make_buggy_repo
-from worker.llm import ContextOverflow, LLMError, ModelSpec, Provider, Reply, RetryPolicy, registry
+from worker.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import llm_config, provider_for
 from worker.settings_models import Settings
@@ -277,6 +278,36 @@ def test_a_prompt_past_the_window_raises_context_overflow_at_once() -> None:
         assert caught.value.status == 400
         assert len(posts(server)) == 1  # compressing helps, sending it again does not
         assert posts(server)[0]["status"] == 400
+
+
+@pytest.mark.parametrize(
+    ("code", "raised", "posts_made"),
+    [
+        ("server_error", ModelUnavailable, 3),
+        ("context_length_exceeded", ContextOverflow, 1),
+        ("bad_image", LLMError, 1),
+    ],
+)
+def test_a_response_that_failed_is_retried_only_when_it_may_pass(
+    code: str, raised: type[LLMError], posts_made: int
+) -> None:
+    failed = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 0,
+        "status": "failed",
+        "error": {"code": code, "message": f"the response failed: {code}"},
+        "model": MODEL,
+        "output": [],
+    }
+    with canned_server(200, failed) as fake:
+        spec = ModelSpec("gpt", PROVIDER, MODEL, 128000, fake.url)
+        chosen = registry.build(spec, RetryPolicy(2, 0.01, 0.02), 10, KEY)
+        with pytest.raises(raised, match=code) as caught:
+            chosen.chat(task(), TOOLS)
+
+    assert type(caught.value) is raised
+    assert len(fake.posts) == posts_made
 
 
 def test_effort_none_gets_no_reasoning_and_the_next_turn_sends_none(server: ReplayServer) -> None:
