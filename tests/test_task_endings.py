@@ -16,15 +16,19 @@ from typing import Any
 import pytest
 import redis
 
+from contexts.names import MESSAGES_FILE
 from replay import ReplayModel, ReplayServer, serve
 from replay.trajectory import turns_from_entries
 from tests.helpers.fake_forge import FakeChange, FakeForge
+from tests.helpers.model_server import wait_for_request
 from tests.helpers.stack import Stack, git, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import (
     agent_requests,
     bash_turn,
+    context_records,
     finish_turn,
     provider_env,
+    replayed_turn,
     running_stack,
     tool,
 )
@@ -102,20 +106,31 @@ def forge_stack(
         server.stop()
 
 
-def run_issue(
-    stack: Stack, forge: FakeForge, source: str = "github", timeout_s: float = 90.0
-) -> tuple[str, dict[str, Any]]:
-    """Issue 1 of the source's calc repository, labelled: its task, run to its end; the UUID and the final state."""
+def start_issue(stack: Stack, forge: FakeForge, source: str = "github") -> str:
+    """Issue 1 of the source's calc repository, labelled, and a worker: its task's UUID."""
     owner, repo = REPOS[source]
     forge.add_item(owner, repo, 1, "Leave a note", "Write what you find to notes.txt.", labels=[LABELS.trigger])
     key = {"task_source": source, "owner": owner, "repo": repo, "task_type": "issue", "task_id": "1"}
     stack.start_worker("w1")
-    uuid = stack.send({"task_key": key, "prompt": "", "user": "alice", "trigger": {"kind": "label", "user": "alice"}})
+    return stack.send({"task_key": key, "prompt": "", "user": "alice", "trigger": {"kind": "label", "user": "alice"}})
+
+
+def told(stack: Stack, forge: FakeForge, uuid: str, source: str = "github", timeout_s: float = 90.0) -> dict[str, Any]:
+    """The task's final state once its issue was told how it ended (the final comment comes after the context is
+    finished)."""
     state = stack.wait_finished(uuid, timeout_s=timeout_s)
-    # The issue is told after the context is finished: wait for the final comment.
-    stack.wait_until(lambda: any(c.body.startswith("**Tasuki stopped") for c in forge.item(owner, repo, 1).comments),
-                     30, "the issue's final comment")
-    return uuid, state
+    item = forge.item(*REPOS[source], 1)
+    stack.wait_until(lambda: any(c.body.startswith("**Tasuki stopped") for c in item.comments), 30,
+                     "the issue's final comment")
+    return state
+
+
+def run_issue(
+    stack: Stack, forge: FakeForge, source: str = "github", timeout_s: float = 90.0
+) -> tuple[str, dict[str, Any]]:
+    """Issue 1's task, run to its end: its UUID and final state."""
+    uuid = start_issue(stack, forge, source)
+    return uuid, told(stack, forge, uuid, source, timeout_s)
 
 
 def note_then_steps(count: int) -> list[dict[str, Any]]:
@@ -245,3 +260,74 @@ def test_a_forge_task_stopped_without_a_change_opens_nothing_and_leaves_no_branc
     issue = forge.item("octo", "calc", 1)
     assert issue.labels == [LABELS.failed]
     assert issue.comments[-1].body.startswith("**Tasuki stopped: failed.**\n\nstep limit of 2 reached without finish")
+
+
+# -- a prompt too long for the model's window -------------------------------------------------------------------
+
+WINDOW_GATE = "set-the-window"
+
+
+def refused_as_too_long(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat requests the replay model refused for a prompt over its window."""
+    return [r for r in requests if r["status"] == 400 and r["path"].endswith("/chat/completions")]
+
+
+def test_a_prompt_over_the_model_window_is_compressed_and_the_step_sent_again(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # A long log first (summarized away once compressed), then steps of a few hundred tokens each; the window is set
+    # while turn 3 is held, just above that turn's prompt: turn 4's prompt is over it, and fits once compressed.
+    turns = [bash_turn(0, lines=300), bash_turn(1), bash_turn(2), {"gate": WINDOW_GATE}, bash_turn(3), bash_turn(4),
+             finish_turn()]
+    with running_stack(tmp_path, redis_url, turns) as (stack, server):
+        stack.start_worker("w1")
+        uuid = stack.send(local_request(bare_repo(tmp_path), prompt="Print the logs."))
+        held = wait_for_request(lambda: server.requests, lambda r: r["turn"] == 3, 60)
+        window = int(held["prompt_tokens"]) + 150
+        server.model.context_window = window
+        server.model.open_gate(WINDOW_GATE)
+        state = stack.wait_finished(uuid)
+        requests = server.requests
+
+    assert state["status"] == "completed", state["error"]
+    refused = refused_as_too_long(requests)
+    assert len(refused) == 1, [(r["turn"], r["status"], r["prompt_tokens"]) for r in requests]
+    after = requests[requests.index(refused[0]) + 1:]
+    assert after[0]["kind"] == "summary"  # compressed at once, below the threshold
+    assert after[0]["status"] == 200
+    resent = next(r for r in after if r["kind"] == "agent")
+    assert resent["turn"] == 4  # the same step, sent again
+    assert resent["status"] == 200
+    assert resent["prompt_tokens"] <= window < refused[0]["prompt_tokens"]
+    assert state["compression_count"] >= 1
+    directory = stack.contexts_dir / "completed" / uuid
+    replies = [m for m in context_records(directory, MESSAGES_FILE) if m["role"] == "assistant"]
+    assert state["llm_call_count"] == len(replies) == len(turns) - 1  # every turn once: the refusal is no step
+    assert [replayed_turn(m) for m in replies] == list(range(len(turns) - 1))
+
+
+def test_a_prompt_that_never_fits_stops_the_task_with_reason_model_and_a_draft(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    turns = [{"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+             {"gate": WINDOW_GATE}, bash_turn(1), finish_turn()]
+    with forge_stack(tmp_path, redis_url, turns) as (stack, server, forge):
+        uuid = start_issue(stack, forge)
+        stack.wait_until(lambda: server.model.gate_reached(WINDOW_GATE), 60, "turn 1's request")
+        # Turn 1's request is past the window's check: it is answered; turn 2's meets the window, which is less than
+        # the pinned task and the tool schemas alone.
+        server.model.context_window = 200
+        server.model.open_gate(WINDOW_GATE)
+        state = told(stack, forge, uuid)
+        requests = server.requests
+
+    assert state["status"] == "failed", state["error"]
+    assert state["reason"] == "model"
+    assert "did not fit the model's window after 3 tries to shrink it" in state["error"]
+    refused = refused_as_too_long(requests)
+    assert len(refused) == 4  # the step sent, then sent smaller three times: bounded
+    sizes = [r["prompt_tokens"] for r in refused]
+    assert sizes == sorted(sizes, reverse=True), sizes  # the emergency rule cut it down each time it could
+    assert sizes[-1] < sizes[0]
+    assert state["llm_call_count"] == 2  # the two answered steps; the refused one is no step
+    assert_a_draft(forge, "github", uuid, state, "prompt did not fit the model's context window")
