@@ -28,7 +28,7 @@ log = structlog.get_logger(__name__)
 PAUSE_S = 30.0
 """After Redis failed to answer, requests go unlimited this long before it is asked again."""
 
-# KEYS[1]: the profile's sorted set. ARGV: requests limit (0: none), tokens limit (0: none), window (ms), this
+# KEYS[1]: the profile's sorted set. ARGV: requests limit (0: none), tokens limit (0: none), span (ms), this
 # request's tokens, its ticket, now (ms; empty: Redis's clock). Returns {1, now} when admitted, {0, wait_ms}.
 ADMIT_LUA = """
 local key = KEYS[1]
@@ -120,7 +120,7 @@ class RedisLimiter:
         args: list[str | int] = [
             self.limit.requests or 0,
             self.limit.tokens or 0,
-            round(self.limit.window_s * 1000),
+            round(self.limit.span_s * 1000),
             max(0, int(tokens)),
             ticket,
             "" if self.now_ms is None else self.now_ms(),

@@ -6,9 +6,11 @@ pure (it takes ``now``); where the admitted requests are kept, shared by the fle
 (:mod:`worker.rate_limits` keeps them in Redis behind the :class:`Limiter` protocol), so this package never
 imports Redis.
 
-The window is exact: a request is admitted only when fewer than ``requests`` were admitted in the ``window_s``
-before it, and when its tokens fit beside theirs, so no window of that length ever holds more than the limits.
-A request's tokens are estimated before it is sent and corrected by the usage its reply reports.
+The window is exact, with a little slack: a request is admitted only when fewer than ``requests`` were admitted
+in the ``window_s + slack_s`` before it, and when its tokens fit beside theirs. The slack (a second a minute) covers
+the difference between the moment a request is admitted and the moment the provider counts it (a round trip, a
+process scheduled late), so that the provider never sees more than the limit in any window of its own. A request's
+tokens are estimated before it is sent and corrected by the usage its reply reports.
 """
 
 from __future__ import annotations
@@ -29,18 +31,27 @@ log = structlog.get_logger(__name__)
 
 WINDOW_S = 60.0
 """The limits are per minute (``rate_limits.requests_per_minute``, ``tokens_per_minute``)."""
+SLACK_S = 1.0
+"""How much longer than the window an admitted request still counts (1.6 % of a minute's throughput)."""
 
 
 @dataclass(frozen=True)
 class RateLimit:
-    """What all workers together may send with one profile in any ``window_s``; None: no limit of that kind."""
+    """What all workers together may send with one profile in any ``window_s``; None: no limit of that kind.
+    An admitted request counts for ``span_s``: the window and its slack."""
 
     requests: int | None = None
     tokens: int | None = None
     window_s: float = WINDOW_S
+    slack_s: float = SLACK_S
 
     def __bool__(self) -> bool:
         return self.requests is not None or self.tokens is not None
+
+    @property
+    def span_s(self) -> float:
+        """How long an admitted request counts."""
+        return self.window_s + self.slack_s
 
 
 Admitted = tuple[float, int]
@@ -50,15 +61,16 @@ Admitted = tuple[float, int]
 def admission_wait(admitted: Sequence[Admitted], now: float, limit: RateLimit, tokens: int) -> float:
     """Seconds from ``now`` until a request of ``tokens`` fits beside the requests ``admitted`` (0: it fits now).
 
-    A request counts while ``now < its time + window_s``. For the request limit, the oldest requests past
+    A request counts while ``now < its time + span_s``. For the request limit, the oldest requests past
     ``requests - 1`` must leave the window first; for the token limit, the oldest ones until the rest and this
     one's tokens fit. A request larger than the whole token limit fits an otherwise empty window (it could never
     be sent otherwise; the provider says what it thinks of it). :mod:`worker.rate_limits` runs the same rule in
     Redis, atomically."""
-    live = sorted(entry for entry in admitted if entry[0] > now - limit.window_s)
+    span = limit.span_s
+    live = sorted(entry for entry in admitted if entry[0] > now - span)
     until = now
     if limit.requests is not None and len(live) >= limit.requests:
-        until = max(until, live[len(live) - limit.requests][0] + limit.window_s)
+        until = max(until, live[len(live) - limit.requests][0] + span)
     if limit.tokens is not None:
         need = min(tokens, limit.tokens)
         total = sum(count for _, count in live)
@@ -66,7 +78,7 @@ def admission_wait(admitted: Sequence[Admitted], now: float, limit: RateLimit, t
             if total + need <= limit.tokens:
                 break
             total -= count
-            until = max(until, at + limit.window_s)
+            until = max(until, at + span)
     return until - now
 
 
