@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 import redis
 
+from contexts import ContextStore
 from contexts.names import MESSAGES_FILE
 from replay import ReplayModel, ReplayServer, serve
 from replay.trajectory import turns_from_entries
+from tests.helpers.celery_worker import celery_client
 from tests.helpers.fake_forge import FakeChange, FakeForge
 from tests.helpers.model_server import wait_for_request
 from tests.helpers.stack import Stack, git, local_request, make_buggy_repo
@@ -33,6 +35,8 @@ from tests.helpers.worker_scenarios import (
     tool,
 )
 from worker.settings_models import LabelSettings
+from worker.submit import request_cancel
+from worker.threads import find_branch_thread, followup_of
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +70,32 @@ def test_a_local_task_stopped_at_its_step_limit_without_a_change_leaves_no_branc
     assert state["llm_call_count"] == 2
     assert heads(bare) == {"main"}  # no task branch, no checkpoint branch
     assert not (state.get("result") or {}).get("branch")
+
+
+
+def test_a_failed_and_a_cancelled_local_task_without_a_change_leave_no_branch(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    # The first task's model has nothing after its third turn (a 400 that is no limit: the task fails); the second is
+    # held at its second turn and cancelled there.
+    turns = [bash_turn(0), {"gate": "held", "gate_when": r"\(hold me\)"}, bash_turn(1), bash_turn(2)]
+    with running_stack(tmp_path, redis_url, turns) as (stack, server):
+        failing, cancelled = bare_repo(tmp_path / "a"), bare_repo(tmp_path / "b")
+        stack.start_worker("w1")
+        failed = stack.wait_finished(stack.send(local_request(failing, prompt="Print the log.")))
+        uuid = stack.send(local_request(cancelled, prompt="Print the log (hold me).", task_id="2"))
+        stack.wait_until(lambda: server.model.gate_reached("held"), 60, "the second turn's request")
+        with celery_client(redis_url) as app:
+            request_cancel(app, redis_client, ContextStore(stack.contexts_dir), uuid)
+        server.model.open_gate("held")
+        stopped = stack.wait_finished(uuid)
+
+    assert failed["status"] == "failed", failed
+    assert "replay trajectory exhausted" in failed["error"]
+    assert failed.get("reason") is None  # no limit: a failure like any other
+    assert heads(failing) == {"main"}
+    assert stopped["status"] == "cancelled", stopped["error"]
+    assert heads(cancelled) == {"main"}
 
 
 # -- on the forges ------------------------------------------------------------------------------------------------
@@ -260,6 +290,39 @@ def test_a_forge_task_stopped_without_a_change_opens_nothing_and_leaves_no_branc
     issue = forge.item("octo", "calc", 1)
     assert issue.labels == [LABELS.failed]
     assert issue.comments[-1].body.startswith("**Tasuki stopped: failed.**\n\nstep limit of 2 reached without finish")
+
+
+def test_a_follow_up_on_a_draft_continues_its_pull_request(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    append = {"content": "Note it.", "tool_calls": [tool("bash", command="echo change >> notes.txt")]}
+    turns = [append, *(bash_turn(step) for step in range(1, 4)), finish_turn("Noted it twice.")]
+    with forge_stack(tmp_path, redis_url, turns, {"TASUKI__AGENT__MAX_STEPS": "3"}) as (stack, _, forge):
+        first, state = run_issue(stack, forge)
+        branch = f"tasuki/1-{first[:8]}"
+        change = forge.change("octo", "calc", branch)
+        thread = stack.wait_until(lambda: find_branch_thread(redis_client, "github", "octo", "calc", branch), 30,
+                                  "the draft's thread")
+        # What the intake sends for a comment mentioning Tasuki on the draft (tests/test_followups_e2e.py goes
+        # through the intake); this follow-up stops at its step limit too.
+        request = {"task_key": thread.task_key, "prompt": "Note it once more.", "user": "alice",
+                   "issue": {"number": change.number, "title": change.title, "body": ""},
+                   "trigger": {"kind": "comment", "user": "alice"}, "followup": followup_of(thread, "comment")}
+        second = stack.send(request)
+        again = stack.wait_finished(second)
+        pull = forge.item("octo", "calc", change.number)
+        stack.wait_until(lambda: any(c.body.startswith("**Tasuki stopped") for c in pull.comments), 30,
+                         "the pull request's final comment")
+
+    assert state["status"] == again["status"] == "failed", again["error"]
+    assert thread.pull == change.number
+    assert thread.last_uuid == first
+    assert [c.head for c in forge.changes] == [branch]  # no second pull request
+    assert forge.branch_file("octo", "calc", branch, "notes.txt") == "change\nchange\n"
+    assert again["result"]["pull_request_url"] == change.url
+    assert again["result"]["branch"] == branch
+    assert heads(forge.git_root / "octo" / "calc.git") == {"main", branch}
+    assert pull.comments[-1].body.startswith("**Tasuki stopped: failed.** It used all of its 3 steps")
 
 
 # -- a prompt too long for the model's window -------------------------------------------------------------------
