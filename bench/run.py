@@ -12,6 +12,7 @@ from pathlib import Path
 from bench import (
     bench_app_tokens,
     bench_appends,
+    bench_caching,
     bench_compose_failover,
     bench_compression,
     bench_compression_span,
@@ -23,6 +24,7 @@ from bench import (
     bench_fleet_failover,
     bench_fleet_recall,
     bench_followups,
+    bench_hiccups,
     bench_index,
     bench_memory,
     bench_metrics,
@@ -70,6 +72,8 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "fleet": bench_fleet.run,  # issue 27: a step's durable write in PostgreSQL; list and stats at 100,000 vs 1,000
     "fleet-failover": bench_fleet_failover.run,  # issue 27: SIGKILL of a host -> the task's next step on another
     "environments": bench_environments.run,  # issue 25: restore vs setup on a real project, one build per key
+    "caching": bench_caching.run,  # issue 37: billed input of a 40-step session per provider vs ideal caching
+    "hiccups": bench_hiccups.run,  # issue 37 §3: a 429 storm during running tasks; four workers on one rate limit
 }
 
 
