@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from worker.settings_models import Settings
 
 EXIT_OK = 0
+SEND_RETRY_FOR_S = 60.0  # a person waits for the answer: a model that fails for a minute is down for them
 
 
 def request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +80,8 @@ def cmd_context_request(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def send_again(request: RecordedRequest, profile: str, settings: Settings) -> Reply:
-    """The answer of ``profile``'s model to the request's neutral messages and tools (no cache key: not the task's)."""
+    """The answer of ``profile``'s model to the request's neutral messages and tools (no cache key: not the task's),
+    retried for at most :data:`SEND_RETRY_FOR_S`."""
     from worker.llm import LLMError
     from worker.runtime import llm_config, provider_for
 
@@ -88,8 +90,9 @@ def send_again(request: RecordedRequest, profile: str, settings: Settings) -> Re
     except KeyError:
         known = ", ".join(settings.llm.profile_names())
         raise UsageError(f"unknown profile {profile!r}: expected one of {known}") from None
+    llm = settings.llm.model_copy(update={"retry_for_s": min(settings.llm.retry_for_s, SEND_RETRY_FOR_S)})
     try:
-        provider = provider_for(config, settings)
+        provider = provider_for(config, settings.model_copy(update={"llm": llm}))
         return provider.chat(request.messages, request.tools)
     except LLMError as exc:
         where = f" at {config['endpoint']}" if config.get("endpoint") else ""

@@ -28,6 +28,7 @@ from replay import ReplayServer
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.fleet_hosts import HostFactory
 from tests.helpers.model_server import model_server
+from tests.helpers.schemas import read_jsonl_lines, validate_record
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import bash_turn, finish_turn, replayed_turn, tool
 from worker.agent import Agent, AgentLimits
@@ -111,6 +112,10 @@ def test_every_call_is_recorded_as_sent_even_after_a_summary_changed_the_prompt(
     assert [r.step for r in agent] == list(range(1, steps + 2))
     assert [r.model for r in recorded] == ["scripted"] * len(recorded)
     assert {(r.profile, r.provider) for r in recorded} == {("openai", "openai")}
+    lines = read_jsonl_lines(directory / REQUESTS_FILE)
+    for line in lines:
+        validate_record("request", line)
+    assert [line["request_id"] for line in lines] == list(range(1, len(recorded) + 1))
 
     # After a summary the request is not the history: the summary stands where the oldest messages were.
     summaries = [r for r in recorded if r.kind == "summary"]

@@ -1,7 +1,7 @@
 """The JSON Schemas of the files in a context directory (SPEC §3): the contract, shipped with the code.
 
 One ``{name}.schema.json`` per file kind — ``metadata``, ``state``, ``message``, ``summary``, ``tool``,
-``lock`` — beside this module, installed as package data. Records may carry extra fields, never fewer.
+``request``, ``lock`` — beside this module, installed as package data. Records may carry extra fields, never fewer.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from importlib import resources
 from typing import Any
 
-NAMES = ("lock", "message", "metadata", "state", "summary", "tool")
+NAMES = ("lock", "message", "metadata", "request", "state", "summary", "tool")
 
 
 def load_schema(name: str) -> dict[str, Any]:
