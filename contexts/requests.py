@@ -116,17 +116,23 @@ def delta(current: Any, base: Any = _ABSENT) -> dict[str, Any]:
 
 
 def list_ops(current: list[Any], base: list[Any]) -> list[list[Any]]:
-    """``current`` as runs copied from ``base`` and items added, found greedily: each item is looked up in the
-    base, the longest run from the few places it occurs is copied, what is found nowhere is added (masked)."""
-    base_keys = [_key(item) for item in base]
+    """``current`` as runs copied from ``base`` and items added: first the prefix the two share (a request that only
+    appended, the common case, costs one comparison per item), then, greedily, each further item looked up in the rest
+    of the base and the longest run from the few places it occurs copied; what is found nowhere is added (masked)."""
+    prefix = 0
+    while prefix < min(len(current), len(base)) and current[prefix] == base[prefix]:
+        prefix += 1
+    ops: list[list[Any]] = [["copy", 0, prefix]] if prefix else []
+    if prefix == len(current):
+        return ops
+    base_keys = {position: _key(base[position]) for position in range(prefix, len(base))}
     where: dict[str, list[int]] = {}
-    for position, key in enumerate(base_keys):
+    for position, key in base_keys.items():
         where.setdefault(key, []).append(position)
-    keys = [_key(item) for item in current]
-    ops: list[list[Any]] = []
+    keys = [_key(item) for item in current[prefix:]]
     added: list[Any] = []
-    index = expected = 0
-    while index < len(current):
+    index, expected = 0, prefix
+    while index < len(keys):
         places = where.get(keys[index], [])
         candidates = ([expected] if expected in places else []) + places[:_LOOKUPS]
         start, count = 0, 0
@@ -135,7 +141,7 @@ def list_ops(current: list[Any], base: list[Any]) -> list[list[Any]]:
             if run > count:
                 start, count = place, run
         if count == 0:
-            added.append(masked(current[index]))
+            added.append(masked(current[prefix + index]))
             index += 1
             continue
         if added:
@@ -169,11 +175,9 @@ def masked(value: Any) -> Any:
     return value
 
 
-def _run(keys: list[str], index: int, base_keys: list[str], start: int) -> int:
+def _run(keys: list[str], index: int, base_keys: dict[int, str], start: int) -> int:
     count = 0
-    while (
-        index + count < len(keys) and start + count < len(base_keys) and keys[index + count] == base_keys[start + count]
-    ):
+    while index + count < len(keys) and base_keys.get(start + count) == keys[index + count]:
         count += 1
     return count
 
