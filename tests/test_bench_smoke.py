@@ -192,3 +192,15 @@ def test_quick_fleet_failover_benchmark_prints_its_ratio(tmp_path: Path) -> None
     assert re.search(r"^fleet failover: detect / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
     assert re.search(r"^fleet failover: resumed / bound +\d+\.\d{3} +<= 1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+def test_the_caching_benchmark_bills_every_provider_at_both_windows(tmp_path: Path) -> None:
+    run = quick_run("caching", tmp_path)
+    for provider in ("anthropic", "openai-responses", "openai"):
+        for window in ("128k", "32k"):
+            assert re.search(rf"^caching {provider} {window} +\d+\.\d\d +<= 1\.1", run.stdout, re.MULTILINE), run.stdout
+    # The bench's own billing of the recorded requests is what the fake Anthropic API reported for them.
+    checks = re.findall(r"reported usage of the agent calls: ([\d,]+) \(billed here: ([\d,]+)\)", run.stdout)
+    assert len(checks) == 2
+    assert all(reported == billed for reported, billed in checks)
