@@ -146,3 +146,24 @@ def test_summaries_use_the_summarizer_profile_when_one_is_set(make_settings: Cal
     summarizer = summary_config(make_settings({**PROFILES, "TASUKI__LLM__SUMMARIZER": "cheap"}), task)
     assert (summarizer["profile"], summarizer["model"], summarizer["context_length"]) == ("cheap", "gpt-5-mini",
                                                                                           64000)
+
+
+def test_submit_with_an_unknown_model_is_one_line_and_queues_nothing(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.cli_process import one_line_error
+    from tests.helpers.stack import make_buggy_repo
+
+    repo = make_buggy_repo(tmp_path / "repo")
+    (tmp_path / "config.yaml").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env.update({"TASUKI_CONFIG": str(tmp_path / "config.yaml"), "TASUKI__LLM__MODELS": PROFILES["TASUKI__LLM__MODELS"],
+                # nothing answers here: an unknown name must be refused before anything is sent
+                "TASUKI__BROKER__URL": "redis://127.0.0.1:1/0"})
+    result = subprocess.run([sys.executable, "-m", "cli.main", "submit", "--repo-path", str(repo), "--prompt", "p",
+                             "--model", "gpt-9"], capture_output=True, text=True, env=env, timeout=60, check=False,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert one_line_error(result, 2) == ("tasuki: error: no model profile 'gpt-9': the configured ones are cheap, "
+                                         "claude, local, openai")
