@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -393,3 +394,29 @@ def test_errors_are_one_line(
         directory, profiles("http://127.0.0.1:9/v1"), "context", "request", *[a.format(uuid=uuid) for a in args]
     )
     assert says.format(uuid=uuid) in one_line_error(result, code)
+
+
+@pytest.mark.integration
+def test_a_real_worker_records_summaries_made_on_the_compression_queue(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    from tests.helpers.stack import local_request
+    from tests.helpers.worker_scenarios import running_stack, worker_logs
+
+    env = {"TASUKI__COMPRESSION__MIN_MESSAGES": "6", "TASUKI__COMPRESSION__KEEP_RECENT": "3"}
+    entries = [bash_turn(n) for n in range(16)] + [finish_turn()]
+    with running_stack(tmp_path, redis_url, entries, context_length=SMALL_WINDOW, env=env) as (stack, server):
+        stack.start_worker("w1", concurrency=2)  # the compression job runs in the other slot
+        uuid = stack.send(local_request(make_buggy_repo(tmp_path / "repo"), prompt="Print the log blocks."))
+        assert stack.wait_finished(uuid, timeout_s=120)["status"] == "completed"
+        logs = worker_logs(stack)
+        assert re.search(r"Task tasuki\.compress_context\[[^]]+\] succeeded", logs)  # the queue's job, not inline
+        assert "no worker took the compression job in time" not in logs
+        chats = [entry for entry in server.requests if entry["kind"] in ("agent", "summary")]
+    recorded = list(recorded_requests(stack.contexts_dir / "completed" / uuid))
+    assert [r.kind for r in recorded] == [entry["kind"] for entry in chats]
+    assert [r.wire for r in recorded] == [entry["body"] for entry in chats]
+    assert [r.step for r in recorded if r.kind == "agent"] == list(range(1, 18))
+    summaries = [r for r in recorded if r.kind == "summary"]
+    assert summaries
+    assert all(r.messages[0]["content"].startswith("You summarize") for r in summaries)
