@@ -313,7 +313,9 @@ def test_a_limited_provider_waits_what_the_limiter_says_and_counts_its_retries(r
 
 
 def test_workers_in_several_processes_never_send_more_than_the_limit_in_any_window(redis_url: str) -> None:
-    limit, window_s, slack_s, processes, calls = 3, 2.0, 0.25, 3, 4
+    # The slack covers how late an admitted request may reach the server: a loaded CI machine (load 14 seen) can
+    # hold a process for a few hundred milliseconds between its admission and its request.
+    limit, window_s, slack_s, processes, calls = 3, 2.0, 1.0, 3, 4
     profile = unique("fleet")
     with model_server([RUN_TESTS]) as server:
         args = [server.openai_base_url, redis_url, profile, str(calls), str(limit), str(window_s), str(slack_s)]
