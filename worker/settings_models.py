@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, Self, cast
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self, cast
 
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
@@ -124,6 +124,8 @@ class ContextsSettings(Section):
 
 
 class OpenAISettings(Section):
+    ENDPOINT_KEY: ClassVar[str] = "base_url"
+
     base_url: HttpUrl | None = None
     """OpenAI-compatible endpoint (vLLM, llama.cpp, LM Studio, Ollama's /v1); null means api.openai.com."""
     model: Name = "gpt-4o"
@@ -131,14 +133,30 @@ class OpenAISettings(Section):
     context_length: PositiveInt = 128000
     """The model's context window in tokens; the compression budget."""
 
+    @property
+    def endpoint(self) -> str | None:
+        """Where the provider is: the base URL."""
+        return self.base_url
+
 
 class OllamaSettings(Section):
+    ENDPOINT_KEY: ClassVar[str] = "host"
+
     host: HttpUrl = "http://localhost:11434"
     """URL of the Ollama server."""
     model: Name = "qwen3:30b"
     """Model name sent with every request."""
     context_length: PositiveInt = 32768
     """The model's context window in tokens; also sent as options.num_ctx."""
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where the provider is: the host."""
+        return self.host
+
+
+LEGACY_SECTIONS: dict[str, type[OpenAISettings | OllamaSettings]] = {"openai": OpenAISettings, "ollama": OllamaSettings}
+"""``llm.provider``'s values and the section each names (configurations older than ``llm.models``)."""
 
 
 def _provider_name(value: str) -> str:
@@ -263,13 +281,9 @@ class LLMSettings(Section):
 
     def _built_in(self) -> ModelProfileSettings:
         """llm.provider's section as a profile (configurations older than llm.models)."""
-        if self.provider == "ollama":
-            o = self.ollama
-            return ModelProfileSettings(provider="ollama", model=o.model, context_length=o.context_length,
-                                        base_url=o.host)
-        a = self.openai
-        return ModelProfileSettings(provider="openai", model=a.model, context_length=a.context_length,
-                                    base_url=a.base_url)
+        section: OpenAISettings | OllamaSettings = getattr(self, self.provider)
+        return ModelProfileSettings(provider=self.provider, model=section.model,
+                                    context_length=section.context_length, base_url=section.endpoint)
 
 
 class CompressionSettings(Section):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from worker.names import USER_CONFIG_PREFIX
 from worker.runtime import llm_config
 from worker.settings import recursive_merge
-from worker.settings_models import CompressionSettings, LLMSettings, Settings
+from worker.settings_models import LEGACY_SECTIONS, CompressionSettings, LLMSettings, Settings
 
 log = structlog.get_logger(__name__)
 
@@ -111,7 +111,8 @@ def _flat_into_built_in(settings: Settings, llm: dict[str, Any], data: dict[str,
         if data.get(flat) is not None:
             section[target] = data[flat]
     if data.get("endpoint") is not None:
-        section["host" if provider == "ollama" else "base_url"] = data["endpoint"]
+        # an unknown provider keeps OpenAI's key: the validation below refuses it with the key and the value
+        section[getattr(LEGACY_SECTIONS.get(provider), "ENDPOINT_KEY", "base_url")] = data["endpoint"]
     if section:
         llm[provider] = section
 

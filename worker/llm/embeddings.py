@@ -86,17 +86,30 @@ def endpoint_embedder(settings: Settings, spent: Spent | None = None) -> Embedde
     model = settings.memory.embedding_model
     if model is None:
         return None
+    return ENDPOINT_EMBEDDERS[settings.llm.provider](settings, model, spent)
+
+
+def _ollama_embedder(settings: Settings, model: str, spent: Spent | None) -> Embedder:
     timeout = settings.memory.embedding_timeout_s
-    if settings.llm.provider == "ollama":
-        return OllamaEmbedder(model, host=settings.llm.ollama.host, timeout_s=timeout, spent=spent)
+    return OllamaEmbedder(model, host=settings.llm.ollama.host, timeout_s=timeout, spent=spent)
+
+
+def _openai_embedder(settings: Settings, model: str, spent: Spent | None) -> Embedder:
     key = settings.secrets.openai_api_key
     return OpenAIEmbedder(
         model,
         base_url=settings.llm.openai.base_url,
         api_key=key.get_secret_value() if key is not None else None,
-        timeout_s=timeout,
+        timeout_s=settings.memory.embedding_timeout_s,
         spent=spent,
     )
+
+
+ENDPOINT_EMBEDDERS: dict[str, Callable[[Settings, str, Spent | None], Embedder]] = {
+    "ollama": _ollama_embedder,
+    "openai": _openai_embedder,
+}
+"""``memory.embeddings: endpoint``'s embedder by ``llm.provider`` (the built-in profile's section)."""
 
 
 EMBEDDERS: dict[str, Callable[[Settings, Spent | None], Embedder | None]] = {
