@@ -389,6 +389,23 @@ def test_thinking_blocks_go_back_first_and_unchanged_across_tool_turns(ten_steps
     assert all(r["status"] == 200 for r in ten_steps.requests)
 
 
+def test_adaptive_thinking_lets_the_model_size_its_thinking_and_keeps_the_blocks(ten_steps: AnthropicServer) -> None:
+    # Claude Opus 4.7 and later take only adaptive thinking: a budget would be a 400.
+    provider = claude(ten_steps.url, adaptive_thinking=True, effort="medium", temperature=0.5)
+    messages = task()
+    first = step(provider, messages)
+    step(provider, messages)
+
+    body = ten_steps.requests[1]["body"]
+    assert body["thinking"] == {"type": "adaptive"}
+    assert body["max_tokens"] == DEFAULT_MAX_TOKENS  # no budget to add room for
+    assert body["output_config"] == {"effort": "medium"}
+    assert "temperature" not in body
+    assert first.reasoning is not None
+    assert body["messages"][1]["content"][: len(first.reasoning["items"])] == first.reasoning["items"]
+    assert all(r["status"] == 200 for r in ten_steps.requests)
+
+
 def test_the_fake_refuses_a_turn_whose_thinking_was_dropped_or_altered(ten_steps: AnthropicServer) -> None:
     provider = claude(ten_steps.url, thinking_tokens=2048)
     messages = task()

@@ -138,6 +138,7 @@ def model_spec(config: dict[str, Any], s: Settings) -> ModelSpec:
         max_output_tokens=options.max_output_tokens if options else None,
         effort=options.effort if options else None,
         thinking_tokens=options.thinking_tokens if options else None,
+        adaptive_thinking=options.adaptive_thinking if options else False,
         headers=tuple(sorted(options.headers.items())) if options else (),
         api_key_env=options.api_key_env if options else None,
     )

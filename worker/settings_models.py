@@ -197,15 +197,25 @@ class ModelProfileSettings(Section):
     max_output_tokens: PositiveInt | None = None
     """Most tokens one answer may have (max_tokens, max_completion_tokens, max_output_tokens, num_predict)."""
     effort: Effort | None = None
-    """Reasoning effort for models that take one (OpenAI reasoning models); null: the model's default."""
+    """Reasoning effort for models that take one (OpenAI's reasoning.effort, Anthropic's output_config.effort, Ollama's
+    think level); null: the model's default."""
     thinking_tokens: PositiveInt | None = None
     """Extended thinking: Anthropic's budget_tokens, Ollama's think on; null: off."""
+    adaptive_thinking: bool = False
+    """Anthropic's adaptive thinking (Claude Opus 4.6, Sonnet 4.6 and later; the only kind some newer models take):
+    the model decides when and how much to think, guided by effort; instead of thinking_tokens."""
     headers: Headers = Field(default_factory=HashableDict)
     """Extra HTTP headers sent with every request (a gateway's routing header, a beta flag)."""
     rate_limits: ModelRateLimits = ModelRateLimits()
     """What all workers together may send with this profile."""
     fallbacks: tuple[Name, ...] = ()
     """Profiles that take over, in order, when this one stays down for the whole retry window."""
+
+    @model_validator(mode="after")
+    def _one_kind_of_thinking(self) -> Self:
+        if self.adaptive_thinking and self.thinking_tokens is not None:
+            raise cross_field_error("adaptive_thinking", True, "false when thinking_tokens is set (one kind)")
+        return self
 
 
 class LLMProfile(NamedTuple):
@@ -233,7 +243,7 @@ class LLMSettings(Section):
     """Settings of the ollama provider."""
     models: Profiles = Field(default_factory=HashableDict)
     """Named model profiles: {NAME: {provider, model, context_length, base_url, api_key_env, temperature,
-    max_output_tokens, effort, thinking_tokens, headers, rate_limits, fallbacks}}."""
+    max_output_tokens, effort, thinking_tokens, adaptive_thinking, headers, rate_limits, fallbacks}}."""
     default: Name | None = None
     """The profile of a task that chooses none; null: the built-in profile of llm.provider."""
     summarizer: Name | None = None

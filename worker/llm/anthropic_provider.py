@@ -147,10 +147,13 @@ def request_body(spec: ModelSpec, messages: list[Message], tools: list[dict[str,
     if tools:
         body["tools"] = to_anthropic_tools(tools)
     budget = max(spec.thinking_tokens, MIN_THINKING_BUDGET) if spec.thinking_tokens else None
-    if budget is not None and not thinking_allowed(converted):
+    thinking = spec.adaptive_thinking or budget is not None
+    if thinking and not thinking_allowed(converted):
         log.info("llm_thinking_off", model=spec.model, reason="the open tool turn has no thinking blocks to send back")
-        budget = None
-    if budget is not None:
+        thinking, budget = False, None
+    if thinking and budget is None:  # adaptive: the model sizes its thinking within max_tokens itself
+        body["thinking"] = {"type": "adaptive"}
+    elif budget is not None:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] = budget + body["max_tokens"]  # thinking counts toward max_tokens: room for the answer
     elif spec.temperature is not None:

@@ -46,6 +46,8 @@ class ModelSpec:
     effort: str | None = None
     """Reasoning effort (``minimal``, ``low``, ``medium``, ``high``) where the API has one."""
     thinking_tokens: int | None = None
+    adaptive_thinking: bool = False
+    """Anthropic's adaptive thinking: the model decides how much to think (guided by ``effort``)."""
     """Extended thinking's budget (Anthropic) or thinking on (Ollama ``think``); None: off."""
     headers: tuple[tuple[str, str], ...] = ()
     """Extra HTTP headers sent with every request (a gateway's, a beta flag)."""
