@@ -154,7 +154,10 @@ def _let_through_once(directory: str, uid: int) -> None:
     os.setxattr(directory, "system.posix_acl_access", value)
 
 
-_PASSABLE: set[tuple[str, int]] = set()  # (directory, uid) found passable: looked at once per process (2 ms a call)
+# (directory, inode, change time, uid) found passable: looked at again only once the directory changed — a chmod
+# narrows an ACL's mask and takes the passage away (pytest does it to its own temporary root at every start), and a
+# directory made again is another inode. A stat a directory instead of 2 ms a call.
+_PASSABLE: set[tuple[str, int, int, int]] = set()
 
 
 def let_through(paths: Iterable[str], user: SandboxUser | None) -> None:
@@ -167,11 +170,18 @@ def let_through(paths: Iterable[str], user: SandboxUser | None) -> None:
     for path in paths:
         for directory in reversed(Path(path).parents):
             name = str(directory)
-            if name == "/" or (name, user.uid) in _PASSABLE:
+            if name == "/":
+                continue
+            try:
+                info = os.stat(name)
+            except OSError:
+                continue  # missing: bubblewrap's -try binds skip it (a later call looks again)
+            seen = (name, info.st_ino, info.st_ctime_ns, user.uid)
+            if seen in _PASSABLE:
                 continue
             if _can_search(name, user):
-                if os.path.isdir(name):  # a missing one may be made later, by the worker, unpassable
-                    _PASSABLE.add((name, user.uid))
+                if stat.S_ISDIR(info.st_mode):
+                    _PASSABLE.add(seen)
                 continue
             with contextlib.suppress(OSError):
                 if os.stat(name).st_uid == os.geteuid():

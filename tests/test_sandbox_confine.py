@@ -162,3 +162,18 @@ def test_what_the_file_tools_make_the_agents_commands_can_change(task: tuple[Pat
     done = _bash(task, "echo 'B = 2' >> src/new/module.py && touch src/new/__init__.py && cat src/new/module.py")
     assert done.error is None, done.output
     assert done.output.startswith("A = 1\nB = 2\n"), done.output
+
+
+def test_a_directory_chmodded_after_the_first_call_is_passed_again(tmp_path: Path) -> None:
+    # pytest chmods its temporary root to 0700 at every start, which narrows the ACL's mask that let the sandbox's
+    # user through: a worker that remembered the directory as passable bound paths its user could no longer reach.
+    bubblewrap_here()
+    need_root()
+    outer = tmp_path / "outer"
+    outer.mkdir(mode=0o700)
+    checkout, home = handed_over_task(outer)
+    assert _bash((checkout, home), "echo first").output.startswith("first")
+    outer.chmod(0o700)  # the mask of its ACL is 0 now: the entry for the sandbox's user lets nothing through
+    again = _bash((checkout, home), "echo second")
+    assert again.status == "success", again.output
+    assert again.output.startswith("second")
