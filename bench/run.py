@@ -40,6 +40,7 @@ from bench import (
     bench_webhook,
     bench_workcopy,
     bench_worker_memory,
+    local_model_calls,
 )
 from bench.common import Result, print_table
 
@@ -72,6 +73,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "fleet": bench_fleet.run,  # issue 27: a step's durable write in PostgreSQL; list and stats at 100,000 vs 1,000
     "fleet-failover": bench_fleet_failover.run,  # issue 27: SIGKILL of a host -> the task's next step on another
     "environments": bench_environments.run,  # issue 25: restore vs setup on a real project, one build per key
+    "local-model-calls": local_model_calls.run,  # issue 37: a small local model's replies whose call Tasuki runs
     "caching": bench_caching.run,  # issue 37: billed input of a 40-step session per provider vs ideal caching
     "hiccups": bench_hiccups.run,  # issue 37 §3: a 429 storm during running tasks; four workers on one rate limit
 }

@@ -33,11 +33,16 @@ _OBJECT_START = re.compile(r"\{\s*\"")
 def text_calls(text: str, tools: Collection[str], seed: object = "") -> list[ToolCall]:
     """The tool calls written in ``text`` that name one of ``tools`` with an object of arguments, in order.
 
+    A call written twice in the same reply is taken once: the recorded Qwen model repeats its fenced call bare
+    below it, and running ``echo x >> file`` twice is not what it asked for.
+
     ``seed`` says where the reply stands (the agent passes the seq its record will get), so the same call
     written in two replies gets two ids; each id is derived from the seed, the call's place and its content.
     """
     calls: list[ToolCall] = []
     for name, arguments in _written_calls(text, tools):
+        if any((call.name, call.arguments) == (name, arguments) for call in calls):  # written twice: meant once
+            continue
         index = len(calls)
         calls.append(ToolCall(id=call_id(seed, index, name, arguments), name=name, arguments=arguments))
     return calls
@@ -99,4 +104,12 @@ def _as_call(value: dict[str, Any], tools: Collection[str]) -> tuple[str, dict[s
             arguments = _decoder.decode(arguments)
         except ValueError:
             return None
-    return (name, arguments) if isinstance(arguments, dict) else None
+    if not isinstance(arguments, dict) or _is_schema(arguments):
+        return None
+    return name, arguments
+
+
+def _is_schema(arguments: dict[str, Any]) -> bool:
+    """Whether ``arguments`` are a JSON Schema: the tool's definition echoed back (the recorded Qwen model copies
+    its ``<tools>`` block into its answer), not a call of it."""
+    return arguments.get("type") == "object" and isinstance(arguments.get("properties"), dict)
