@@ -20,10 +20,8 @@ from typing import Any
 
 from worker.llm.base import ToolCall
 
-ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
-"""Where a written call keeps its arguments, in the order they are looked for."""
-NAME_KEYS = ("name", "function", "tool", "tool_name")
-"""Where a written call keeps the tool's name (``function`` may also hold a whole OpenAI-style call)."""
+ARGUMENT_KEYS = ("arguments", "parameters")
+"""Where a written call keeps its arguments (``parameters``: Llama 3's format), in the order they are looked for."""
 MAX_DEPTH = 4  # how deep a call is looked for inside an object that is not one ({"tool_calls": [...]})
 
 _decoder = json.JSONDecoder(strict=False)  # models put raw newlines and tabs inside their strings
@@ -92,8 +90,8 @@ def _as_call(value: dict[str, Any], tools: Collection[str]) -> tuple[str, dict[s
     function = value.get("function")
     if isinstance(function, dict):  # OpenAI's shape: {"type": "function", "function": {"name", "arguments"}}
         return _as_call(function, tools)
-    name = next((value[key] for key in NAME_KEYS if isinstance(value.get(key), str)), None)
-    if name is None or name not in tools:
+    name = value.get("name")
+    if not isinstance(name, str) or name not in tools:
         return None
     key = next((key for key in ARGUMENT_KEYS if key in value), None)
     if key is None:
