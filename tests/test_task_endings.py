@@ -276,6 +276,22 @@ def test_a_task_whose_model_stays_down_delivers_a_draft(
     assert_a_draft(forge, "github", uuid, state, "model stayed unavailable (")
 
 
+def test_a_task_whose_model_stops_writing_calls_delivers_a_draft(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    prose = {"content": "The note is there; I believe everything works now."}
+    turns = [{"content": "Leave a note.", "tool_calls": [tool("write_file", path="notes.txt", content=NOTE)]},
+             prose, prose, prose, bash_turn(1), finish_turn()]
+    with forge_stack(tmp_path, redis_url, turns, {"TASUKI__AGENT__MAX_FORMAT_ERRORS": "3"}) as (stack, _, forge):
+        uuid, state = run_issue(stack, forge)
+
+    assert state["status"] == "failed", state
+    assert state["reason"] == "model"
+    assert state["error"] == "the model answered 3 times in a row without a tool call Tasuki could run"
+    assert state["llm_call_count"] == 4  # the note's reply and the three without a call: nothing after them
+    assert_a_draft(forge, "github", uuid, state, "model stopped writing tool calls (the model answered 3 times")
+
+
 def test_a_forge_task_stopped_without_a_change_opens_nothing_and_leaves_no_branch(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:

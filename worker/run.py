@@ -34,7 +34,7 @@ from contexts.state import read_state
 from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import make_sandbox
 from worker import fencing
-from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished, FormatErrors
+from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.fencing import fence_of
@@ -444,7 +444,7 @@ class TaskRun:
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
             return self._end_undelivered(ctx, checkout, "cancelled", str(exc))
-        if isinstance(exc, (FormatErrors, CredentialError)):  # said in one line where it arose: no traceback
+        if isinstance(exc, CredentialError):  # said in one line where it arose: no traceback
             return self._end_undelivered(ctx, checkout, "failed", str(exc))
         if isinstance(exc, StoreUnavailable):  # the fleet's database out of reach for a whole lease, mid-task
             return self._hand_back_unreachable(ctx, exc)

@@ -1,9 +1,10 @@
 """A task stopped before it finished: which limit stopped it, and what its draft and its commit say (docs/endings.md).
 
 Reaching a limit — all of its steps, its time, its budget — or a model that stays down past its retry window (and
-its fallbacks) ends a task without its ``finish``, but not without its work: what the agent changed so far is
-committed, pushed and opened as a **draft** pull/merge request that says why the task stopped and what it was
-doing. The task's status stays what such an ending always was (``failed``, ``timeout``), with a ``reason``.
+its fallbacks), or that answers ``agent.max_format_errors`` times in a row without a call Tasuki can run, ends a
+task without its ``finish``, but not without its work: what the agent changed so far is committed, pushed and
+opened as a **draft** pull/merge request that says why the task stopped and what it was doing. The task's status
+stays what such an ending always was (``failed``, ``timeout``), with a ``reason``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from contexts import Context, jsonl
 from contexts.masking import mask
 from contexts.names import MESSAGES_FILE
-from worker.agent import BudgetExceeded, StepLimit
+from worker.agent import BudgetExceeded, FormatErrors, StepLimit
 from worker.llm.base import ContextOverflow, ModelUnavailable
 from worker.settings_models import Settings
 
@@ -29,6 +30,12 @@ SUBJECTS = {
     "model": "stopped by its model",
 }
 """The unfinished commit's subject, by reason."""
+MODEL_STOPS: dict[type[Exception], str] = {
+    ModelUnavailable: "its model stayed unavailable ({})",
+    ContextOverflow: "its prompt did not fit the model's context window even once shrunk ({})",
+    FormatErrors: "its model stopped writing tool calls ({})",
+}
+"""The ``model`` stops: a model that stays down, a prompt that never fits, replies with no call to run."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,9 @@ def stop_of(exc: BaseException, settings: Settings) -> Stop | None:
     if isinstance(exc, BudgetExceeded):
         figures = str(exc).removeprefix("budget: ")
         return Stop("budget", "failed", str(exc), f"it reached its budget ({figures})")
-    if isinstance(exc, ModelUnavailable):
-        return Stop("model", "failed", mask(str(exc)), f"its model stayed unavailable ({mask(str(exc))})")
-    if isinstance(exc, ContextOverflow):
-        return Stop("model", "failed", mask(str(exc)),
-                    f"its prompt did not fit the model's context window even once shrunk ({mask(str(exc))})")
+    model = next((why for kind, why in MODEL_STOPS.items() if isinstance(exc, kind)), None)
+    if model is not None:
+        return Stop("model", "failed", mask(str(exc)), model.format(mask(str(exc))))
     return None
 
 
