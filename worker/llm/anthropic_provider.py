@@ -37,6 +37,7 @@ from worker.llm.base import (
     parse_arguments,
     reasoning_for,
 )
+from worker.llm.hosted import HostedProvider
 from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import (
     Failure,
@@ -51,7 +52,6 @@ log = structlog.get_logger(__name__)
 
 PROVIDER = "anthropic"
 """The name replies' reasoning is recorded under (``reasoning.provider``); the registry's name for this module."""
-LOCAL_API_KEY = "unused"  # a gateway or a fake at base_url may take no key; the client insists on one
 DEFAULT_MAX_TOKENS = 8192
 """``max_tokens`` when the profile sets no ``max_output_tokens`` (the API requires one)."""
 MIN_THINKING_BUDGET = 1024  # the API's smallest budget_tokens
@@ -62,28 +62,14 @@ THINKING_TYPES = ("thinking", "redacted_thinking")
 _EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}
 
 
-class AnthropicProvider:
+class AnthropicProvider(HostedProvider):
     """Messages API calls with native tool use; our retry policy is the only one (client retries off)."""
 
-    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
-        if not api_key and not spec.endpoint:
-            raise LLMError(f"anthropic model {spec.model!r}: no API key (set ANTHROPIC_API_KEY) and no base_url")
-        self.spec = spec
-        self.model = spec.model
-        self.context_length = spec.context_length
-        self.base_url = spec.endpoint
-        self._api_key = api_key or LOCAL_API_KEY
-        self._retry = retry
-        self._client = anthropic.Anthropic(
-            api_key=self._api_key,
-            base_url=spec.endpoint,
-            timeout=timeout_s,
-            max_retries=0,
-            default_headers=dict(spec.headers) or None,
-        )
+    KEY_VARIABLE = "ANTHROPIC_API_KEY"
 
-    def __repr__(self) -> str:  # never show the key
-        return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
+    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
+        super().__init__(spec, api_key, retry, timeout_s)
+        self._client = anthropic.Anthropic(**self.client_options())
 
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None

@@ -14,7 +14,7 @@ import openai
 
 from memory.errors import EmbeddingError
 from memory.search import Embedder
-from worker.llm.openai_provider import LOCAL_API_KEY
+from worker.llm.hosted import LOCAL_API_KEY
 from worker.llm.retry import one_line
 from worker.settings_models import Settings
 

@@ -20,6 +20,7 @@ from worker.llm.base import (
     arguments_text,
     parse_arguments,
 )
+from worker.llm.hosted import HostedProvider
 from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import (
     Failure,
@@ -31,34 +32,19 @@ from worker.llm.retry import (
 )
 
 # Local servers (vLLM, llama.cpp, LM Studio, the replay model) ignore the key, but the client insists on one.
-LOCAL_API_KEY = "unused"
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _READABLE_REASONING_FIELDS = ("reasoning_content", "reasoning")  # vLLM, llama.cpp, LM Studio, DeepSeek; newer vLLM
 T = TypeVar("T")
 
 
-class OpenAIProvider:
+class OpenAIProvider(HostedProvider):
     """Chat completions with native tool calling; our retry policy is the only one (client retries off)."""
 
-    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
-        if not api_key and not spec.endpoint:
-            raise LLMError(f"openai model {spec.model!r}: no API key (set OPENAI_API_KEY) and no base_url")
-        self.spec = spec
-        self.model = spec.model
-        self.context_length = spec.context_length
-        self.base_url = spec.endpoint
-        self._api_key = api_key or LOCAL_API_KEY
-        self._retry = retry
-        self._client = openai.OpenAI(
-            api_key=self._api_key,
-            base_url=spec.endpoint,
-            timeout=timeout_s,
-            max_retries=0,
-            default_headers=dict(spec.headers) or None,
-        )
+    KEY_VARIABLE = "OPENAI_API_KEY"
 
-    def __repr__(self) -> str:  # never show the key
-        return f"OpenAIProvider(model={self.model!r}, base_url={self.base_url!r})"
+    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
+        super().__init__(spec, api_key, retry, timeout_s)
+        self._client = openai.OpenAI(**self.client_options())
 
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None

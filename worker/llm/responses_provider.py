@@ -21,7 +21,6 @@ from openai.types.responses import Response
 
 from worker.llm.base import (
     ContextOverflow,
-    LLMError,
     Message,
     ModelSpec,
     Reply,
@@ -30,7 +29,8 @@ from worker.llm.base import (
     parse_arguments,
     reasoning_for,
 )
-from worker.llm.openai_provider import LOCAL_API_KEY, classify_openai_error, raising_overflow
+from worker.llm.hosted import HostedProvider
+from worker.llm.openai_provider import classify_openai_error, raising_overflow
 from worker.llm.overflow import is_context_overflow
 from worker.llm.retry import Failure, RetryPolicy, call_with_retries, one_line
 
@@ -46,28 +46,14 @@ class ResponseFailed(Exception):
         self.code = code
 
 
-class ResponsesProvider:
+class ResponsesProvider(HostedProvider):
     """One ``POST /responses`` per step; our retry policy is the only one (client retries off)."""
 
-    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
-        if not api_key and not spec.endpoint:
-            raise LLMError(f"{spec.provider} model {spec.model!r}: no API key (set OPENAI_API_KEY) and no base_url")
-        self.spec = spec
-        self.model = spec.model
-        self.context_length = spec.context_length
-        self.base_url = spec.endpoint
-        self._api_key = api_key or LOCAL_API_KEY
-        self._retry = retry
-        self._client = openai.OpenAI(
-            api_key=self._api_key,
-            base_url=spec.endpoint,
-            timeout=timeout_s,
-            max_retries=0,
-            default_headers=dict(spec.headers) or None,
-        )
+    KEY_VARIABLE = "OPENAI_API_KEY"
 
-    def __repr__(self) -> str:  # never show the key
-        return f"ResponsesProvider(model={self.model!r}, base_url={self.base_url!r})"
+    def __init__(self, spec: ModelSpec, api_key: str | None, retry: RetryPolicy, timeout_s: float = 600.0) -> None:
+        super().__init__(spec, api_key, retry, timeout_s)
+        self._client = openai.OpenAI(**self.client_options())
 
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *, cache_key: str | None = None
