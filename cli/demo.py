@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,7 +26,7 @@ from cli.console_access import console_access
 from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
 from cli.embedded import EmbeddedRedis
 from cli.progress import watch
-from cli.services import Service, child_env, worker_processes
+from cli.services import Service, child_env, stop_on_signals, worker_processes
 from contexts import ContextStore, TasukiError
 from contexts.clock import utc_now
 from contexts.queries import show_context
@@ -39,6 +40,7 @@ from worker.submit import send_run_task
 DEMO_CONTEXT_LENGTH = 2048  # small on purpose: the demo shows compression at work
 DEMO_TIMEOUT_S = 300.0
 MEMORY_TIMEOUT_S = 60.0
+DEMO_RETRY_FOR_S = 60.0  # how long the demo's worker retries a real model that does not answer
 
 
 def make_demo_repo(root: Path) -> Path:
@@ -76,7 +78,9 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         raise TasukiError("the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself")
     demo_dir = settings.local.var_dir / "demo"
     demo_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stopping = threading.Event()  # Ctrl-C, even where it came in ignored (a background job, a test's child)
     with ExitStack() as stack:
+        stack.enter_context(stop_on_signals(stopping))
         # A private Redis for every run: the demo never shares queues with another demo or another team's
         # workers on the configured broker.
         data_dir = Path(tempfile.mkdtemp(prefix="redis-", dir=demo_dir))
@@ -105,8 +109,13 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         uuid = submit_local(broker, repo, DEMO_PROMPT)
         say(f"task:    {uuid} submitted; progress:")
         store = open_store(settings, must_exist=False)
-        state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S,
-                      alive=lambda: all(w.alive() for w in workers))
+        def alive() -> bool:
+            return not stopping.is_set() and all(w.alive() for w in workers)
+
+        state = watch(store, uuid, lambda line: say(f"  {line}"), timeout_s=DEMO_TIMEOUT_S, alive=alive)
+        if stopping.is_set():
+            say("stopped: the demo's worker and Redis stop with it")
+            return 130
         if state is None:
             say(f"the task did not finish in {DEMO_TIMEOUT_S:.0f}s or the worker died; see {log_path}")
             return 1
@@ -124,7 +133,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
             f"/console/tasks/{uuid} ({console_access(settings).hint})")
         if state.get("status") != "completed":
             return 1
-        return _second_task(settings, say, broker, repo, store, alive=lambda: all(w.alive() for w in workers))
+        return _second_task(settings, say, broker, repo, store, alive=alive)
 
 
 def launcher() -> str:
@@ -211,7 +220,9 @@ def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, 
     real = None if force_replay else choose_model(settings)
     if real:
         say(f"model:   {real} (a real model; `tasuki demo --model replay` uses Tasuki's replay model instead)")
-        return {}
+        # Someone watches the demo: a model that does not answer fails it in a minute, not a fleet's ten.
+        window = min(settings.llm.retry_for_s, DEMO_RETRY_FOR_S)
+        return {"TASUKI__LLM__RETRY_FOR_S": str(window)}
     from replay import ReplayModel, serve, turns_from_entries
 
     server = serve(ReplayModel(turns_from_entries(DEMO_TRAJECTORY)))
