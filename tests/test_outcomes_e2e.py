@@ -127,6 +127,8 @@ def pull_id(change: FakeChange, kind: str = "pull_request", source: str = "githu
 
 def test_a_merged_pull_request_records_its_thread(fleet: Fleet) -> None:
     first, change = label_to_pull_request(fleet, 1)
+    # The outcome is recorded by a job after the task ends; a review (minutes later in life) counts once it exists.
+    fleet.stack.wait_until(lambda: fleet.outcome(pull_id(change)) is not None, what="the pull request's outcome")
     review_id, comments = fleet.forge.add_review(OWNER, REPO, change.number, "Codertocat", [
         ("notes.txt", 1, "@@ -0,0 +1 @@\n+change", "Say what changed.")])
     status, answer = fleet.github("pull_request_review", review_submitted(change, review_id, "One thing."))
