@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from replay import ReplayServer
-from tests.helpers.model_server import model_server
+from tests.helpers.model_server import BASH_TOOL, FINISH_TOOL, model_server
 from worker.llm import LLMError, Provider, compute_backoff, make_provider
 from worker.llm.ollama_provider import to_ollama_messages
 from worker.llm.openai_provider import to_openai_messages
@@ -22,26 +22,6 @@ MODEL = "replay-test-model"
 CONTEXT_LENGTH = 4096
 SECRET_KEY = "sk-test-0123456789abcdefSECRET"
 
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a command in the checkout.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}},
-            "required": ["command"],
-        },
-    },
-}
-FINISH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "finish",
-        "description": "End the task.",
-        "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
-    },
-}
 RUN_TESTS = {
     "content": "Let me run the tests.",
     "tool_calls": [{"name": "bash", "arguments": {"command": "pytest -q"}}],

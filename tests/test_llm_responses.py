@@ -16,7 +16,7 @@ from contexts import ContextStore
 from replay import ReplayServer
 from tests.helpers.canned_server import canned_server
 from tests.helpers.ci import bubblewrap_here
-from tests.helpers.model_server import model_server
+from tests.helpers.model_server import BASH_TOOL, FINISH_TOOL, model_server
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
 from tests.helpers.stack import fix_calc_trajectory, make_buggy_repo
 from worker.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
@@ -28,26 +28,6 @@ PROVIDER = "openai-responses"
 MODEL = "gpt-replay"
 KEY = "sk-test-responses-0123456789SECRET"
 SYSTEM = "You are a coding agent."
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Run a command in the checkout.",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}},
-            "required": ["command"],
-        },
-    },
-}
-FINISH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "finish",
-        "description": "End the task.",
-        "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
-    },
-}
 TOOLS = [BASH_TOOL, FINISH_TOOL]
 TURNS: list[dict[str, Any]] = [
     {"content": "Let me look around.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},

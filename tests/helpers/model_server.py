@@ -130,3 +130,26 @@ def model_server_process(trajectory: Path) -> Iterator[ModelServerProcess]:
         yield server
     finally:
         server.stop()
+
+
+# Two tools in the OpenAI shape, for provider tests that need a small tool list of their own.
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a command in the checkout.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}},
+            "required": ["command"],
+        },
+    },
+}
+FINISH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "finish",
+        "description": "End the task.",
+        "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
+    },
+}
