@@ -145,8 +145,8 @@ class OutcomeStore(Protocol):
         ...
 
     def note_review(self, pull: str, entries: Sequence[dict[str, Any]]) -> bool:
-        """Count review comments on the request and keep the newest (``LAST_REVIEW_ENTRIES``). False: no such
-        request."""
+        """Count review comments on the request and keep the newest (``LAST_REVIEW_ENTRIES``). False: the request
+        is not recorded yet; the review is kept and counted when it is (``opened``)."""
         ...
 
     def ended(self, pull: str, *, merged: bool, at: datetime, review_comments: int | None = None) -> str | None:

@@ -82,6 +82,9 @@ CREATE TABLE IF NOT EXISTS pull_tasks (
     priced INTEGER NOT NULL,
     PRIMARY KEY (pull, uuid)
 );
+-- A review can come before the request is recorded (a job writes it after the first task ends): it waits here
+-- and is folded in when the request is.
+CREATE TABLE IF NOT EXISTS early_reviews (id INTEGER PRIMARY KEY, pull TEXT NOT NULL, entries TEXT NOT NULL);
 """
 _COLUMNS = {"repo": "repository", "model": "model", "week": "week"}
 SEP = "\x1f"  # between the parts of a tally key (no repository, model or week name holds it)
@@ -128,6 +131,17 @@ def _tally_sql() -> list[str]:
 
 
 TALLY_SQL = _tally_sql()
+def _add_review(db: sqlite3.Connection, pull: str, entries: Sequence[dict[str, Any]]) -> bool:
+    """Count a review's entries on the request and keep the newest; False when the request is not recorded."""
+    row = db.execute("SELECT last_review FROM pulls WHERE pull = ?", (pull,)).fetchone()
+    if row is None:
+        return False
+    kept = [*json.loads(row[0]), *entries][-LAST_REVIEW_ENTRIES:]
+    db.execute("UPDATE pulls SET last_review = ?, review_comments = review_comments + ? WHERE pull = ?",
+               (json.dumps(kept, ensure_ascii=False), len(entries), pull))
+    return True
+
+
 _TOTALS = """
 UPDATE pulls SET followups = (SELECT COUNT(*) FROM pull_tasks t WHERE t.pull = pulls.pull AND t.followup = 1),
     tokens = (SELECT IFNULL(SUM(tokens), 0) FROM pull_tasks t WHERE t.pull = pulls.pull),
@@ -221,6 +235,11 @@ class SQLiteOutcomeStore:
                      outcome.model, outcome.first_uuid, _epoch(outcome.started_at), _epoch(outcome.opened_at),
                      week_of(outcome.opened_at)),
                 )
+                early = db.execute("SELECT entries FROM early_reviews WHERE pull = ? ORDER BY id",
+                                   (outcome.pull,)).fetchall()
+                if cursor.rowcount == 1 and early:
+                    _add_review(db, outcome.pull, [e for (raw,) in early for e in json.loads(raw)])
+                db.execute("DELETE FROM early_reviews WHERE pull = ?", (outcome.pull,))
                 return cursor.rowcount == 1
 
         return self._attempt(insert)
@@ -240,17 +259,16 @@ class SQLiteOutcomeStore:
         return self._attempt(upsert)
 
     def note_review(self, pull: str, entries: Sequence[dict[str, Any]]) -> bool:
-        """Count review comments and keep the newest ``LAST_REVIEW_ENTRIES``."""
+        """Count review comments and keep the newest ``LAST_REVIEW_ENTRIES``; a review of a request not recorded
+        yet waits for it (False)."""
 
         def update() -> bool:
             with self._write() as db:
-                row = db.execute("SELECT last_review FROM pulls WHERE pull = ?", (pull,)).fetchone()
-                if row is None:
-                    return False
-                kept = [*json.loads(row[0]), *entries][-LAST_REVIEW_ENTRIES:]
-                db.execute("UPDATE pulls SET last_review = ?, review_comments = review_comments + ? WHERE pull = ?",
-                           (json.dumps(kept, ensure_ascii=False), len(entries), pull))
-                return True
+                if _add_review(db, pull, entries):
+                    return True
+                db.execute("INSERT INTO early_reviews (pull, entries) VALUES (?, ?)",
+                           (pull, json.dumps(list(entries), ensure_ascii=False)))
+                return False
 
         return self._attempt(update)
 

@@ -116,6 +116,22 @@ def test_thread_records_tasks_spend_reviews_and_merge(store: SQLiteOutcomeStore)
     assert store.get(pull).state == "open"  # type: ignore[union-attr]
 
 
+def test_a_review_that_comes_before_the_request_is_recorded_waits_for_it(store: SQLiteOutcomeStore) -> None:
+    # The request is written by a job after its first task ends; a reviewer can be quicker than that job.
+    pull = outcome(1).pull
+    assert store.note_review(pull, [{"author": "ann", "body": "Not here."}]) is False
+    assert store.note_review(pull, [{"author": "bob", "body": "Nor here."}]) is False
+    assert store.get(pull) is None
+    assert store.opened(outcome(1)) is True
+    found = store.get(pull)
+    assert found is not None
+    assert ([e["body"] for e in found.last_review], found.review_comments) == (["Not here.", "Nor here."], 2)
+    assert store.opened(outcome(1)) is False  # the job again: the reviews are not counted twice
+    assert store.get(pull).review_comments == 2  # type: ignore[union-attr]
+    assert store.note_review(pull, [{"author": "cy", "body": "Later."}]) is True
+    assert store.get(pull).review_comments == 3  # type: ignore[union-attr]
+
+
 def test_report_figures_by_repository_model_and_week(store: SQLiteOutcomeStore) -> None:
     hours = [2, 4, 30]
     for n, h in enumerate(hours, start=1):  # three merged on api, after 2, 4 and 30 hours
