@@ -50,6 +50,7 @@ COPY contexts ./contexts
 COPY memory ./memory
 COPY fleet ./fleet
 COPY sandbox ./sandbox
+COPY agent ./agent
 COPY worker ./worker
 COPY scheduler ./scheduler
 COPY webhooks ./webhooks

@@ -2,7 +2,7 @@
 caching (issue 37's "Measured").
 
 The session (bench/bugfix_session.py: file reads, test runs, diffs at the sizes a real session has) runs through
-Tasuki's real agent loop: :class:`worker.agent.Agent`'s steps, ``build_prompt`` with the window's budget and
+Tasuki's real agent loop: :class:`agent.loop.Agent`'s steps, ``build_prompt`` with the window's budget and
 omissions, compression and its summary requests when the history passes the threshold, and each provider's real
 request conversion, over HTTP to the fakes that speak each protocol: the fake Anthropic Messages API
 (replay/anthropic_api.py) and the replay model's Responses and Chat Completions endpoints. The tools are not run:
@@ -35,6 +35,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+from agent.llm import ModelSpec, Provider, RetryPolicy, ToolCall, registry
+from agent.llm.anthropic_provider import request_body
+from agent.llm.openai_provider import COMPATIBLE, to_openai_messages
+from agent.llm.responses_provider import responses_request
+from agent.loop import Agent, AgentLimits
+from agent.prompts import SYSTEM_PROMPT, task_message
+from agent.tools import TOOL_SCHEMAS
 from bench.bugfix_session import TASK, Step, session
 from bench.common import Result, new_store, standalone
 from contexts.compression import CompressionPolicy, Summarized
@@ -48,16 +55,9 @@ from replay.anthropic_api import serve_anthropic
 from replay.anthropic_cache import bill_requests
 from replay.responses_api import CACHE_MIN_TOKENS, CACHE_STEP_TOKENS, prompt_units
 from replay.trajectory import turns_from_entries
-from worker.agent import Agent, AgentLimits
 from worker.checkout import Checkout
-from worker.llm import ModelSpec, Provider, RetryPolicy, ToolCall, registry
-from worker.llm.anthropic_provider import request_body
-from worker.llm.openai_provider import COMPATIBLE, to_openai_messages
-from worker.llm.responses_provider import responses_request
 from worker.logging import configure_logging
-from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.tasks import summarize, summary_span_budget
-from worker.tools import TOOL_SCHEMAS
 
 WINDOWS = (128_000, 32_000)
 CACHED_PRICE = 0.1  # of an input token: OpenAI's GPT-5 cached input (0.125 USD / M against 1.25)

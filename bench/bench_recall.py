@@ -150,7 +150,7 @@ def timed_recalls(stores: dict[int, SQLiteMemoryStore], queries: list[str], embe
 
 def local_model_cost(queries: list[str]) -> list[Result]:
     """p95 of embedding a recall's two queries with the local model, when tasuki[embeddings] is installed."""
-    from worker.llm.local_embeddings import LOCAL_MODEL, LocalEmbedder, local_available
+    from worker.local_embeddings import LOCAL_MODEL, LocalEmbedder, local_available
 
     if not local_available():
         print("  local model: tasuki[embeddings] is not installed, not measured", flush=True)

@@ -104,7 +104,7 @@ def scores(store: SQLiteMemoryStore, data: Labelled, kind: str) -> dict[str, flo
 
 def default_embedder() -> tuple[Embedder, str]:
     """The local model when ``tasuki[embeddings]`` is installed, else the hash; and a line saying which."""
-    from worker.llm.local_embeddings import LOCAL_MODEL, LocalEmbedder, local_available
+    from worker.local_embeddings import LOCAL_MODEL, LocalEmbedder, local_available
 
     if local_available():
         return LocalEmbedder(), f"local {LOCAL_MODEL} (tasuki[embeddings])"
@@ -150,7 +150,7 @@ def main() -> None:
     if args.model:
         import os
 
-        from worker.llm.embeddings import OpenAIEmbedder
+        from worker.embeddings import OpenAIEmbedder
 
         embedder = OpenAIEmbedder(args.model, base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY"),
                                   timeout_s=60)

@@ -15,13 +15,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.tools import Workspace, run_tool
 from bench.common import Result, standalone, timed
 from sandbox import layers
 from sandbox.egress import egress_policy, egress_proxy
 from sandbox.host import HOST_ENV, program
 from sandbox.jail import SYSTEM_DIRS, WORKSPACE, Bubblewrap, NoSandbox, Sandbox, _ro_bind, probe
 from sandbox.settings import SandboxSettings
-from worker.tools import Workspace, run_tool
 
 
 def _call(workspace: Workspace, sandbox: Sandbox, home: Path | None = None) -> None:

@@ -3,7 +3,7 @@
 ``python -m bench.local_model_calls`` replays the replies recorded in ``tests/data/text_tool_calls/`` (raw
 ``/v1/chat/completions`` responses of Qwen2.5-Coder-1.5B-Instruct Q4_K_M on llama.cpp's ``llama-server --jinja``)
 and prints, of all replies, the share whose tool call Tasuki runs: before issue 37 only native ``tool_calls``
-counted; now calls written in the text count too (:func:`worker.llm.textcalls.text_calls`).
+counted; now calls written in the text count too (:func:`agent.llm.textcalls.text_calls`).
 
 ``--base-url http://127.0.0.1:18777/v1`` drives a live OpenAI-compatible server instead (your own run, never CI):
 each task's scratch git repository is made in a temporary directory, the conversation is Tasuki's (its system
@@ -27,11 +27,11 @@ from typing import Any
 
 import httpx
 
+from agent.llm.base import ToolCall, parse_arguments
+from agent.llm.textcalls import text_calls
+from agent.prompts import NUDGE, SYSTEM_PROMPT, task_message
+from agent.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
 from bench.common import Result
-from worker.llm.base import ToolCall, parse_arguments
-from worker.llm.textcalls import text_calls
-from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
-from worker.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
 
 RECORDINGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "text_tool_calls"
 TOOL_OUTPUT_MAX_CHARS = 6000  # a small model's 16k window: less than the default 20,000, as an operator would set
@@ -231,7 +231,7 @@ def converse(client: httpx.Client, model: str, task: Task, checkout: Path, max_r
     return {
         "task": task.name,
         "model": model,
-        "request": {"tools": "worker.tools.TOOL_SCHEMAS", "max_tokens": MAX_TOKENS},
+        "request": {"tools": "agent.tools.TOOL_SCHEMAS", "max_tokens": MAX_TOKENS},
         "messages": messages,
         "responses": recorded,
     }

@@ -16,7 +16,7 @@ from contexts.requests import RecordedRequest, request_of_step
 from worker.stores import open_store
 
 if TYPE_CHECKING:
-    from worker.llm import Reply
+    from agent.llm import Reply
     from worker.settings_models import Settings
 
 EXIT_OK = 0
@@ -82,7 +82,7 @@ def cmd_context_request(args: argparse.Namespace, settings: Settings) -> int:
 def send_again(request: RecordedRequest, profile: str, settings: Settings) -> Reply:
     """The answer of ``profile``'s model to the request's neutral messages and tools (no cache key: not the task's),
     retried for at most :data:`SEND_RETRY_FOR_S`."""
-    from worker.llm import LLMError
+    from agent.llm import LLMError
     from worker.runtime import llm_config, provider_for
 
     try:

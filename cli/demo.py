@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 from celery import Celery
 
+from agent.llm import registry
 from cli import viewer
 from cli.console_access import console_access
 from cli.demo_data import DEMO_FILES, DEMO_PROMPT, DEMO_TRAJECTORY
@@ -32,7 +33,6 @@ from contexts.clock import utc_now
 from contexts.queries import show_context
 from worker import runtime
 from worker.checkout import run_git
-from worker.llm import registry
 from worker.settings_models import Settings
 from worker.stores import open_store
 from worker.submit import send_run_task
@@ -243,7 +243,7 @@ def _model(settings: Settings, say: Callable[[str], None], stack: ExitStack, *, 
 def _embeddings(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:
     """Say where recall's vectors come from: the configured embedder, else the local model when
     ``tasuki[embeddings]`` is installed, else none (BM25 only). Returns the settings the worker needs for it."""
-    from worker.llm.local_embeddings import LOCAL_MODEL, local_available
+    from worker.local_embeddings import LOCAL_MODEL, local_available
 
     memory = settings.memory
     if memory.embeddings == "endpoint" and memory.embedding_model:

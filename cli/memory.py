@@ -41,7 +41,7 @@ def _source(parser: argparse.ArgumentParser) -> None:
 
 def _embedding(settings: Settings) -> str:
     if settings.memory.embeddings == "local":
-        from worker.llm.local_embeddings import local_available
+        from worker.local_embeddings import local_available
 
         installed = "" if local_available() else ", but tasuki[embeddings] is not installed: BM25 only"
         return f"{settings.memory.embedder}{installed}"
@@ -146,7 +146,7 @@ def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     from cli.viewer import to_json
     from contexts.clock import utc_now
     from memory.search import recall
-    from worker.llm.embeddings import embedder_for
+    from worker.embeddings import embedder_for
 
     if not args.query.strip():
         raise UsageError("QUERY is empty")

@@ -204,8 +204,8 @@ def conversation_requests(
 ) -> list[dict[str, Any]]:
     """The body the ``anthropic`` provider sends for each step of a recorded conversation (OpenAI-style records,
     as ``messages.jsonl`` holds them): one per assistant record, of the messages before it. ``spec`` is the
-    profile's :class:`worker.llm.base.ModelSpec`."""
-    from worker.llm.anthropic_provider import request_body
+    profile's :class:`agent.llm.base.ModelSpec`."""
+    from agent.llm.anthropic_provider import request_body
 
     return [request_body(spec, messages[:i], tools) for i, m in enumerate(messages) if m.get("role") == "assistant"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from worker.llm.base import parse_arguments
+from agent.llm.base import parse_arguments
 
 MARKER_PATTERN = re.compile(r"\[tasuki-replay turn=(\d+)\]")
 

@@ -1,4 +1,4 @@
-"""A prompt the model refuses as too long for its window (worker/agent.py ``Agent.ask``), in-process: a real context
+"""A prompt the model refuses as too long for its window (agent/loop.py ``Agent.ask``), in-process: a real context
 store and git checkout in tmp_path, the replay model over HTTP with a context window, the ``openai`` SDK."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+from agent.llm import make_provider
+from agent.llm.base import ContextOverflow
+from agent.loop import OVERFLOW_RETRIES, Agent, AgentLimits
+from agent.prompts import SYSTEM_PROMPT, task_message
 from contexts import ContextStore
 from contexts.compression import CompressionPolicy
 from contexts.names import MESSAGES_FILE
@@ -17,11 +21,7 @@ from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import bash_turn, context_records, finish_turn, replayed_turn
-from worker.agent import OVERFLOW_RETRIES, Agent, AgentLimits
 from worker.checkout import Checkout
-from worker.llm import make_provider
-from worker.llm.base import ContextOverflow
-from worker.prompts import SYSTEM_PROMPT, task_message
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
 CONTEXT_LENGTH = 32768

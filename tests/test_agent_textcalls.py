@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from agent.llm import make_provider
+from agent.loop import Agent, AgentLimits, FormatErrors
+from agent.prompts import NUDGE, SYSTEM_PROMPT, task_message
 from contexts import Context, ContextStore
 from contexts.clock import utc_now
 from contexts.compression import CompressionPolicy
@@ -23,10 +26,7 @@ from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import git, local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import agent_requests, context_records, running_stack
-from worker.agent import Agent, AgentLimits, FormatErrors
 from worker.checkout import Checkout
-from worker.llm import make_provider
-from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
 
 TESTS = "python -m unittest -q"
 FIX_IN_TEXT = [  # the calc fix, each call in a way small models write it (the first as the recorded Qwen did)

@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+from agent import loop as agent_module
+from agent.llm import make_provider
+from agent.loop import Agent, AgentLimits, Cancelled, Finished, StepLimit
+from agent.prompts import NUDGE, SYSTEM_PROMPT, task_message
 from contexts import Context, ContextStore
 from contexts import context as context_module
 from contexts.clock import utc_now
@@ -21,13 +25,9 @@ from replay import ReplayServer
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import git, make_buggy_repo
 from tests.helpers.worker_scenarios import agent_requests, context_records, finish_turn, replayed_turn, tool
-from worker import agent as agent_module
 from worker import checkout as checkout_module
-from worker.agent import Agent, AgentLimits, Cancelled, Finished, StepLimit
 from worker.checkout import Checkout
 from worker.inbox import Inbox
-from worker.llm import make_provider
-from worker.prompts import NUDGE, SYSTEM_PROMPT, task_message
 from worker.run import ReportingAgent
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}

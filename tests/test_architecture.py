@@ -1,5 +1,5 @@
-"""The dependency arrows point one way: contexts, memory <- fleet, sandbox <- worker <- scheduler, webhooks,
-console <- cli.
+"""The dependency arrows point one way: contexts, memory <- fleet, sandbox, agent <- worker <- scheduler,
+webhooks, console <- cli.
 
 No exemptions: the roof (``cli/``) may import every package and nothing imports it.
 """
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contexts", "memory", "fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli")
+PACKAGES = (
+    "contexts", "memory", "fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli",
+)
 BROKERS = {"celery", "kombu", "redis", "billiard"}
 DRIVERS = {"psycopg", "psycopg_pool", "pgvector"}  # the fleet store's (fleet/): the pure rooms name no database
 
@@ -22,10 +24,13 @@ DRIVERS = {"psycopg", "psycopg_pool", "pgvector"}  # the fleet store's (fleet/):
 FORBIDDEN: dict[str, set[str]] = {
     "contexts": BROKERS
     | DRIVERS
-    | {"memory", "fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "memory": BROKERS | DRIVERS | {"fleet", "sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "fleet": BROKERS | {"sandbox", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "sandbox": BROKERS | DRIVERS | {"fleet", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    | {"memory", "fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "memory": BROKERS | DRIVERS | {"fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay",
+                                   "cli"},
+    "fleet": BROKERS | {"sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    "sandbox": BROKERS | DRIVERS | {"fleet", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    # the agent loop, its tools, prompts and providers: Celery, Redis and the database are the worker's
+    "agent": BROKERS | DRIVERS | {"fleet", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
     "worker": {"scheduler", "webhooks", "console", "replay", "cli"},
     "scheduler": {"webhooks", "console", "replay", "cli"},
     "webhooks": {"scheduler", "replay", "cli"},  # the intake may mount the console
@@ -72,6 +77,7 @@ def test_every_package_is_checked() -> None:
     [
         "contexts, contexts.queries, contexts.retention, contexts.schemas",
         "memory, memory.sqlite, memory.search",
+        "agent, agent.loop, agent.tools, agent.llm.registry",
         "fleet, fleet.store",
         "replay",
     ],

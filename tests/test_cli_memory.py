@@ -16,7 +16,7 @@ from memory.sqlite import SQLiteMemoryStore
 from replay.embeddings import embed_text
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.model_server import model_server
-from worker.llm.local_embeddings import local_available
+from worker.local_embeddings import local_available
 
 RUN_TIMEOUT_S = 60
 REPO = "github:acme/web"

@@ -27,7 +27,7 @@ from tests.helpers.celery_worker import wait_for_ping
 from tests.helpers.context_support import wait_for
 from tests.helpers.model_server import model_server, write_trajectory
 from tests.helpers.stack import Stack, fix_calc_trajectory, git, make_buggy_repo
-from worker.llm.local_embeddings import local_available
+from worker.local_embeddings import local_available
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[1]

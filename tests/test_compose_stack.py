@@ -62,7 +62,7 @@ import json, sys, tempfile
 from pathlib import Path
 from worker.runtime import settings
 from sandbox.jail import make_sandbox
-from worker.tools import Workspace, run_tool
+from agent.tools import Workspace, run_tool
 files, command = json.loads(sys.argv[1]), sys.argv[2]
 with tempfile.TemporaryDirectory(prefix="toolchain-") as root:
     for name, text in files.items():

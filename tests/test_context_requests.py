@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from agent.llm import make_provider
+from agent.loop import Agent, AgentLimits
+from agent.prompts import SYSTEM_PROMPT, task_message
 from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.compression import CompressionPolicy, Summarized
@@ -32,10 +35,7 @@ from tests.helpers.model_server import model_server
 from tests.helpers.schemas import read_jsonl_lines, validate_record
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import bash_turn, finish_turn, replayed_turn, tool
-from worker.agent import Agent, AgentLimits
 from worker.checkout import Checkout
-from worker.llm import make_provider
-from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.tasks import summarize
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent.prompts import summarizer_messages
 from contexts.importance import content_score, group_importance, importance, most_important
-from worker.prompts import summarizer_messages
 
 
 def test_the_weights_of_seed_000() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agent.tools import Workspace, run_tool
 from sandbox import envfiles
 from sandbox.egress import egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, NoSandbox, Sandbox, probe
@@ -25,7 +26,6 @@ from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
 from worker.environment import maybe_sweep, snapshot_store
 from worker.settings_models import Settings
-from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 
 BASE_PYTHON = Path(sys._base_executable)

@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from agent.fencing import fence_of
 from contexts.context import Context
 from contexts.errors import FencedError
 from contexts.store import ContextStore
@@ -28,7 +29,6 @@ from tests.helpers.fleet_hosts import HostFactory, lease_expired, waiting_for_a_
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.stack import git, make_buggy_repo
 from worker.checkout import Checkout
-from worker.fencing import fence_of
 from worker.forges import GitHubForge
 from worker.forges.reporter import MARKER, ForgeReporter
 from worker.run import TaskRequest, branch_name

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from agent.prompts import task_message
 from contexts.errors import TasukiError
 from tests.helpers.fake_forge import FakeForge
 from tests.helpers.stack import FIXED_CALC, git, make_buggy_repo
@@ -18,7 +19,6 @@ from worker.followup_tasks import apply_autofix
 from worker.forges import GiteaForge, GitHubForge, GitLabForge
 from worker.forges.reporter import ForgeReporter
 from worker.names import AUTOFIX_OFF_PREFIX
-from worker.prompts import task_message
 from worker.run import TaskRequest
 from worker.settings_models import LabelSettings
 from worker.threads import key_id

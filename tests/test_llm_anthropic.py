@@ -16,6 +16,8 @@ from typing import Any
 import anthropic
 import pytest
 
+from agent.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Reply, RetryPolicy, registry
+from agent.llm.anthropic_provider import DEFAULT_MAX_TOKENS, place_breakpoints, to_anthropic_messages
 from replay import ReplayModel
 from replay.anthropic_api import AnthropicServer, serve_anthropic
 from replay.anthropic_cache import (
@@ -28,8 +30,6 @@ from replay.anthropic_cache import (
     min_cacheable_tokens,
 )
 from replay.trajectory import turns_from_entries
-from worker.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Reply, RetryPolicy, registry
-from worker.llm.anthropic_provider import DEFAULT_MAX_TOKENS, place_breakpoints, to_anthropic_messages
 
 MODEL = "claude-sonnet-4-5"
 SECRET_KEY = "sk-ant-test-0123456789abcdefSECRET"

@@ -23,17 +23,17 @@ from typing import Any
 import pytest
 import redis
 
+from agent.llm import LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
+from agent.llm.fallback import FallbackProvider
+from agent.llm.limiting import Admission, LimitedProvider, RateLimit, admission_wait
+from agent.llm.retry import retry_after_of
+from agent.loop import Cancelled
 from contexts import ContextStore
 from replay import ReplayServer
 from tests.helpers.celery_worker import celery_client
 from tests.helpers.model_server import model_server, wait_for_request
 from tests.helpers.stack import local_request, make_buggy_repo
 from tests.helpers.worker_scenarios import agent_requests, bash_turn, context_records, finish_turn, running_stack
-from worker.agent import Cancelled
-from worker.llm import LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
-from worker.llm.fallback import FallbackProvider
-from worker.llm.limiting import Admission, LimitedProvider, RateLimit, admission_wait
-from worker.llm.retry import retry_after_of
 from worker.model_waits import interruptible_sleep
 from worker.rate_limits import PAUSE_S, RedisLimiter, limit_key
 from worker.runtime import llm_config, provider_for

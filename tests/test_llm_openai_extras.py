@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from agent.llm import ContextOverflow, LLMError, ModelSpec, Provider, Reply, RetryPolicy, registry
+from agent.llm.openai_provider import dialect_of, generation_options
 from replay import ReplayServer
 from tests.helpers.canned_server import canned_server
 from tests.helpers.model_server import model_server
-from worker.llm import ContextOverflow, LLMError, ModelSpec, Provider, Reply, RetryPolicy, registry
-from worker.llm.openai_provider import dialect_of, generation_options
 
 KEY = "sk-test-extras-0123456789SECRET"
 MODEL = "replay-model"

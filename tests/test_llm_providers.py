@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from agent.llm import LLMError, Provider, compute_backoff, make_provider
+from agent.llm.ollama_provider import to_ollama_messages
+from agent.llm.openai_provider import to_openai_messages
 from replay import ReplayServer
 from tests.helpers.model_server import BASH_TOOL, FINISH_TOOL, model_server
-from worker.llm import LLMError, Provider, compute_backoff, make_provider
-from worker.llm.ollama_provider import to_ollama_messages
-from worker.llm.openai_provider import to_openai_messages
 
 PROVIDERS = ["openai", "ollama"]
 MODEL = "replay-test-model"

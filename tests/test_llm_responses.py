@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 
+from agent.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
 from contexts import ContextStore
 from replay import ReplayServer
 from tests.helpers.canned_server import canned_server
@@ -19,7 +20,6 @@ from tests.helpers.ci import bubblewrap_here
 from tests.helpers.model_server import BASH_TOOL, FINISH_TOOL, model_server
 from tests.helpers.schemas import read_jsonl_lines, validate_context_dir
 from tests.helpers.stack import fix_calc_trajectory, make_buggy_repo
-from worker.llm import ContextOverflow, LLMError, ModelSpec, ModelUnavailable, Provider, Reply, RetryPolicy, registry
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import llm_config, provider_for
 from worker.settings_models import Settings

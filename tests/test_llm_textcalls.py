@@ -1,4 +1,4 @@
-"""Tool calls written as text (worker/llm/textcalls.py): on replies recorded from a real small model served by
+"""Tool calls written as text (agent/llm/textcalls.py): on replies recorded from a real small model served by
 llama.cpp (tests/data/text_tool_calls, recorded by bench/local_model_calls.py) and on adversarial text."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.llm.textcalls import text_calls
-from worker.tools import TOOLS
+from agent.llm.textcalls import text_calls
+from agent.tools import TOOLS
 
 RECORDINGS = Path(__file__).parent / "data" / "text_tool_calls"
 

@@ -12,7 +12,7 @@ from memory import EmbeddingError
 from memory.search import embed_checked
 from replay.embeddings import embed_text
 from tests.helpers.model_server import model_server
-from worker.llm.embeddings import OllamaEmbedder, OpenAIEmbedder
+from worker.embeddings import OllamaEmbedder, OpenAIEmbedder
 
 
 def make(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.tools import Workspace, run_tool
 from contexts import CompressionPolicy, ContextStore
 from memory.sqlite import SQLiteMemoryStore
 from tests.helpers.memory_support import episode
 from worker.remembering import task_recall
 from worker.settings_models import Settings
-from worker.tools import Workspace, run_tool
 
 KEY = {"task_source": "github", "owner": "acme", "repo": "web", "task_type": "issue", "task_id": "3"}
 DETAIL = "E   AssertionError: parse_date('2024-02-30') returned 2024-03-01 in tests/test_dates.py:41"

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agent.llm import make_provider
+from agent.prompts import task_message
 from contexts import ContextStore
 from memory import Memory
 from memory.episodes import episode_from_context, failed_commands, files_changed
@@ -18,8 +20,6 @@ from memory.sqlite import SQLiteMemoryStore
 from memory.update import judge
 from tests.helpers.memory_support import NOW, episode
 from tests.helpers.model_server import model_server
-from worker.llm import make_provider
-from worker.prompts import task_message
 from worker.remembering import merge_repository, next_merge, record_episode, update_memories
 from worker.settings_models import Settings
 

@@ -14,6 +14,7 @@ import httpx
 import ollama
 import pytest
 
+from agent.llm import make_provider
 from contexts.tokens import estimate_tokens
 from replay import ReplayModel
 from replay.http import ReplayHandler, ReplayHTTPServer
@@ -32,7 +33,6 @@ from tests.helpers.model_server import (
     wait_for_request,
     write_trajectory,
 )
-from worker.llm import make_provider
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 TASK = {"role": "user", "content": "Fix the failing test in src/calc.py."}

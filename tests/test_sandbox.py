@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.tools import Workspace, run_tool
 from sandbox.jail import Bubblewrap, NoSandbox, SandboxUnavailable, make_sandbox, probe, tool_dirs
 from sandbox.settings import SandboxSettings
 from tests.helpers.ci import bubblewrap_here, cannot_run
 from tests.helpers.context_support import wait_for
 from tests.helpers.stack import make_buggy_repo
 from worker.checkout import Checkout
-from worker.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 
 SECRET_VALUE = "sk-the-worker-secret-0123456789abcdef"
@@ -64,7 +64,7 @@ import sys
 from pathlib import Path
 from sandbox.jail import make_sandbox
 from sandbox.settings import SandboxSettings
-from worker.tools import Workspace, run_tool
+from agent.tools import Workspace, run_tool
 from worker.workcopy import GitCache
 settings = SandboxSettings(backend=sys.argv[2])
 result = run_tool(Workspace(Path(sys.argv[1])), "bash", {"command": sys.argv[3]}, bash_timeout_s=30,

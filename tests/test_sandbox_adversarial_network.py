@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from agent.llm import Provider, make_provider
+from agent.tools import Workspace, run_tool
 from contexts import ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
@@ -33,11 +35,9 @@ from tests.helpers.context_support import wait_for
 from tests.helpers.loopback_service import serve_text
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import provider_env
-from worker.llm import Provider, make_provider
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import llm_config
 from worker.settings_models import Settings
-from worker.tools import Workspace, run_tool
 
 SECRET = f"fleet-secret-{secrets.token_hex(8)}"
 # The attacker's proxy client: the proxy variables' NO_PROXY (localhost, 127.0.0.1) would keep curl off the proxy.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.tools import Workspace, run_tool
 from sandbox import bridge
 from sandbox.egress import egress_policy, egress_proxy
 from sandbox.jail import Bubblewrap, Sandbox
@@ -18,7 +19,6 @@ from tests.helpers.ci import bubblewrap_here
 from tests.helpers.context_support import wait_for
 from tests.helpers.loopback_service import serve_text
 from tests.helpers.sandbox_users import handed_over_task
-from worker.tools import Workspace, run_tool
 
 VIA_PROXY = "env -u NO_PROXY -u no_proxy curl -sS --max-time 20 -x http://127.0.0.1:3128"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.tools import Workspace, run_tool
+from agent.tools.dispatch import ToolResult
 from sandbox import confine
 from sandbox.jail import Bubblewrap
 from sandbox.settings import SandboxLimits, SandboxSettings
@@ -25,8 +27,6 @@ from tests.helpers.sandbox_users import (
     python_as,
     run_as,
 )
-from worker.tools import Workspace, run_tool
-from worker.tools.dispatch import ToolResult
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ import json, os, sys
 from pathlib import Path
 from sandbox.jail import Bubblewrap
 from sandbox.settings import SandboxSettings
-from worker.tools import Workspace, run_tool
+from agent.tools import Workspace, run_tool
 root = Path(sys.argv[1])
 (root / "checkout").mkdir(); (root / "home").mkdir()
 settings = SandboxSettings()

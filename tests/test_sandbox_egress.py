@@ -30,6 +30,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from agent.llm import Provider, make_provider
+from agent.tools import Workspace, run_tool
 from contexts import ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
@@ -52,11 +54,9 @@ from tests.helpers.context_support import wait_for
 from tests.helpers.schemas import validate_record
 from tests.helpers.stack import make_buggy_repo
 from tests.helpers.worker_scenarios import provider_env
-from worker.llm import Provider, make_provider
 from worker.run import TaskRequest, TaskRun
 from worker.runtime import llm_config
 from worker.settings_models import Settings
-from worker.tools import Workspace, run_tool
 
 ALLOWED, REFUSED = "127.0.0.2", "127.0.0.3"  # both on loopback; only the first is in the allow-list
 LOOPBACK = (internal_range("127.0.0.1/32"),)  # the proxy's own tests reach servers on 127.0.0.1

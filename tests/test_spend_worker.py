@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from agent.llm import make_provider
 from contexts import ContextStore
 from contexts.names import MESSAGES_FILE
 from replay import ReplayServer
@@ -26,7 +27,6 @@ from tests.helpers.worker_scenarios import (
     tool,
 )
 from webhooks.metrics import Metrics
-from worker.llm import make_provider
 from worker.settings import load_settings
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agent.tools import Workspace, run_tool
 from sandbox.jail import Bubblewrap, probe
 from sandbox.settings import SandboxSettings
 from sandbox.toolchains import (
@@ -29,7 +30,6 @@ from sandbox.toolchains import (
 )
 from tests.helpers.ci import bubblewrap_here, cannot_run
 from worker.lifecycle import warn_toolchains
-from worker.tools import Workspace, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 # The bash tool, run by a process that, like a worker started from Tasuki's virtualenv, has its bin on PATH.
@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from sandbox.jail import make_sandbox
 from sandbox.settings import SandboxSettings
-from worker.tools import Workspace, run_tool
+from agent.tools import Workspace, run_tool
 settings = SandboxSettings()
 result = run_tool(Workspace(Path(sys.argv[1])), "bash", {"command": sys.argv[2]}, bash_timeout_s=120,
                   max_output_chars=100000, sandbox=make_sandbox(settings), limits=settings.limits)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.tools import TOOL_SCHEMAS, OutputCapture, ToolError, ToolResult, Workspace, cap_output, run_tool, shell
-from worker.tools.files import count_occurrences
+from agent.tools import TOOL_SCHEMAS, OutputCapture, ToolError, ToolResult, Workspace, cap_output, run_tool, shell
+from agent.tools.files import count_occurrences
 
 MAX_CHARS = 400
 

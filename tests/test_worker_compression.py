@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import redis
 
+from agent.prompts import SUMMARIZER_SYSTEM, SYSTEM_PROMPT, task_message
 from cli.viewer import format_detail
 from contexts import ContextStore
 from contexts.clock import utc_now
@@ -39,7 +40,6 @@ from tests.helpers.worker_scenarios import (
 )
 from worker import compressors
 from worker.names import COMPRESSION_QUEUE, STATS_KEY
-from worker.prompts import SUMMARIZER_SYSTEM, SYSTEM_PROMPT, task_message
 
 pytestmark = pytest.mark.integration
 

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from agent import fencing
+from agent.fencing import UNFENCED, Fence
 from sandbox import confine, layers
 from sandbox.confine import SandboxUser
 from sandbox.setup import worker_git_dir
-from worker import fencing
-from worker.fencing import UNFENCED, Fence
 from worker.gitdirs import (
     AUTHOR,
     SAFE_GIT,

@@ -18,11 +18,11 @@ from typing import Any, Protocol
 import redis
 import structlog
 
+from agent.prompts import comment_message
 from contexts import jsonl
 from contexts.masking import mask
 from contexts.names import MESSAGES_FILE
 from worker.names import ACTIVE_PREFIX, INBOX_PREFIX
-from worker.prompts import comment_message
 from worker.submit import task_key_id
 
 log = structlog.get_logger(__name__)

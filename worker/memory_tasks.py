@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 from celery import Task
 
+from agent.seams import usage_of
 from contexts import TasukiError
 from contexts.atomic import read_json
 from contexts.clock import utc_now
@@ -20,7 +21,7 @@ from memory import MemoryUnavailable
 from worker.celery import app
 from worker.endings import Ending, on_ending
 from worker.merging import DELAY_S, RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
-from worker.metering import Meter, usage_of
+from worker.metering import Meter
 from worker.names import MAINTENANCE_QUEUE, MERGE_MEMORY, UPDATE_MEMORY
 from worker.outcome_tasks import respend
 from worker.profiles import PROFILE_KEY

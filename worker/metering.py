@@ -18,26 +18,11 @@ from contexts.errors import StoreUnavailable
 from contexts.names import FINAL_STATUSES
 from contexts.state import add_calls, update_state
 from contexts.usage import Usage, call_record, cost_of, over_task_limit
-from worker.llm.base import Reply
 from worker.runtime import context_store
 from worker.settings_models import LimitSettings, Settings
 from worker.spend import count_usage
 
 log = structlog.get_logger(__name__)
-
-
-def usage_of(reply: Reply, kind: str, estimated_prompt_tokens: int = 0, profile: str = "") -> Usage:
-    """A reply's usage as its provider reported it (our estimate when it reported no prompt tokens): cache reads
-    and writes included, which are part of the prompt and priced apart."""
-    return Usage(
-        kind=kind,
-        model=reply.model,
-        prompt_tokens=int(reply.prompt_tokens if reply.prompt_tokens is not None else estimated_prompt_tokens),
-        completion_tokens=int(reply.completion_tokens or 0),
-        cached_tokens=int(reply.cached_tokens or 0),
-        cache_write_tokens=int(reply.cache_write_tokens or 0),
-        profile=profile,
-    )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 stop at once when the worker shuts down or the task is cancelled, so that minutes of patience never delay a
 rolling restart or a ``tasuki cancel``.
 
-Stopping raises :class:`worker.agent.Cancelled` out of the model call: the task runner hands the task back on a
+Stopping raises :class:`agent.loop.Cancelled` out of the model call: the task runner hands the task back on a
 shutdown (another worker resumes it) and ends it as cancelled on a cancel, exactly as at a step boundary.
 """
 
@@ -39,8 +39,8 @@ def interruptible_sleep(
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Wait ``seconds``, looking at ``stop`` before each slice of at most :data:`SLICE_S`; raise
-    :class:`worker.agent.Cancelled` with its reason when it gives one."""
-    from worker.agent import Cancelled  # worker.agent imports worker.runtime, which imports this module
+    :class:`agent.loop.Cancelled` with its reason when it gives one."""
+    from agent.loop import Cancelled  # agent.loop imports worker.runtime, which imports this module
 
     deadline = clock() + seconds
     while True:

@@ -5,7 +5,7 @@ A sliding-window log rather than a token bucket (GCRA, redis-cell): a bucket tha
 lets a full burst through and then its steady rate, up to twice the limit in one minute; the log admits a request
 only when the window before it holds fewer, so the provider never sees more than the limit in any minute. Each
 member is ``TICKET|TOKENS`` scored by its admission in milliseconds of Redis's clock (one clock for every host).
-The rule is :func:`worker.llm.limiting.admission_wait`'s; the script is its transcription.
+The rule is :func:`agent.llm.limiting.admission_wait`'s; the script is its transcription.
 
 A Redis that does not answer admits every request (a log line, then no limit for ``PAUSE_S``, so a dead Redis
 costs a task one timeout per half minute, not one per step): the limiter protects the key, it never stops a task.
@@ -20,7 +20,7 @@ from collections.abc import Callable
 import redis
 import structlog
 
-from worker.llm.limiting import Admission, RateLimit
+from agent.llm.limiting import Admission, RateLimit
 from worker.names import RATE_LIMIT_PREFIX
 
 log = structlog.get_logger(__name__)
@@ -87,7 +87,7 @@ def limit_key(profile: str) -> str:
 
 
 class RedisLimiter:
-    """One profile's limit for the whole fleet (:class:`worker.llm.limiting.Limiter`).
+    """One profile's limit for the whole fleet (:class:`agent.llm.limiting.Limiter`).
 
     ``client`` gives the Redis client when needed (the broker's, :func:`worker.runtime.redis_client`); ``now_ms``
     (tests) replaces Redis's clock; ``clock`` measures the pause after a failure."""

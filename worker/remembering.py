@@ -39,7 +39,7 @@ from memory.update import (
     update_messages,
 )
 from memory.upkeep import prune_old
-from worker.llm.embeddings import Spent, embedder_for
+from worker.embeddings import Spent, embedder_for
 from worker.settings_models import Settings
 from worker.stores import kept_memory, open_memory
 

@@ -16,6 +16,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from agent import fencing
+from agent.fencing import fence_of
+from agent.loop import Agent, AgentLimits, Cancelled, Compressor, Finished
+from agent.prompts import SYSTEM_PROMPT, task_message
 from contexts import (
     Context,
     ContextCompletedError,
@@ -33,16 +37,12 @@ from contexts.masking import mask
 from contexts.state import read_state
 from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import make_sandbox
-from worker import fencing
-from worker.agent import Agent, AgentLimits, Cancelled, Compressor, Finished
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
-from worker.fencing import fence_of
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
 from worker.leftout import LeftOut, NeverCommitted, with_note
 from worker.metering import Meter
-from worker.prompts import SYSTEM_PROMPT, task_message
 from worker.services import services_for
 from worker.settings_models import Settings
 from worker.stops import Stop, commit_message, draft_body, last_words, stop_of

@@ -12,12 +12,12 @@ import redis
 import redis.asyncio
 import structlog
 
+from agent.llm import ModelSpec, Provider, RetryPolicy, registry
+from agent.llm.fallback import FallbackProvider
+from agent.llm.limiting import LimitedProvider, RateLimit
 from contexts import ContextStore
 from contexts.names import ACTIVE_STATUSES
 from worker import bookkeeping
-from worker.llm import ModelSpec, Provider, RetryPolicy, registry
-from worker.llm.fallback import FallbackProvider
-from worker.llm.limiting import LimitedProvider, RateLimit
 from worker.model_waits import interruptible_sleep
 from worker.names import HEARTBEATS_KEY, RUNNING_STATUS_PREFIX
 from worker.rate_limits import RedisLimiter

@@ -11,13 +11,13 @@ from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self, cast
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
 
+from agent.llm import registry
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
 from contexts.prices import PriceBook, price_book
 from contexts.sections import HashableDict, PositiveInt, Section
 from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
-from worker.llm import registry
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]

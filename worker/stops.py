@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from agent.llm.base import ContextOverflow, ModelUnavailable
+from agent.loop import BudgetExceeded, FormatErrors, StepLimit
 from contexts import Context, jsonl
 from contexts.masking import mask
 from contexts.names import MESSAGES_FILE
-from worker.agent import BudgetExceeded, FormatErrors, StepLimit
-from worker.llm.base import ContextOverflow, ModelUnavailable
 from worker.settings_models import Settings
 
 LAST_WORDS_MAX_CHARS = 2000

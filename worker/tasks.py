@@ -17,6 +17,10 @@ from celery.exceptions import Ignore
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
+from agent.llm import Provider
+from agent.prompts import summarizer_messages
+from agent.recorded import request_as_json, request_from_json, sent_request
+from agent.seams import usage_of
 from contexts import Context, TasukiError, jsonl
 from contexts.atomic import read_json
 from contexts.compression import Summarized
@@ -31,8 +35,7 @@ from worker.environment import EnvironmentReport
 from worker.followup_tasks import comments_left, remember_thread, start_followup
 from worker.forges.reporter import reporter_for
 from worker.inbox import read_inbox, trim_inbox
-from worker.llm import Provider
-from worker.metering import Meter, usage_of
+from worker.metering import Meter
 from worker.names import (
     COMPRESS_CONTEXT,
     COMPRESSION_QUEUE,
@@ -40,8 +43,6 @@ from worker.names import (
     STATS_KEY,
 )
 from worker.profiles import PROFILE_KEY, choose_profile, previous_profile
-from worker.prompts import summarizer_messages
-from worker.recorded import request_as_json, request_from_json, sent_request
 from worker.remembering import first_prompt_memory, task_recall
 from worker.run import LocalReporter, TaskRequest, TaskRun, cannot_start
 from worker.runtime import CLOCK, context_store, llm_config, provider_for, redis_client, settings, unindex

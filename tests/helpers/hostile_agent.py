@@ -50,7 +50,7 @@ def main(spec_path: str) -> None:
 
 
 def _calls(spec: dict[str, Any], sandbox: Any, settings: Any, home: Path) -> list[Any]:
-    from worker.tools import Workspace, run_tool
+    from agent.tools import Workspace, run_tool
 
     outputs: list[Any] = []
     for command in spec["commands"]:

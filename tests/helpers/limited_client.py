@@ -12,8 +12,8 @@ import sys
 
 import redis
 
-from worker.llm import make_provider
-from worker.llm.limiting import LimitedProvider, RateLimit
+from agent.llm import make_provider
+from agent.llm.limiting import LimitedProvider, RateLimit
 from worker.rate_limits import RedisLimiter
 
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Collection, Iterator
 from typing import Any
 
-from worker.llm.base import ToolCall
+from agent.llm.base import ToolCall
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 """Where a written call keeps its arguments (``parameters``: Llama 3's format), in the order they are looked for."""

@@ -10,14 +10,14 @@ import importlib
 import os
 from typing import Protocol
 
-from worker.llm.base import LLMError, ModelSpec, Provider
-from worker.llm.retry import RetryPolicy
+from agent.llm.base import LLMError, ModelSpec, Provider
+from agent.llm.retry import RetryPolicy
 
 PROVIDERS: dict[str, str] = {
-    "openai": "worker.llm.openai_provider",  # Chat Completions: OpenAI and every compatible server
-    "openai-responses": "worker.llm.responses_provider",  # Responses: stateless, encrypted reasoning sent back
-    "ollama": "worker.llm.ollama_provider",
-    "anthropic": "worker.llm.anthropic_provider",  # Messages API: cache breakpoints, extended thinking
+    "openai": "agent.llm.openai_provider",  # Chat Completions: OpenAI and every compatible server
+    "openai-responses": "agent.llm.responses_provider",  # Responses: stateless, encrypted reasoning sent back
+    "ollama": "agent.llm.ollama_provider",
+    "anthropic": "agent.llm.anthropic_provider",  # Messages API: cache breakpoints, extended thinking
 }
 """Registry name -> the module whose ``build`` makes that provider."""
 

@@ -21,8 +21,8 @@ from typing import TypeVar
 
 import structlog
 
+from agent.llm.base import LLMError, ModelUnavailable
 from contexts.masking import mask
-from worker.llm.base import LLMError, ModelUnavailable
 
 log = structlog.get_logger(__name__)
 

@@ -4,7 +4,7 @@ the same request, so an outage of one provider costs a task minutes, not its wor
 The reply says which model answered (``Reply.model``), so the step is metered at that model's price. A profile
 found down is passed over by later requests for ``cooldown_s`` (a task would otherwise wait out the window again at
 every step), then tried first again. Reasoning a provider recorded for itself is sent back only to that provider
-(:func:`worker.llm.base.reasoning_for`): a conversation moves between providers without breaking either.
+(:func:`agent.llm.base.reasoning_for`): a conversation moves between providers without breaking either.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from worker.llm.base import Message, ModelSpec, ModelUnavailable, Provider, Reply
+from agent.llm.base import Message, ModelSpec, ModelUnavailable, Provider, Reply
 
 log = structlog.get_logger(__name__)
 

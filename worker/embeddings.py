@@ -12,10 +12,10 @@ import httpx
 import ollama
 import openai
 
+from agent.llm.hosted import LOCAL_API_KEY
+from agent.llm.retry import one_line
 from memory.errors import EmbeddingError
 from memory.search import Embedder
-from worker.llm.hosted import LOCAL_API_KEY
-from worker.llm.retry import one_line
 from worker.settings_models import Settings
 
 Spent = Callable[[int], None]
@@ -73,7 +73,7 @@ def embedder_for(settings: Settings, spent: Spent | None = None) -> Embedder | N
 
 def local_embedder(settings: Settings, spent: Spent | None = None) -> Embedder:
     """all-MiniLM-L6-v2 in this process (nothing to meter: no provider answers)."""
-    from worker.llm.local_embeddings import LocalEmbedder, local_available
+    from worker.local_embeddings import LocalEmbedder, local_available
 
     if not local_available():
         raise EmbeddingError("memory.embeddings is local but tasuki[embeddings] is not installed "

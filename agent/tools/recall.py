@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from worker.tools.protocol import ToolOptions, ToolOutcome
-from worker.tools.workspace import ToolError, Workspace
+from agent.tools.protocol import ToolOptions, ToolOutcome
+from agent.tools.workspace import ToolError, Workspace
 
 
 class RecallTool:

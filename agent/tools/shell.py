@@ -15,12 +15,12 @@ from typing import Any
 
 import structlog
 
+from agent.tools.output import OutputCapture
+from agent.tools.protocol import ToolOptions, ToolOutcome
+from agent.tools.workspace import ToolError, Workspace
 from contexts.lock import process_started
 from sandbox import confine, envfiles, layers
 from sandbox.jail import command_env
-from worker.tools.output import OutputCapture
-from worker.tools.protocol import ToolOptions, ToolOutcome
-from worker.tools.workspace import ToolError, Workspace
 
 log = structlog.get_logger(__name__)
 

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agent.tools.files import EditFileTool, ReadFileTool, WriteFileTool
+from agent.tools.protocol import Tool, ToolOptions, ToolOutcome
+from agent.tools.recall import RecallTool
+from agent.tools.shell import BashTool
+from agent.tools.workspace import ToolError, Workspace
 from contexts.errors import TasukiError
 from sandbox.jail import NoSandbox, Sandbox
 from sandbox.settings import SandboxLimits
-from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
-from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
-from worker.tools.recall import RecallTool
-from worker.tools.shell import BashTool
-from worker.tools.workspace import ToolError, Workspace
 
 _JSON_TYPES: dict[str, type] = {"string": str, "integer": int}
 _ARTICLE = {"string": "a", "integer": "an"}

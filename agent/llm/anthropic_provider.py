@@ -27,7 +27,7 @@ import anthropic
 import structlog
 from anthropic.types import Message as AnthropicMessage
 
-from worker.llm.base import (
+from agent.llm.base import (
     ContextOverflow,
     LLMError,
     Message,
@@ -37,9 +37,9 @@ from worker.llm.base import (
     parse_arguments,
     reasoning_for,
 )
-from worker.llm.hosted import HostedProvider
-from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import (
+from agent.llm.hosted import HostedProvider
+from agent.llm.overflow import is_context_overflow
+from agent.llm.retry import (
     Failure,
     RetryPolicy,
     call_with_retries,

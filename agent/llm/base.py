@@ -36,7 +36,7 @@ class ModelSpec:
     name: str
     """The profile's name (``llm.models`` key; the built-in one is named after ``llm.provider``)."""
     provider: str
-    """A name in :mod:`worker.llm.registry`."""
+    """A name in :mod:`agent.llm.registry`."""
     model: str
     context_length: int
     endpoint: str | None = None

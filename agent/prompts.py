@@ -26,7 +26,7 @@ NUDGE = (
     "(the name of one of your tools and an object of its arguments)."
 )
 """What a reply without a usable tool call is answered with; it says the one format a call written as text takes
-(:mod:`worker.llm.textcalls` reads that and a few more)."""
+(:mod:`agent.llm.textcalls` reads that and a few more)."""
 
 SUMMARIZER_SYSTEM = """\
 You summarize the history of a coding agent's task so that the agent can continue from the summary alone.

@@ -1,12 +1,12 @@
 """The agent's tools (SPEC §5, §13): bash, read_file, write_file, edit_file, recall, finish, in the checkout."""
 
+from agent.tools.dispatch import TOOL_SCHEMAS, TOOLS, FinishTool, ToolResult, check_arguments, run_tool
+from agent.tools.files import EditFileTool, ReadFileTool, WriteFileTool
+from agent.tools.output import OutputCapture, cap_output
+from agent.tools.protocol import Tool, ToolOptions, ToolOutcome
+from agent.tools.shell import BashTool, run_command
+from agent.tools.workspace import ToolError, Workspace
 from sandbox.jail import scrubbed_env
-from worker.tools.dispatch import TOOL_SCHEMAS, TOOLS, FinishTool, ToolResult, check_arguments, run_tool
-from worker.tools.files import EditFileTool, ReadFileTool, WriteFileTool
-from worker.tools.output import OutputCapture, cap_output
-from worker.tools.protocol import Tool, ToolOptions, ToolOutcome
-from worker.tools.shell import BashTool, run_command
-from worker.tools.workspace import ToolError, Workspace
 
 __all__ = [
     "TOOLS",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from worker.llm.base import LLMError, ModelSpec
-from worker.llm.retry import RetryPolicy
+from agent.llm.base import LLMError, ModelSpec
+from agent.llm.retry import RetryPolicy
 
 LOCAL_API_KEY = "unused"
 """The key sent to a server at ``base_url`` that takes none (vLLM, llama.cpp, a gateway, a fake): the SDKs insist."""

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.tools.workspace import Workspace
 from sandbox.jail import NoSandbox, Sandbox
 from sandbox.settings import SandboxLimits
-from worker.tools.workspace import Workspace
 
 
 @dataclass(frozen=True)

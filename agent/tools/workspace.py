@@ -7,8 +7,8 @@ import errno
 import os
 from pathlib import Path
 
+from agent.tools.beneath import Outside, open_beneath
 from contexts.errors import TasukiError
-from worker.tools.beneath import Outside, open_beneath
 
 
 class ToolError(TasukiError):

@@ -11,9 +11,9 @@ import httpx
 import ollama
 import pydantic
 
-from worker.llm.base import ContextOverflow, Message, ModelSpec, Reply, ToolCall, parse_arguments
-from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import (
+from agent.llm.base import ContextOverflow, Message, ModelSpec, Reply, ToolCall, parse_arguments
+from agent.llm.overflow import is_context_overflow
+from agent.llm.retry import (
     Failure,
     RetryPolicy,
     call_with_retries,

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import structlog
 
+from agent.llm.base import Message, ModelSpec, Provider, Reply
+from agent.llm.retry import before_each_retry
 from contexts.tokens import estimate_message_tokens, estimate_tokens
-from worker.llm.base import Message, ModelSpec, Provider, Reply
-from worker.llm.retry import before_each_retry
 
 log = structlog.get_logger(__name__)
 

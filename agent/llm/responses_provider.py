@@ -19,7 +19,7 @@ from typing import Any
 import openai
 from openai.types.responses import Response
 
-from worker.llm.base import (
+from agent.llm.base import (
     ContextOverflow,
     Message,
     ModelSpec,
@@ -29,10 +29,10 @@ from worker.llm.base import (
     parse_arguments,
     reasoning_for,
 )
-from worker.llm.hosted import HostedProvider
-from worker.llm.openai_provider import classify_openai_error, raising_overflow
-from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import Failure, RetryPolicy, call_with_retries, one_line
+from agent.llm.hosted import HostedProvider
+from agent.llm.openai_provider import classify_openai_error, raising_overflow
+from agent.llm.overflow import is_context_overflow
+from agent.llm.retry import Failure, RetryPolicy, call_with_retries, one_line
 
 INCLUDE = ["reasoning.encrypted_content"]
 _REASONING_KEYS = ("type", "id", "summary", "content", "encrypted_content")  # an input reasoning item's fields

@@ -1,7 +1,7 @@
 """Telling a context-overflow error from any other rejected request, for every server a provider may talk to.
 
 A request too long for the model's window is not a failure of the task: the agent compresses its history and
-sends the step again (:class:`worker.llm.base.ContextOverflow`). Each server says so in its own words:
+sends the step again (:class:`agent.llm.base.ContextOverflow`). Each server says so in its own words:
 
 - OpenAI (Chat Completions and Responses): HTTP 400, ``code: "context_length_exceeded"``; the message is "This
   model's maximum context length is N tokens..." or "Your input exceeds the context window of this model...";

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from agent.llm import Message, Provider, Reply
 from contexts.requests import SentRequest
-from worker.llm import Message, Provider, Reply
 
 
 def sent_request(

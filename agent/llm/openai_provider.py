@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import openai
 from openai.types.chat import ChatCompletion
 
-from worker.llm.base import (
+from agent.llm.base import (
     ContextOverflow,
     LLMError,
     Message,
@@ -20,9 +20,9 @@ from worker.llm.base import (
     arguments_text,
     parse_arguments,
 )
-from worker.llm.hosted import HostedProvider
-from worker.llm.overflow import is_context_overflow
-from worker.llm.retry import (
+from agent.llm.hosted import HostedProvider
+from agent.llm.overflow import is_context_overflow
+from agent.llm.retry import (
     Failure,
     RetryPolicy,
     call_with_retries,

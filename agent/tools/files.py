@@ -7,9 +7,9 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from worker.tools.output import cap_output
-from worker.tools.protocol import ToolOptions, ToolOutcome
-from worker.tools.workspace import ToolError, Workspace
+from agent.tools.output import cap_output
+from agent.tools.protocol import ToolOptions, ToolOutcome
+from agent.tools.workspace import ToolError, Workspace
 
 # Repository files, not context files: readable by the tools a repository expects (linters, builds).
 NEW_FILE_MODE = 0o644

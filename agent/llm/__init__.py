@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from worker.llm import registry
-from worker.llm.base import (
+from agent.llm import registry
+from agent.llm.base import (
     ContextOverflow,
     LLMError,
     Message,
@@ -16,7 +16,7 @@ from worker.llm.base import (
     Reply,
     ToolCall,
 )
-from worker.llm.retry import RetryPolicy, compute_backoff
+from agent.llm.retry import RetryPolicy, compute_backoff
 
 __all__ = [
     "ContextOverflow",

@@ -15,6 +15,16 @@ from typing import Any
 
 import structlog
 
+from agent.fencing import owner_check
+from agent.llm import Provider, Reply, ToolCall
+from agent.llm.base import ContextOverflow, parse_arguments
+from agent.llm.textcalls import text_calls
+from agent.lost_steps import lost_steps
+from agent.prompts import NUDGE
+from agent.recorded import sent_request
+from agent.seams import Checkout, Meter, usage_of
+from agent.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
+from agent.tools.shell import stop_leftover
 from contexts import CompressionPolicy, Context, TasukiError, jsonl
 from contexts.lock import process_started
 from contexts.names import MESSAGES_FILE
@@ -22,17 +32,6 @@ from contexts.tokens import estimate_message_tokens, estimate_tokens
 from contexts.usage import call_record
 from sandbox.jail import NoSandbox, Sandbox
 from sandbox.settings import SandboxLimits
-from worker.checkout import Checkout
-from worker.fencing import owner_check
-from worker.llm import Provider, Reply, ToolCall
-from worker.llm.base import ContextOverflow, parse_arguments
-from worker.llm.textcalls import text_calls
-from worker.lost_steps import lost_steps
-from worker.metering import Meter, usage_of
-from worker.prompts import NUDGE
-from worker.recorded import sent_request
-from worker.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
-from worker.tools.shell import stop_leftover
 
 log = structlog.get_logger(__name__)
 
