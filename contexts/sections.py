@@ -5,9 +5,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Name = Annotated[str, Field(min_length=1)]
+
+
+def _http_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or len(value) <= len("https://"):
+        raise PydanticCustomError("http_url", "expected an http:// or https:// URL")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def cross_field_error(field: str, value: object, expected: str) -> PydanticCustomError:
+    """An error about one key of a section that depends on another key; the loader names `field`."""
+    return PydanticCustomError("cross_field", "{expected}", {"field": field, "value": value, "expected": expected})
+
 GiB = 1024**3
 
 

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import redis
 
+from agent.settings import AgentSettings
 from cli.services import TASK_QUEUES, Service, beat_argv, maintenance_argv, worker_processes
 from contexts.masking import mask
 from tests.helpers.ci import cannot_run
@@ -46,7 +47,6 @@ from tests.helpers.redis_server import free_port
 from tests.helpers.stack import Stack
 from worker.names import BEAT_LOCK_KEY
 from worker.settings import SECRET_VARIABLES
-from worker.settings_models import AgentSettings
 
 # Each service built from this repository → the test that runs its command line, as Compose would, for real.
 REAL_RUNS = {

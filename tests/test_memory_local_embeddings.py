@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from worker import local_embeddings
 from cli.viewer import memory_lines
 from console.app import create_console
 from console.server import broker_client
@@ -20,6 +19,7 @@ from memory.search import recall
 from memory.sqlite import SQLiteMemoryStore
 from tests.helpers.console_contexts import running_task
 from tests.helpers.memory_support import NOW, HashEmbedder, episode
+from worker import local_embeddings
 from worker.embeddings import embedder_for
 from worker.settings_models import Settings
 

@@ -19,9 +19,10 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from agent.settings import LLMProfile
 from contexts.errors import TasukiError
 from contexts.masking import mask_value, register_secrets
-from worker.settings_models import ConfigSource, LLMProfile, Secrets, Settings
+from worker.settings_models import ConfigSource, Secrets, Settings
 
 __all__ = [
     "CONFIG_ENV",

@@ -18,10 +18,11 @@ import redis
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from agent.settings import LEGACY_SECTIONS, LLMSettings
 from worker.names import USER_CONFIG_PREFIX
 from worker.runtime import llm_config
 from worker.settings import recursive_merge
-from worker.settings_models import LEGACY_SECTIONS, CompressionSettings, LLMSettings, Settings
+from worker.settings_models import CompressionSettings, Settings
 
 log = structlog.get_logger(__name__)
 
