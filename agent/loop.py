@@ -24,6 +24,7 @@ from agent.prompts import NUDGE
 from agent.recorded import sent_request
 from agent.seams import Checkout, Meter, usage_of
 from agent.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
+from agent.tools.dispatch import changes_checkout
 from agent.tools.shell import stop_leftover
 from contexts import CompressionPolicy, Context, TasukiError, jsonl
 from contexts.lock import process_started
@@ -40,7 +41,6 @@ FULL_OUTPUT_MAX_CHARS = 1_000_000  # what tools.jsonl keeps of one output; the p
 COMPRESSION_RETRY_STEPS = 3
 OVERFLOW_RETRIES = 3  # sends of a step's prompt after the model refused it as too long, each one smaller
 OVERFLOW_SHRINK = 0.75  # the emergency budget after a refusal: this share of the prompt the model refused
-MUTATING_TOOLS = frozenset({"bash", "write_file", "edit_file"})
 LOST_STEPS = (
     "note: the worker running attempt {attempt} stopped before the checkout as step {last} left it reached the "
     "remote, so this attempt's checkout is as it was after step {restored}: the changes made by the tool calls of "
@@ -164,13 +164,13 @@ class Agent:
                 self.format_error(int(state.get("format_errors", 0)) + 1)
             elif state.get("format_errors"):
                 self.ctx.stage_state(format_errors=0)
-        self.touched = self.touched or any(c.name in MUTATING_TOOLS for c in calls)
+        self.touched = self.touched or any(changes_checkout(c.name) for c in calls)
         summary = self.execute(calls)
         # The finishing step's state rides with the context's completing write (a crash before it: the resume
         # finds finish answered and recounts the step's call from its record).
         self.ctx.step_done(write_state=summary is None)
-        # Only bash, write_file and edit_file can change the checkout: other steps need no snapshot.
-        if any(c.name in MUTATING_TOOLS for c in calls) and self.checkout.checkpoint(
+        # Only tools that declare they change the checkout need a snapshot after their step.
+        if any(changes_checkout(c.name) for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))
         ):
             # Written with the next step's state: the commit this holder put on the checkpoint branch.
@@ -219,7 +219,7 @@ class Agent:
         """A resumed reply's calls: mutating ones are never run a second time (one may have been running when
         the worker died, and its recorded arguments are masked); the checkout goes back to the last checkpoint
         and the model is told. The rest (read_file, finish) is returned to run as usual."""
-        interrupted = [c for c in calls if c.name in MUTATING_TOOLS]
+        interrupted = [c for c in calls if changes_checkout(c.name)]
         if not interrupted:
             return calls
         self.stop_leftover_command()
@@ -229,7 +229,7 @@ class Agent:
         for call in interrupted:
             self._record_result(call, f"error: {message}", "error", message, 0)
         log.info("interrupted calls answered without running them", calls=[c.id for c in interrupted])
-        return [c for c in calls if c.name not in MUTATING_TOOLS]
+        return [c for c in calls if not changes_checkout(c.name)]
 
     def tell_lost_steps(self, state: dict[str, Any]) -> None:
         """On a tree rebuilt from the remote: tell the model which steps' changes never reached it (their worker
@@ -241,7 +241,7 @@ class Agent:
         if restored is None:
             return
         records = jsonl.iter_records_reversed(self.ctx.path / MESSAGES_FILE)
-        lost = lost_steps(records, restored, int(state.get("llm_call_count", 0)), MUTATING_TOOLS)
+        lost = lost_steps(records, restored, int(state.get("llm_call_count", 0)), changes_checkout)
         if lost:
             note = LOST_STEPS.format(attempt=int(state.get("attempt", 1)) - 1, last=lost[-1], restored=restored,
                                      steps=", ".join(str(s) for s in lost))

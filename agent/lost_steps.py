@@ -3,14 +3,14 @@ mutating tool calls ran (their worker died before the checkpoint's push reached 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 NOT_RUN = "error: not run:"
 
 
 def lost_steps(
-    newest_first: Iterable[dict[str, Any]], restored: int, steps: int, mutating: frozenset[str]
+    newest_first: Iterable[dict[str, Any]], restored: int, steps: int, mutating: Callable[[str], bool]
 ) -> list[int]:
     """The steps after ``restored`` (of ``steps``, one per ``assistant`` message) with a mutating call that ran,
     oldest first; reads the messages back only as far as step ``restored``."""
@@ -24,8 +24,8 @@ def lost_steps(
             ran.add(str(record.get("tool_call_id")))
         elif record.get("role") == "assistant":
             calls = [c for c in record.get("tool_calls") or [] if c.get("id") in ran]
-            names = [(c.get("function") or {}).get("name") for c in calls]
-            if any(name in mutating for name in names):
+            names = [str((c.get("function") or {}).get("name")) for c in calls]
+            if any(mutating(name) for name in names):
                 lost.append(step)
             step -= 1
     return lost[::-1]

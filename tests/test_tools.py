@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.tools import TOOL_SCHEMAS, OutputCapture, ToolError, ToolResult, Workspace, cap_output, run_tool, shell
+from agent.tools.dispatch import TOOLS, changes_checkout
 from agent.tools.files import count_occurrences
 
 MAX_CHARS = 400
@@ -423,6 +424,15 @@ def test_tool_schemas_are_the_contract() -> None:
         assert set(parameters["properties"]) == properties
         assert parameters["required"] == required
         assert parameters["additionalProperties"] is False
+
+
+def test_each_tool_declares_whether_it_changes_the_checkout() -> None:
+    declared = {name: tool.changes_checkout for name, tool in TOOLS.items()}
+    assert declared == {
+        "bash": True, "read_file": False, "write_file": True, "edit_file": True, "recall": False, "finish": False,
+    }
+    assert all(changes_checkout(name) is changed for name, changed in declared.items())
+    assert changes_checkout("no_such_tool") is False  # an unknown name runs nothing
 
 
 # --- output caps -------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ class FinishTool:
     """``finish(summary)``: end the task."""
 
     name = "finish"
+    changes_checkout = False
     description = (
         "End the task when the work is done (or cannot be done). The summary goes into the pull/merge "
         "request and the final comment: say what changed and how it was checked."
@@ -68,6 +69,13 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
     }
     for tool in TOOLS.values()
 ]
+
+
+def changes_checkout(name: str) -> bool:
+    """Whether a call of tool ``name`` can change the checkout, as the tool declares (an unknown name runs
+    nothing)."""
+    tool = TOOLS.get(name)
+    return tool is not None and tool.changes_checkout
 
 
 def check_arguments(tool: Tool, arguments: object) -> Mapping[str, Any]:

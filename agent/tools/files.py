@@ -65,6 +65,7 @@ class ReadFileTool:
     """``read_file(path)``: the file's text."""
 
     name = "read_file"
+    changes_checkout = False
     description = "Return the text of a file in the repository. Long files are cut in the middle."
     parameters: Mapping[str, Any] = {
         "type": "object",
@@ -86,6 +87,7 @@ class WriteFileTool:
     """``write_file(path, content)``: create or replace a file."""
 
     name = "write_file"
+    changes_checkout = True
     description = (
         "Create a file or replace its whole content. Missing parent directories are created. "
         "To change part of a file prefer edit_file."
@@ -112,6 +114,7 @@ class EditFileTool:
     """``edit_file(path, old_string, new_string)``: replace exactly one occurrence."""
 
     name = "edit_file"
+    changes_checkout = True
     description = (
         "Replace old_string with new_string in a file. old_string must occur exactly once, character for "
         "character (whitespace and indentation included); add surrounding lines to make it unique."

@@ -37,11 +37,15 @@ class ToolOutcome:
 
 
 class Tool(Protocol):
-    """One agent tool; ``parameters`` is the JSON schema of its arguments (``run_tool`` checks them)."""
+    """One agent tool; ``parameters`` is the JSON schema of its arguments (``run_tool`` checks them).
+
+    ``changes_checkout``: whether a run can change the checkout — the loop checkpoints after such a step and
+    never runs such a call twice on resume."""
 
     name: str
     description: str
     parameters: Mapping[str, Any]
+    changes_checkout: bool
 
     def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
         """Do the work; raise ToolError with a message for the model when it cannot be done."""

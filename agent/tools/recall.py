@@ -14,6 +14,7 @@ class RecallTool:
     """``recall(query)``: search memory; read-only, never changes the checkout."""
 
     name = "recall"
+    changes_checkout = False
     description = (
         "Search what is no longer in your prompt: this task's earlier messages that were summarized or left "
         "out, and earlier tasks on this repository (with their UUIDs). Use it for a detail a summary dropped "

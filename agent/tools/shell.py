@@ -34,6 +34,7 @@ class BashTool:
     """``bash(command, timeout_s?)``: run a shell command in the checkout."""
 
     name = "bash"
+    changes_checkout = True
     description = (
         "Run a bash command in the repository root and return its combined stdout and stderr and exit code. "
         "Each call is a fresh shell: no state (cd, variables, background processes) survives between calls, "
