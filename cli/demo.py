@@ -200,12 +200,13 @@ def _wait_for_memory(settings: Settings, repo: Path, alive: Callable[[], bool]) 
 def _sandbox(settings: Settings, say: Callable[[str], None]) -> dict[str, str]:
     """The demo's worker sandboxes its commands when bubblewrap can run here; when it cannot, the demo still
     runs (its task and repository are its own, not an issue's untrusted text) and says so."""
-    from sandbox.jail import SANDBOXES, probe
+    from sandbox.jail import backend, probe
 
-    if settings.sandbox.backend == "none":
+    kind = backend(settings.sandbox.backend)
+    if not kind.confines:
         say("sandbox: none (sandbox.backend: none): the agent's commands run unsandboxed")
         return {}
-    problem = probe(SANDBOXES[settings.sandbox.backend](settings.sandbox))
+    problem = probe(kind.make(settings.sandbox))
     if problem is None:
         say(f"sandbox: {settings.sandbox.backend}: the agent's commands see only the demo repository")
         return {}

@@ -1,7 +1,7 @@
 """Where the agent's commands run (issue text is untrusted: one prompt injection must not leave the task).
 
 A :class:`Sandbox` turns ``bash -c COMMAND`` in a checkout into the command line that runs it. The registry
-:data:`SANDBOXES` maps ``sandbox.backend`` to an implementation:
+:data:`BACKENDS` maps ``sandbox.backend`` to an implementation:
 
 - ``bubblewrap`` (the default): Debian's ``bwrap`` with user, PID, mount, IPC, UTS and network namespaces. The
   checkout (at ``/workspace``) and the task's home (a host directory that lasts for the task, at ``HOME``) are the
@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -301,7 +302,27 @@ def _under_system(path: str) -> bool:
     return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
-SANDBOXES: dict[str, Callable[[SandboxSettings], Sandbox]] = {"bubblewrap": Bubblewrap, "none": lambda _: NoSandbox()}
+@dataclass(frozen=True)
+class Backend:
+    """One ``sandbox.backend`` as the rest of Tasuki knows it: how it is made and what it promises."""
+
+    make: Callable[[SandboxSettings], Sandbox]
+    confines: bool
+    """Whether its commands run in namespaces of their own: a network namespace whose only way out is the task's
+    egress proxy, the checkout and home at fixed paths (what environment snapshots are laid into). False: they run
+    on the host, as the worker, for trusted models only."""
+
+
+BACKENDS: dict[str, Backend] = {
+    "bubblewrap": Backend(Bubblewrap, confines=True),
+    "none": Backend(lambda _: NoSandbox(), confines=False),
+}
+"""``sandbox.backend``'s values: the only place a backend's name is compared (a new one is a class and a line)."""
+
+
+def backend(name: str) -> Backend:
+    """The registered backend ``name`` (``sandbox.backend``, or a :class:`Sandbox`'s ``name``)."""
+    return BACKENDS[name]
 
 
 @functools.cache
@@ -310,18 +331,19 @@ def make_sandbox(settings: SandboxSettings, read_only: Sequence[Path] = ()) -> S
     ``read_only``: more paths the task's commands see read-only (its checkout's git mirror)."""
     if read_only:
         settings = settings.model_copy(update={"read_only_paths": (*settings.read_only_paths, *read_only)})
-    sandbox = SANDBOXES[settings.backend](settings)
+    kind = backend(settings.backend)
+    sandbox = kind.make(settings)
     problem = probe(sandbox)
     if problem is not None:
         raise SandboxUnavailable(problem)
-    if settings.backend == "bubblewrap" and settings.network != "none" and shutil.which("socat") is None:
+    if kind.confines and settings.network != "none" and shutil.which("socat") is None:
         raise SandboxUnavailable(_NO_SOCAT)
     return sandbox
 
 
 def probe(sandbox: Sandbox) -> str | None:
     """Why ``sandbox`` cannot run a command here (None: it can)."""
-    if sandbox.name == "none":
+    if not backend(sandbox.name).confines:
         return None
     if shutil.which("bwrap") is None:
         return (

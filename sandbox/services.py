@@ -46,7 +46,7 @@ from pydantic import TypeAdapter, ValidationError
 from contexts.errors import TasukiError
 from contexts.masking import mask
 from sandbox import confine, envfiles
-from sandbox.jail import SANDBOXES, WORKSPACE, Bubblewrap, Sandbox
+from sandbox.jail import WORKSPACE, Bubblewrap, Sandbox, backend
 from sandbox.settings import EnvironmentsSettings, SandboxSettings, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -120,7 +120,7 @@ class ServiceJail:
     """How a service's commands are wrapped: the agent's sandbox, network-less, checkout read-only, home bound."""
 
     def __init__(self, settings: SandboxSettings, checkout: Path, home: Path) -> None:
-        self.sandbox: Sandbox = SANDBOXES[settings.backend](settings.model_copy(update={"network": "none"}))
+        self.sandbox: Sandbox = backend(settings.backend).make(settings.model_copy(update={"network": "none"}))
         if isinstance(self.sandbox, Bubblewrap):
             self.sandbox.layers_writable = False  # the environment as the task's commands left it, read-only
         self.checkout, self.home = checkout, home
@@ -143,7 +143,7 @@ class ServiceJail:
     def command(self, script: str, name: str) -> tuple[list[str], Path]:
         """``bash -c script`` in the jail of the service ``name``, and the host directory to start it in."""
         argv, cwd = self.sandbox.command(["bash", "-c", script], self.checkout, self.home, self.env(name))
-        if self.sandbox.name != "bubblewrap":
+        if not isinstance(self.sandbox, Bubblewrap):  # bwrap's own options follow
             return argv, cwd
         # Mounted after the jail's own: the read-only checkout covers its writable one (the home is bound as always).
         extra = ["--ro-bind", str(self.checkout), WORKSPACE]

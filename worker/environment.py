@@ -24,7 +24,7 @@ from contexts.masking import mask
 from sandbox import homefiles, layers
 from sandbox.declarations import Declaration, DeclarationError, find_declaration, key_files
 from sandbox.egress import EgressError, Refusal, egress_policy, egress_proxy
-from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, backend, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
 from sandbox.snapshots import Snapshot, SnapshotRefused, SnapshotStore, environment_key, worker_image
@@ -194,7 +194,7 @@ class TaskEnvironment:
         # A resume here whose environment is not whole keeps what its agent installed in the home, and builds over
         # it; such a build is not kept as the key's snapshot (it holds more than the setup made).
         clean = not any(checkout.home.iterdir())
-        if self.settings.sandbox.backend == "none":
+        if not backend(self.settings.sandbox.backend).confines:
             log.info("environment snapshots need sandbox.backend: bubblewrap; the setup runs for every task")
             report = self._build(declaration, checkout, key, started, keep=False)
             return _with(report, snapshot="not kept: snapshots need sandbox.backend: bubblewrap")
@@ -240,7 +240,7 @@ class TaskEnvironment:
         network = self.settings.environments.setup_network
         policy = egress_policy(network, sandbox.allowed_hosts, sandbox.allowed_internal)
         # The setup's own egress proxy, its only way out (the agent's comes later, with its own).
-        with egress_proxy(policy if sandbox.backend == "bubblewrap" else None, _refused) as egress:
+        with egress_proxy(policy if backend(sandbox.backend).confines else None, _refused) as egress:
             outcome: SetupOutcome = run_setup(
                 declaration,
                 checkout.path,
@@ -311,7 +311,7 @@ class TaskEnvironment:
         unchanged since it was copied: only the home is restored. None otherwise."""
         record = checkout.environment_record
         warm = recalled(record) if record is not None else None
-        if warm is None or warm.key != key or self.settings.sandbox.backend == "none":
+        if warm is None or warm.key != key or not backend(self.settings.sandbox.backend).confines:
             return None
         store = self.store()
         with store.building(key):  # the sweep deletes a snapshot under this lock: not while its home is copied

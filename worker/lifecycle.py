@@ -13,7 +13,7 @@ import redis
 import structlog
 from celery.signals import worker_ready, worker_shutting_down
 
-from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, make_sandbox
+from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, backend, make_sandbox
 from sandbox.settings import SandboxLimits
 from sandbox.toolchains import TOOLCHAINS, Toolchain, found_toolchains, probe_toolchains, worker_path
 from worker.compressors import Announcer
@@ -68,7 +68,7 @@ def _check_sandbox(sender: object = None, **_: object) -> None:
     except SandboxUnavailable as exc:
         log.error("sandbox unavailable: this worker refuses tasks", error=str(exc))
         return
-    if sandbox.name == "none":
+    if not backend(sandbox.name).confines:
         log.warning("sandbox.backend is none: agent commands run unsandboxed on this host")
         return
     if _runs_agents(sender):  # a few seconds of probes, beside the worker, which takes tasks meanwhile

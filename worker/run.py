@@ -36,7 +36,7 @@ from contexts.lock import heartbeat_age_s, holder_alive
 from contexts.masking import mask
 from contexts.state import read_state
 from sandbox.egress import RefusalLog, egress_policy, egress_proxy
-from sandbox.jail import make_sandbox
+from sandbox.jail import backend, make_sandbox
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.forges.base import CredentialError
@@ -536,7 +536,7 @@ class TaskRun:
         s = self.settings.sandbox
         recorded = ctx.read_state().get("egress_refused") or []
         refusals = RefusalLog(lambda entries: ctx.stage_state(egress_refused=entries), recorded)
-        policy = egress_policy(s.network, s.allowed_hosts, s.allowed_internal) if s.backend == "bubblewrap" else None
+        policy = egress_policy(s.network, s.allowed_hosts, s.allowed_internal) if backend(s.backend).confines else None
         return egress_proxy(policy, refusals.add)
 
     def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any], egress: Path | None = None) -> Agent:
