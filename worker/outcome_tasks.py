@@ -24,6 +24,7 @@ from memory import MemoryUnavailable, repository_key
 from memory.rejections import with_rejection
 from worker.celery import app
 from worker.endings import Ending, on_ending
+from worker.forges import FORGES
 from worker.merging import RETRY_S, release_merge
 from worker.names import MERGE_RUNNING_PREFIX, REMEMBER_REJECTION, STATS_KEY
 from worker.runtime import context_store, redis_client, settings
@@ -32,7 +33,6 @@ from worker.threads import change_number, key_id
 
 log = structlog.get_logger(__name__)
 
-PULL_KINDS = {"github": "pull_request", "gitlab": "merge_request", "gitea": "pull_request"}
 OPENED_FIELD = "pull_requests:opened"  # STATS_KEY fields /metrics reads: pull_requests:{opened,merged,closed}
 
 
@@ -81,9 +81,10 @@ def record_task(store: OutcomeStore, directory: Path) -> bool:
     """Record the finished task in ``directory`` on its request's outcome; True when it opened a new request."""
     metadata = read_json(directory / METADATA_FILE)
     task_key = dict(metadata["task_key"])
-    kind = PULL_KINDS.get(task_key.get("task_source", ""))
-    if kind is None:
+    forge = FORGES.get(task_key.get("task_source", ""))
+    if forge is None:
         return False
+    kind = forge.change_kind
     request = metadata.get("request") or {}
     followup = request.get("followup") or {}
     summary = summarize(directory)
