@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -113,21 +115,43 @@ def ollama_chat(answer: Answer, model: str, usage: dict[str, int], think: object
     }
 
 
-def error_body(protocol: str, status: int, message: str) -> dict[str, Any]:
-    """An error in the shape each API uses, so each official client raises its usual exception."""
-    if protocol == "ollama":
-        return {"error": message}
+def openai_error(status: int, message: str) -> dict[str, Any]:
+    """An error as the OpenAI API shapes it, so its official client raises its usual exception."""
     kind = _OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def embeddings_answer(protocol: str, body: object) -> tuple[int, dict[str, Any]]:
+def ollama_error(status: int, message: str) -> dict[str, Any]:
+    """An error as Ollama shapes it."""
+    return {"error": message}
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One API this module answers chat and embeddings in: how its answers and errors are shaped."""
+
+    error: Callable[[int, str], dict[str, Any]]
+    embeddings: Callable[[list[str], str], dict[str, Any]]
+    chat: Callable[[Answer, str, dict[str, int], dict[str, Any]], dict[str, Any]]
+    """``(answer, model name, usage, request body)``: a chat response."""
+    hosted: bool
+    """A hosted API's ways: a request to stream is refused (the replay model does not), the model's context window
+    is enforced with the API's error, and cached prompt tokens are reported."""
+
+
+OPENAI = Wire(openai_error, openai_embeddings, lambda answer, name, usage, _: openai_completion(answer, name, usage),
+              hosted=True)
+OLLAMA = Wire(ollama_error, ollama_embeddings,
+              lambda answer, name, usage, body: ollama_chat(answer, name, usage, body.get("think")), hosted=False)
+
+
+def embeddings_answer(wire: Wire, body: object) -> tuple[int, dict[str, Any]]:
     """Status and body of an embeddings request in either API (vectors from :mod:`replay.embeddings`)."""
     texts = embedding_inputs(body)
     if texts is None:
-        return 400, error_body(protocol, 400, "the body must be JSON with an 'input' string or list of strings")
+        return 400, wire.error(400, "the body must be JSON with an 'input' string or list of strings")
     model = str(body.get("model") or MODEL_NAME) if isinstance(body, dict) else MODEL_NAME
-    return 200, (ollama_embeddings(texts, model) if protocol == "ollama" else openai_embeddings(texts, model))
+    return 200, wire.embeddings(texts, model)
 
 
 class ReplayHandler(BaseHTTPRequestHandler):
@@ -166,7 +190,7 @@ class ReplayHandler(BaseHTTPRequestHandler):
         }
         status = 200 if path in listings else 404
         model.note(entry, status=status)
-        self._send_json(status, listings.get(path, error_body("openai", 404, f"no route {path}")))
+        self._send_json(status, listings.get(path, openai_error(404, f"no route {path}")))
 
     def do_POST(self) -> None:
         """Chat completions in either API."""
@@ -186,20 +210,20 @@ class ReplayHandler(BaseHTTPRequestHandler):
         # The headers a client sent, for tests of a profile's extra headers; never its credentials.
         sent = {k.lower(): v for k, v in self.headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
         model.note(entry, headers=sent)
-        protocol = "ollama" if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else "openai"
+        wire = OLLAMA if path in (OLLAMA_CHAT_PATH, OLLAMA_EMBED_PATH) else OPENAI
         usage: dict[str, int] | None = None
         headers: tuple[tuple[str, str], ...] = ()
         if path in (*OPENAI_EMBEDDING_PATHS, OLLAMA_EMBED_PATH):
-            status, payload = embeddings_answer(protocol, body)
+            status, payload = embeddings_answer(wire, body)
             if status == 200:
                 tokens = int(payload.get("prompt_eval_count") or payload.get("usage", {}).get("prompt_tokens") or 0)
                 usage = {"prompt_tokens": tokens, "completion_tokens": 0, "cached_tokens": 0, "total_tokens": tokens}
         elif path in RESPONSES_PATHS:
             status, payload, usage, headers = self.server.responses.handle(body, entry)
         elif path not in (*OPENAI_CHAT_PATHS, OLLAMA_CHAT_PATH):
-            status, payload = 404, error_body(protocol, 404, f"no route {path}")
+            status, payload = 404, wire.error(404, f"no route {path}")
         else:
-            status, payload, usage, headers = self._chat(protocol, body, entry)
+            status, payload, usage, headers = self._chat(wire, body, entry)
         # The log keeps the usage of every answer given, so a test can compare what Tasuki counted with it.
         model.note(entry, status=status, usage=usage)
         # Ollama streams chat unless told not to; a replay answer is then one final NDJSON chunk.
@@ -208,27 +232,25 @@ class ReplayHandler(BaseHTTPRequestHandler):
         self._send_json(status, payload, ndjson=bool(streamed), headers=headers)
 
     def _chat(
-        self, protocol: str, body: Any, entry: dict[str, Any]
+        self, wire: Wire, body: Any, entry: dict[str, Any]
     ) -> tuple[int, dict[str, Any], dict[str, int] | None, tuple[tuple[str, str], ...]]:
         """Status, body, usage and extra headers of a chat request in the OpenAI or Ollama API."""
         model = self.server.replay_model
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return 400, error_body(protocol, 400, "the body must be JSON with a 'messages' list"), None, ()
-        if protocol == "openai" and body.get("stream"):
-            return 400, error_body(protocol, 400, "the replay model does not stream"), None, ()
-        if protocol == "openai" and model.context_window and entry["prompt_tokens"] > model.context_window:
-            payload = error_body(protocol, 400, OVERFLOW_MESSAGE)
+            return 400, wire.error(400, "the body must be JSON with a 'messages' list"), None, ()
+        if wire.hosted and body.get("stream"):
+            return 400, wire.error(400, "the replay model does not stream"), None, ()
+        if wire.hosted and model.context_window and entry["prompt_tokens"] > model.context_window:
+            payload = wire.error(400, OVERFLOW_MESSAGE)
             payload["error"].update(param="messages", code="context_length_exceeded")
             return 400, payload, None, ()
         answer = model.answer(body["messages"], entry)
         if answer.status != 200:
-            return answer.status, error_body(protocol, answer.status, answer.error or "error"), None, answer.headers
+            return answer.status, wire.error(answer.status, answer.error or "error"), None, answer.headers
         name = str(body.get("model") or MODEL_NAME)
-        cached = cached_prompt_tokens(body["messages"]) if protocol == "openai" and answer.turn else 0
+        cached = cached_prompt_tokens(body["messages"]) if wire.hosted and answer.turn else 0
         usage = usage_of(answer, entry["prompt_tokens"], cached)
-        if protocol == "ollama":
-            return 200, ollama_chat(answer, name, usage, body.get("think")), usage, ()
-        return 200, openai_completion(answer, name, usage), usage, ()
+        return 200, wire.chat(answer, name, usage, body), usage, ()
 
     def _send_json(
         self, status: int, payload: Any, *, ndjson: bool = False, headers: tuple[tuple[str, str], ...] = ()
