@@ -102,3 +102,149 @@ def test_nothing_reads_a_path_outside_the_repository() -> None:
         and beside in (ROOT / name).read_text(encoding="utf-8", errors="replace")
     ]
     assert offenders == []
+
+
+# -- names are compared only in their registries (issue 38) ----------------------------------------------------------
+
+# A registered name that is also a word of other vocabularies ("none" is a backend, a network mode, a reasoning effort
+# and an environment's outcome) is that registry's name only where the other side of the comparison reads what the
+# registry names: these are the words that say so, per registry.
+SHARED_WORDS = {"none"}
+SUBJECTS = {"providers": ("provider",), "sandbox backends": ("backend", "sandbox.name"), "forges": ("source", "forge")}
+
+
+def registries() -> dict[str, tuple[Path, frozenset[str]]]:
+    """Each registry: its module's file and the names it registers, read from it."""
+    from agent.llm import registry
+    from sandbox import jail
+    from worker import forges
+
+    return {
+        "providers": (Path(registry.__file__), frozenset(registry.names())),
+        "sandbox backends": (Path(jail.__file__), frozenset(jail.BACKENDS)),
+        "forges": (Path(forges.__file__), frozenset(forges.FORGES)),
+    }
+
+
+def compared_names(source: str, names: frozenset[str], subjects: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, name) of each of ``names`` that a comparison (==, !=, in, not in, is) or a match case tests for."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides: list[ast.AST] = [node.left, *node.comparators]
+        elif isinstance(node, ast.Match):
+            sides = [node.subject, *(case.pattern for case in node.cases)]
+        else:
+            continue
+        constants = [c.value for side in sides for c in ast.walk(side) if isinstance(c, ast.Constant)]
+        read = " ".join(ast.unparse(side) for side in sides)
+        for name in (c for c in constants if c in names):
+            if name not in SHARED_WORDS or any(subject in read for subject in subjects):
+                found.append((node.lineno, name))
+    return found
+
+
+def product_modules() -> list[Path]:
+    return [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+
+
+@pytest.mark.parametrize("kind", ["providers", "sandbox backends", "forges"])
+def test_a_registered_name_is_compared_only_in_its_registry(kind: str) -> None:
+    """A provider, sandbox backend or forge is looked up in its registry for what it is (an entry's property),
+    never recognised by its name elsewhere: a new one is a module and a line in the registry."""
+    home, names = registries()[kind]
+    offenders = {
+        f"{path.relative_to(ROOT)}:{line}": name
+        for path in product_modules()
+        if path != home
+        for line, name in compared_names(path.read_text(), names, SUBJECTS[kind])
+    }
+    assert offenders == {}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        'if spec.provider == "ollama": pass',
+        'ok = provider in ("openai", "anthropic")',
+        'ok = "gitea" != task_key["task_source"]',
+        'ok = source not in {"gitlab"}',
+        'match source:\n    case "github" | "gitea": pass',
+        'ok = settings.sandbox.backend == "none"',
+        'ok = sandbox.name != "bubblewrap"',
+    ],
+)
+def test_the_name_check_sees_every_form_of_comparison(code: str) -> None:
+    found = [
+        name for kind, (_, names) in registries().items() for _, name in compared_names(code, names, SUBJECTS[kind])
+    ]
+    assert found
+
+
+@pytest.mark.parametrize("code", ['ok = settings.network == "none"', 'ok = report.outcome != "none"'])
+def test_a_shared_word_is_a_backend_only_beside_a_backend(code: str) -> None:
+    _, names = registries()["sandbox backends"]
+    assert compared_names(code, names, SUBJECTS["sandbox backends"]) == []
+
+
+def test_settings_accept_exactly_the_registered_backends() -> None:
+    from typing import get_args
+
+    from sandbox.jail import BACKENDS
+    from sandbox.settings import SandboxSettings
+
+    assert set(get_args(SandboxSettings.model_fields["backend"].annotation)) == set(BACKENDS)
+
+
+def test_the_intake_has_a_webhook_route_for_every_forge() -> None:
+    from webhooks.routes import HOOKS
+    from worker.forges import FORGES
+
+    assert set(HOOKS) == set(FORGES)
+
+
+# -- each tool declares what it touches --------------------------------------------------------------------------
+
+
+def test_every_registered_tool_declares_whether_it_changes_the_checkout() -> None:
+    """The loop checkpoints after, and never repeats on resume, a call of a tool that changes the checkout: the tool
+    says so itself, on its class, not in a list elsewhere."""
+    from agent.tools import TOOLS
+
+    undeclared = [name for name, tool in TOOLS.items() if not isinstance(getattr(tool, "changes_checkout", None), bool)]
+    assert undeclared == []
+
+
+def declares_changes_checkout(node: ast.ClassDef) -> bool:
+    """Whether the class sets ``changes_checkout`` in its body, as a property, or on ``self`` in a method."""
+    for statement in ast.walk(node):
+        targets = statement.targets if isinstance(statement, ast.Assign) else (
+            [statement.target] if isinstance(statement, ast.AnnAssign) else [])
+        for target in targets:
+            if getattr(target, "id", None) == "changes_checkout" or getattr(target, "attr", None) == "changes_checkout":
+                return True
+        if isinstance(statement, ast.FunctionDef) and statement.name == "changes_checkout":
+            return True
+    return False
+
+
+def is_tool(node: ast.ClassDef) -> bool:
+    """A class with the Tool Protocol's ``run(workspace, arguments, options)``."""
+    return any(
+        isinstance(s, ast.FunctionDef) and s.name == "run"
+        and [a.arg for a in s.args.args[1:4]] == ["workspace", "arguments", "options"]
+        for s in node.body
+    )
+
+
+def test_every_tool_class_in_the_tools_room_declares_whether_it_changes_the_checkout() -> None:
+    """Also the tools outside the fixed registry (made at run time): any class with the Protocol's ``run``."""
+    tools = [
+        (path, node)
+        for path in sorted((ROOT / "agent" / "tools").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and is_tool(node)
+    ]
+    undeclared = [f"{path.relative_to(ROOT)}:{t.name}" for path, t in tools if not declares_changes_checkout(t)]
+    assert len(tools) >= 6
+    assert undeclared == []
