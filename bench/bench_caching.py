@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -103,16 +103,18 @@ class RecordedAgent(Agent):
 
 
 @contextmanager
-def fake_for(provider: str, steps: list[Step], window: int) -> Iterator[str]:
-    """The fake API of ``provider`` answering the session's turns; yields the provider's base URL."""
-    model = ReplayModel(turns_from_entries([step.turn() for step in steps]))
-    if provider == "anthropic":
-        fake = serve_anthropic(model, context_window=window)
-        try:
-            yield fake.url
-        finally:
-            fake.stop()
-        return
+def anthropic_fake(model: ReplayModel, window: int) -> Iterator[str]:
+    """The fake Anthropic Messages API answering the session's turns; yields its base URL."""
+    fake = serve_anthropic(model, context_window=window)
+    try:
+        yield fake.url
+    finally:
+        fake.stop()
+
+
+@contextmanager
+def replay_fake(model: ReplayModel, window: int) -> Iterator[str]:
+    """The replay model's OpenAI endpoints (Responses, Chat Completions) answering the session's turns."""
     server = serve(model)
     try:
         yield server.openai_base_url
@@ -149,7 +151,8 @@ class Run:
 def run_task(scratch: Path, provider: str, window: int, steps: list[Step]) -> Run:
     """The session through Tasuki's agent loop against ``provider``'s fake; its requests and history."""
     policy = CompressionPolicy()  # the settings' defaults: warn 0.6, threshold 0.7, 10 messages, keep 5
-    with fake_for(provider, steps, window) as url:
+    model = ReplayModel(turns_from_entries([step.turn() for step in steps]))
+    with VENDORS[provider].fake(model, window) as url:
         spec = ModelSpec(provider, provider, MODELS[provider], window, url)
         llm = registry.build(spec, RetryPolicy(0, 0.1, 0.1), 60.0, api_key="bench")
         store = new_store(scratch / f"{provider}-{window}", fsync="never")
@@ -165,7 +168,7 @@ def run_task(scratch: Path, provider: str, window: int, steps: list[Step]) -> Ru
         directory = ctx.finish("completed")
     records = list(iter_records(directory / MESSAGES_FILE))
     reported = None
-    if provider == "anthropic":
+    if VENDORS[provider].reports_cache_writes:
         usages = [r["usage"] for r in records if r.get("role") == "assistant" and r.get("usage")]
         reported = sum(_billed(u) for u in usages)
     return Run(
@@ -221,19 +224,14 @@ def _common(units: list[tuple[str, int]], other: list[tuple[str, int]]) -> int:
     return shared
 
 
-def bill(provider: str, bodies: list[dict[str, Any]]) -> list[float]:
-    """Each body's billed input token-equivalents at ``provider``'s caching rules."""
-    if provider == "anthropic":
-        return anthropic_bill(bodies)
-    return openai_bill(bodies, prompt_units if provider == "openai-responses" else chat_units)
+def anthropic_sizes(bodies: list[dict[str, Any]]) -> list[int]:
+    """Each body's input tokens, all of them (what it costs with no cache at all), as Anthropic counts them."""
+    return [usage.prompt_tokens for usage in bill_requests(bodies)]
 
 
-def sizes(provider: str, bodies: list[dict[str, Any]]) -> list[int]:
-    """Each body's input tokens, all of them (what it costs with no cache at all)."""
-    if provider == "anthropic":
-        return [usage.prompt_tokens for usage in bill_requests(bodies)]
-    units = prompt_units if provider == "openai-responses" else chat_units
-    return [sum(tokens for _, tokens in units(body)) for body in bodies]
+def unit_sizes(units: Callable[[dict[str, Any]], list[tuple[str, int]]]) -> Callable[[list[dict[str, Any]]], list[int]]:
+    """Each body's input tokens, all of them, as OpenAI's prefix cache counts them (``units``)."""
+    return lambda bodies: [sum(tokens for _, tokens in units(body)) for body in bodies]
 
 
 # -- the ideal harness -----------------------------------------------------------------------------------------
@@ -256,23 +254,50 @@ def one_breakpoint(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def chat_body(spec: ModelSpec, prompt: list[dict[str, Any]], _uuid: str) -> dict[str, Any]:
+    """A Chat Completions body of ``prompt`` as it is, the way Tasuki's provider converts it."""
+    return {
+        "model": spec.model,
+        "messages": to_openai_messages(prompt, reasoning_content=COMPATIBLE.reasoning_content),
+        "tools": TOOL_SCHEMAS,
+    }
+
+
 def ideal_bodies(run: Run) -> list[dict[str, Any]]:
     """What the ideal harness sends for each step: the linear history before each reply, in the provider's
     shape (the same conversion Tasuki's provider uses)."""
     spec = ModelSpec(run.provider, run.provider, MODELS[run.provider], 10**9)
     prompts = [run.history[:i] for i, message in enumerate(run.history) if message["role"] == "assistant"]
-    if run.provider == "anthropic":
-        return [one_breakpoint(request_body(spec, prompt, TOOL_SCHEMAS)) for prompt in prompts]
-    if run.provider == "openai-responses":
-        return [responses_request(spec, prompt, TOOL_SCHEMAS, run.uuid) for prompt in prompts]
-    return [
-        {
-            "model": spec.model,
-            "messages": to_openai_messages(prompt, reasoning_content=COMPATIBLE.reasoning_content),
-            "tools": TOOL_SCHEMAS,
-        }
-        for prompt in prompts
-    ]
+    return [VENDORS[run.provider].ideal(spec, prompt, run.uuid) for prompt in prompts]
+
+
+@dataclass(frozen=True)
+class Vendor:
+    """One provider as this benchmark bills it: its fake, its cache's rules, what the ideal harness sends."""
+
+    fake: Callable[[ReplayModel, int], AbstractContextManager[str]]
+    """The fake API for a model and a context window; entered, its base URL."""
+    bill: Callable[[list[dict[str, Any]]], list[float]]
+    """Each body's billed input token-equivalents, sent in order."""
+    sizes: Callable[[list[dict[str, Any]]], list[int]]
+    """Each body's input tokens, all of them (what it costs with no cache at all)."""
+    ideal: Callable[[ModelSpec, list[dict[str, Any]], str], dict[str, Any]]
+    """The ideal harness's body for a prompt (the task's uuid: the Responses API's cache key)."""
+    reports_cache_writes: bool
+    """Whether the fake reports what the cache wrote and read, checked against this billing."""
+
+
+VENDORS = {
+    "anthropic": Vendor(anthropic_fake, anthropic_bill, anthropic_sizes,
+                        lambda spec, prompt, _: one_breakpoint(request_body(spec, prompt, TOOL_SCHEMAS)),
+                        reports_cache_writes=True),
+    "openai-responses": Vendor(replay_fake, lambda bodies: openai_bill(bodies, prompt_units), unit_sizes(prompt_units),
+                               lambda spec, prompt, uuid: responses_request(spec, prompt, TOOL_SCHEMAS, uuid),
+                               reports_cache_writes=False),
+    "openai": Vendor(replay_fake, lambda bodies: openai_bill(bodies, chat_units), unit_sizes(chat_units), chat_body,
+                     reports_cache_writes=False),
+}
+"""The providers measured, each with its own rules (the benchmark's table, beside the provider registry's)."""
 
 
 # -- the benchmark ---------------------------------------------------------------------------------------------
@@ -281,16 +306,17 @@ def ideal_bodies(run: Run) -> list[dict[str, Any]]:
 def measure(run: Run) -> Result:
     """Tasuki's billed input against the ideal's, printed with what went into each."""
     bodies = [request.wire or {} for request in run.requests]
-    billed = bill(run.provider, bodies)
+    vendor = VENDORS[run.provider]
+    billed = vendor.bill(bodies)
     kinds = [request.kind for request in run.requests]
     tasuki = sum(billed)
     summaries = sum(cost for cost, kind in zip(billed, kinds, strict=True) if kind == "summary")
     ideal_side = ideal_bodies(run)
-    ideal = sum(bill(run.provider, ideal_side))
+    ideal = sum(vendor.bill(ideal_side))
     ratio = tasuki / ideal
     target = TARGETS[run.provider]
     label = f"{run.provider} {run.window // 1000}k"  # fits the summary table's 34 columns with its prefix
-    mine, theirs = sizes(run.provider, bodies), sizes(run.provider, ideal_side)
+    mine, theirs = vendor.sizes(bodies), vendor.sizes(ideal_side)
     print(
         f"{label}: {kinds.count('agent')} agent requests + {kinds.count('summary')} summaries; billed input "
         f"{tasuki:,.0f} token-equivalents ({summaries:,.0f} of them summaries), ideal {ideal:,.0f}: {ratio:.2f}x "
@@ -313,7 +339,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     steps = session(steps=12 if quick else 40)
     results = []
     for window in WINDOWS:
-        for provider in ("anthropic", "openai-responses", "openai"):
+        for provider in VENDORS:
             started = time.perf_counter()
             task = run_task(scratch, provider, window, steps)
             results.append(measure(task))

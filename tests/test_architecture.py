@@ -144,8 +144,9 @@ def compared_names(source: str, names: frozenset[str], subjects: tuple[str, ...]
     return found
 
 
-def product_modules() -> list[Path]:
-    return [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
+def checked_modules() -> list[Path]:
+    """Every module but the tests': the rooms and the benchmarks."""
+    return [path for package in (*PACKAGES, "bench") for path in sorted((ROOT / package).rglob("*.py"))]
 
 
 @pytest.mark.parametrize("kind", ["providers", "sandbox backends", "forges"])
@@ -155,7 +156,7 @@ def test_a_registered_name_is_compared_only_in_its_registry(kind: str) -> None:
     home, names = registries()[kind]
     offenders = {
         f"{path.relative_to(ROOT)}:{line}": name
-        for path in product_modules()
+        for path in checked_modules()
         if path != home
         for line, name in compared_names(path.read_text(), names, SUBJECTS[kind])
     }
