@@ -6,6 +6,7 @@ No exemptions: the roof (``cli/``) may import every package and nothing imports 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import sys
@@ -195,6 +196,31 @@ def test_settings_accept_exactly_the_registered_backends() -> None:
     from sandbox.settings import SandboxSettings
 
     assert set(get_args(SandboxSettings.model_fields["backend"].annotation)) == set(BACKENDS)
+
+
+def source_choices(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
+    """The choices of every ``--source`` option of ``parser`` and its subcommands."""
+    found = []
+    for action in parser._actions:  # argparse keeps its options there and offers no public listing
+        if "--source" in action.option_strings and action.choices is not None:
+            found.append(tuple(action.choices))
+        if isinstance(action, argparse._SubParsersAction):
+            found += [c for sub in action.choices.values() for c in source_choices(sub)]
+    return found
+
+
+def test_every_list_of_forge_names_is_the_registrys() -> None:
+    """Where a forge's name must be listed (the command line's and the API's choices), the list is the registry's."""
+    from typing import get_args
+
+    from cli.main import build_parser
+    from webhooks.api import Submission
+    from worker.forges import FORGES
+
+    choices = source_choices(build_parser())
+    assert len(choices) >= 3  # submit, and the memory commands
+    assert {frozenset(c) for c in choices} == {frozenset(FORGES)}
+    assert set(get_args(Submission.model_fields["source"].annotation)) == set(FORGES)
 
 
 def test_the_intake_has_a_webhook_route_for_every_forge() -> None:
