@@ -83,7 +83,8 @@ class ReplayModel:
     """Answers chat requests from ``trajectory``; records every request for tests (``GET /_requests``)."""
 
     def __init__(self, trajectory: list[Turn], *, context_window: int | None = None) -> None:
-        self.trajectory = trajectory
+        self.trajectory = [turn for turn in trajectory if not turn.memory]
+        self._memory_answers = [str(turn.content or "") for turn in trajectory if turn.memory]  # scripted, in order
         self.context_window = context_window  # prompt tokens past which OpenAI-shaped requests are refused
         self.requests: list[dict[str, Any]] = []
         self._faults_served: dict[tuple[str, int], int] = {}
@@ -130,7 +131,9 @@ class ReplayModel:
             return self._answer_summary(messages)
         if is_memory_request(messages):
             self.note(entry, kind="memory")
-            return Answer("memory", content=replay_memory(messages))
+            with self._lock:
+                scripted = self._memory_answers.pop(0) if self._memory_answers else None
+            return Answer("memory", content=replay_memory(messages) if scripted is None else scripted)
         index = next_turn_index(messages)
         self.note(entry, kind="agent", turn=index)
         storm = self._storm

@@ -15,6 +15,8 @@ A trajectory file is JSON Lines (one entry per line) or YAML (a list of the same
   of its choosing instead of racing it; with ``"gate_when": "REGEX"`` only conversations in which the pattern
   finds a mark wait, each until every mark it carries is released (``open_gate(NAME, containing=MARK)``), so
   a trajectory shared by several tests holds only the tasks a test marked;
+- a **memory answer**: ``{"for": "memory", "content": "..."}`` answers the next memory update request (SPEC §13)
+  instead of the replay model's own condensation, in order (a weak model's answer, made-up facts and all);
   ``fail``/``times``/``delay_s``/``gate`` may also sit on a turn entry itself.
 
 The ``messages.jsonl`` of an earlier run is a trajectory too: its ``assistant`` records, in order, are the
@@ -59,6 +61,8 @@ class Turn:
     summary_faults: tuple[int, ...] = ()
     gate: str | None = None
     gate_when: str | None = None
+    memory: bool = False
+    """An answer to a memory update request, not an agent turn."""
 
 
 def load_trajectory(path: Path) -> list[Turn]:
@@ -100,8 +104,8 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
     for index, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
             raise ValueError(f"{source}: entry {index} is not an object")
-        if "role" in entry and entry["role"] != "assistant":
-            continue  # a messages.jsonl record of the user, a tool or the system prompt
+        if ("role" in entry and entry["role"] != "assistant") or _took_memory_answer(entry, turns):
+            continue  # a messages.jsonl record of the user, a tool or the system prompt; or a memory answer
         if "fail" in entry:
             status = entry["fail"]
             if not isinstance(status, int) or not 400 <= status <= 599:
@@ -146,6 +150,14 @@ def turns_from_entries(entries: list[Any], source: str = "trajectory") -> list[T
     if faults or summary_faults or delay_s or gate:
         raise ValueError(f"{source}: a fail, delay or gate entry at the end has no turn after it to apply to")
     return turns
+
+
+def _took_memory_answer(entry: dict[str, Any], turns: list[Turn]) -> bool:
+    """Append a memory answer (``{"for": "memory", "content": ...}``) to ``turns``; False for any other entry."""
+    if entry.get("for") != "memory" or "fail" in entry:
+        return False
+    turns.append(Turn(content=str(entry.get("content") or ""), memory=True))
+    return True
 
 
 def _scripted_call(call: Any, source: str, index: int, *, recorded: bool) -> ScriptedCall:
