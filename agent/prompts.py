@@ -92,7 +92,9 @@ PARAMETER_GUIDES: dict[tuple[str, str], str] = {
         "are after rather than whole large files."
     ),
     ("edit_file", "replace_all"): "Set replace_all to change every occurrence instead.",
-    ("finish", "keep"): "New files that look like scratch are removed when a finish is accepted, unless you name them in keep.",
+    ("finish", "keep"): (
+        "New files that look like scratch are removed when a finish is accepted, unless you name them in keep."
+    ),
 }
 """Sentences added to a tool's guide when its schema has that parameter."""
 
