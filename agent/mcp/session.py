@@ -136,7 +136,12 @@ class ServerSession:
         except asyncio.CancelledError:
             raise MCPUnavailable("the call was cancelled") from None
         except Exception as exc:
-            raise MCPUnavailable(describe(exc)) from None
+            said = describe(exc)
+            if "timed out" in said:  # the SDK's own deadline (the request's read timeout)
+                raise MCPUnavailable(f"no answer within {timeout_s:g} s") from None
+            if "Connection closed" in said:
+                raise MCPUnavailable("the server closed the connection (it exited or crashed)") from None
+            raise MCPUnavailable(said) from None
 
     async def close(self) -> None:
         """End the session (a stdio server is stopped with it); bounded by :data:`CLOSE_GRACE_S`."""
