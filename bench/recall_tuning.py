@@ -1,6 +1,6 @@
 """How recall's fusion was chosen (issue 38): a grid of fusion functions over the TUNING sets only.
 
-``python -m bench.recall_tuning`` loads ``bench_recall_quality.TUNING`` (itsdangerous, markupsafe) — never the
+``python -m bench.recall_tuning`` loads ``bench_recall_quality.TUNING`` (itsdangerous, markupsafe, jinja) — never the
 held-out sets — with the local model's vectors, and prints recall@5 of the hybrid for each fusion: the convex
 combination of max-normalized scores (issue 29's), of min-max-normalized scores, and reciprocal rank fusion with
 several k and vector weights. Each candidate goes through the same rerank, thresholds and duplicates rule as
@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.bench_recall_quality import TUNING, K, Labelled, default_embedder, load
+from bench.bench_recall_quality import TUNING, K, Labelled, default_embedder, found, load
 from memory.recall import Q2_WEIGHT, Ranks, rerank
 from memory.records import Match
 from memory.sqlite import SQLiteMemoryStore
@@ -35,6 +35,17 @@ def min_max(found: Sequence[Match]) -> dict[str, float]:
     return {m.uuid: (m.score - low) / (high - low) if high > low else 1.0 for m in found}
 
 
+def z_score(found: Sequence[Match]) -> dict[str, float]:
+    """(score - mean) / deviation over the list, shifted so the worst is 0."""
+    if not found:
+        return {}
+    values = [m.score for m in found]
+    mean = sum(values) / len(values)
+    deviation = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5 or 1.0
+    low = min(values)
+    return {m.uuid: (m.score - low) / deviation for m in found}
+
+
 def by_rank(k: int) -> Normalizer:
     """Reciprocal rank, 1 / (k + rank), scaled so the first is 1."""
     return lambda found: {m.uuid: (k + 1) / (k + position) for position, m in enumerate(found, start=1)}
@@ -46,9 +57,9 @@ def convex(normalize: Normalizer, alpha: float) -> Callable[[list[list[Match]], 
     def fused(bm25_lists: list[list[Match]], vector_lists: list[list[Match]]) -> dict[str, Ranks]:
         def best(lists: list[list[Match]]) -> dict[str, float]:
             out: dict[str, float] = {}
-            for index, found in enumerate(lists):
+            for index, listed in enumerate(lists):
                 weight = 1.0 if index == 0 else Q2_WEIGHT
-                for key, value in normalize(found).items():
+                for key, value in normalize(listed).items():
                     out[key] = max(out.get(key, 0.0), weight * value)
             return out
 
@@ -85,6 +96,7 @@ def main() -> None:
     for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
         grid[f"convex by best, alpha {alpha}"] = convex(by_best, alpha)
         grid[f"convex min-max, alpha {alpha}"] = convex(min_max, alpha)
+        grid[f"convex z-score, alpha {alpha}"] = convex(z_score, alpha)
     for k in (1, 5, 10, 20, 60):
         for alpha in (0.5, 0.6, 0.7, 0.8):
             grid[f"rrf k {k}, vector weight {alpha}"] = convex(by_rank(k), alpha)
@@ -94,6 +106,12 @@ def main() -> None:
             store = SQLiteMemoryStore(Path(scratch) / f"{name}.db")
             loaded.append((store, load(store, embedder, name)))
         print(f"{'fusion':40} {'keyword':>8} {'paraphrase':>11}  per set (paraphrase)")
+        for mode in ("bm25", "vector", "hybrid"):  # recall as it is: BM25 alone, vectors alone, today's hybrid
+            row = {kind: [(found(store, data, kind)[mode], sum(q["kind"] == kind for q in data.queries))
+                          for store, data in loaded] for kind in ("keyword", "paraphrase")}
+            total = {kind: sum(h for h, _ in rows) / sum(c for _, c in rows) for kind, rows in row.items()}
+            per_set = " ".join(f"{h}/{c}" for h, c in row["paraphrase"])
+            print(f"{'as recall runs it: ' + mode:40} {total['keyword']:8.2f} {total['paraphrase']:11.2f}  {per_set}")
         for label, fusion in grid.items():
             row = {kind: [recall_at_k(store, data, fusion, kind) for store, data in loaded]
                    for kind in ("keyword", "paraphrase")}
