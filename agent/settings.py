@@ -209,6 +209,14 @@ class AgentSettings(Section):
     """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
     max_format_errors: PositiveInt = 3
     """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
+    finish_gate: bool = True
+    """The agent's first finish is answered with a review (its diff, new files, changed tests, the checks' results)
+    and only the next one is accepted; scratch files it does not keep are removed (docs/finish-gate.md)."""
+    checks: tuple[str, ...] = ()
+    """Bash commands the finish gate runs for a repository without a .tasuki/checks; none: the test command detected
+    from the repository's files."""
+    check_timeout_s: PositiveInt = 600
+    """Seconds one check of the finish gate may run before it is killed (and counted as failed)."""
 
     @model_validator(mode="after")
     def _soft_before_hard(self) -> Self:

@@ -546,10 +546,15 @@ class Checkout:
             base_tree = self.git("rev-parse", "--verify", "-q", f"{base}^{{tree}}").strip()
         except GitError:
             return True
+        return self.work_tree() != base_tree
+
+    def work_tree(self) -> str:
+        """The tree a commit of the files as they are now would have (never-committed paths left out), staged in the
+        checkpoints' index by the worker's git: HEAD, the agent's index and its ignore files are not trusted for it."""
         if not self.index_file.exists():
             self.git("read-tree", "HEAD", index=True)
         self._stage(index=True)
-        return self.git("write-tree", index=True).strip() != base_tree
+        return self.git("write-tree", index=True).strip()
 
     def drop_checkpoints(self) -> None:
         """The task changed nothing: no branch is pushed, and the checkpoint branch its holders pushed goes, leased
