@@ -47,7 +47,7 @@ def read_path(path: str) -> str:
     """Read a file (to show what the server can see)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return "read: " + handle.read()[:200]
+            return "read: " + handle.read()[:4000]
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
 
