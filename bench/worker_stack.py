@@ -56,6 +56,7 @@ class CeleryWorker:
                    "--result-backend", self.broker_url, "worker", "-n", f"{self.name}@%h", "-Q", self.queues,
                    "-c", str(self.concurrency), "-P", "prefork", *quiet]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+        env["TASUKI__AGENT__FINISH_GATE"] = "false"  # scripted tasks of one finish (bench_finish_gate turns it on)
         env.update(self.env)
         env["PYTHONPATH"] = str(REPO_ROOT)
         with open(self.log_path, "ab") as log:

@@ -51,4 +51,10 @@ DEMO_TRAJECTORY: list[dict[str, Any]] = [
             {"name": "finish", "arguments": {"summary": "Fix add(): it subtracted instead of adding. All tests pass."}}
         ],
     },
+    {  # the finish gate answered the first finish with its review: one file changed, its checks pass
+        "content": "The finish gate's review shows the one-line fix and the checks pass.",
+        "tool_calls": [
+            {"name": "finish", "arguments": {"summary": "Fix add(): it subtracted instead of adding. All tests pass."}}
+        ],
+    },
 ]

@@ -131,6 +131,7 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
 
     def make(env: Mapping[str, str] | None = None) -> Settings:
         base = {
+            "TASUKI__AGENT__FINISH_GATE": "false",  # scripted trajectories of one finish; the gate's tests turn it on
             "TASUKI__CONTEXTS__BASE_DIR": str(tmp_path / "contexts"),
             "TASUKI__CONTEXTS__WORKSPACES_DIR": str(tmp_path / "workspaces"),
             "TASUKI__CONTEXTS__GIT_CACHE_DIR": str(tmp_path / "git-cache"),

@@ -128,9 +128,15 @@ def wait_for_ping(broker_url: str, prefix: str, process: subprocess.Popen[bytes]
         probe.close()
 
 
+# Scripted trajectories written before the finish gate end with one finish; the gate's own tests turn it on.
+LEGACY_FINISH = {"TASUKI__AGENT__FINISH_GATE": "false"}
+
+
 def worker_env(base: Mapping[str, str], **overrides: str) -> dict[str, str]:
-    """The environment of a worker subprocess: the test's settings as TASUKI__ variables."""
+    """The environment of a worker subprocess: the test's settings as TASUKI__ variables (the finish gate off unless
+    ``base`` or ``overrides`` turn it on)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env.update(LEGACY_FINISH)
     env.update(base)
     env.update(overrides)
     env["PYTHONPATH"] = str(REPO_ROOT)
