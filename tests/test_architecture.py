@@ -198,6 +198,15 @@ def test_settings_accept_exactly_the_registered_backends() -> None:
     assert set(get_args(SandboxSettings.model_fields["backend"].annotation)) == set(BACKENDS)
 
 
+def test_each_backend_makes_a_sandbox_that_answers_to_its_name() -> None:
+    """A sandbox's ``name`` is how code finds its entry (``backend(sandbox.name).confines``)."""
+    from sandbox.jail import BACKENDS
+    from sandbox.settings import SandboxSettings
+
+    made = {name: entry.make(SandboxSettings.model_validate({"backend": name})) for name, entry in BACKENDS.items()}
+    assert {name: sandbox.name for name, sandbox in made.items()} == {name: name for name in BACKENDS}
+
+
 def source_choices(parser: argparse.ArgumentParser) -> list[tuple[str, ...]]:
     """The choices of every ``--source`` option of ``parser`` and its subcommands."""
     found = []
