@@ -23,7 +23,7 @@ from memory.records import Episode
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE)
 # The tasks a fact came from, as the repository prompt asks for them: "(uuid, uuid)" at the end of the line.
 CITED = re.compile(r"\(([^()]*)\)\s*\.?\s*$")
-CITED_TOKEN = re.compile(r"^[\w-]+$")
+CITED_TOKEN = re.compile(r"^[0-9a-f]{8}(?:-[0-9a-f]{1,12}){0,4}$", re.IGNORECASE)  # a UUID or its start
 TASK_PREFIX = re.compile(r"\btasks? ([0-9a-f]{8})\b", re.IGNORECASE)  # a UUID shortened to its first 8 digits
 QUOTED_TASK = re.compile(r"\btasks? [\"“']([^\"”']{4,})[\"”']", re.IGNORECASE)
 EXTENSIONS = (
@@ -104,12 +104,13 @@ def _record_text(episode: Episode) -> str:
 
 def _cited(line: str) -> list[str]:
     """The task identifiers a line cites: every UUID, an 8-digit prefix after "task", and the tokens of a
-    trailing parenthesis that holds identifiers only (``(u1, u3)``)."""
+    trailing parenthesis that holds task identifiers only (``(1a2b3c4d, 5e6f7a8b-…)``); "(v2)" or "(2024)" is
+    no citation."""
     found = UUID.findall(line) + TASK_PREFIX.findall(line)
     tail = CITED.search(line)
     if tail:
         tokens = [t.strip() for t in re.split(r"[,;]\s*|\s+and\s+", tail.group(1)) if t.strip()]
-        identifiers = [t for t in tokens if CITED_TOKEN.match(t) and any(ch.isdigit() for ch in t)]
+        identifiers = [t for t in tokens if CITED_TOKEN.match(t) and not t.isdigit()]
         if tokens and len(identifiers) == len(tokens):
             found += identifiers
     return list(dict.fromkeys(found))
@@ -132,7 +133,7 @@ def _unsupported_claims(line: str, evidence: Evidence) -> Iterator[Dropped]:
         if path.lower() not in NOT_FILES and not evidence.has_path(path):
             yield Dropped(line, "file", path, f"names {path}, which no tool call or episode of these tasks touched")
     for number in REQUEST.findall(line):
-        if not any(re.search(rf"(?<!\d){number}(?!\d)", text) for text in evidence.texts):
+        if not any(re.search(rf"(?<![\w-]){number}\b", text) for text in evidence.texts):  # not inside a hash
             yield Dropped(line, "request", number, f"names pull/merge request {number}, which no result records")
     for branch in BRANCH.findall(line):
         if "/" in branch and not evidence.has_text(branch):
