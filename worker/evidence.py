@@ -64,14 +64,14 @@ def checks_failed(evidence: Mapping[str, Any] | None) -> bool:
 
 
 def pull_request_body(summary: str, evidence: Mapping[str, Any] | None, files: list[tuple[str, str]],
-                      state: Mapping[str, Any], task_url: str | None, *, priced: bool) -> str:
+                      state: Mapping[str, Any], task_url: str | None, *, priced: bool, untested: str = "") -> str:
     """The pull/merge request's text: the summary first (its first line is a local task's title), then the evidence;
-    masked and within every forge's limit."""
+    masked and within every forge's limit. ``untested``: why no checks ran, when the gate never accepted a finish."""
     text = summary.strip()
     if len(text) > SUMMARY_MAX_CHARS:
         text = text[:SUMMARY_MAX_CHARS] + "\n[... summary cut ...]"
-    parts = [text, "### How it was tested", tested(evidence), "### Files touched", _files(files), "### The task",
-             _task(state, task_url, priced)]
+    parts = [text, "### How it was tested", untested or tested(evidence), "### Files touched", _files(files),
+             "### The task", _task(state, task_url, priced)]
     body = mask("\n\n".join(parts))
     return body if len(body) <= BODY_MAX_CHARS else body[: BODY_MAX_CHARS - 40] + "\n\n[... cut to the forge's limit]"
 

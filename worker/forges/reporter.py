@@ -100,6 +100,8 @@ def summary_body(uuid: str, status: str, result: dict[str, Any] | None, error: s
         text = f"**Tasuki finished:** no changes were needed/made: {result.get('summary', '')}".rstrip()
     elif status == "completed":
         text = f"**Tasuki finished.** {result.get('pull_request_url', '')}\n\n{result.get('summary', '')}".rstrip()
+        if result.get("checks") == "failed":  # the finish gate's checks fail on what it delivered
+            text += "\n\nThe repository's checks fail on this change, so the pull request is a draft."
     elif result.get("stopped"):  # a limit stopped it; what it changed is in a draft (or on its branch)
         text = f"**Tasuki stopped: {status}.** {str(result['stopped'])[:1].upper()}{str(result['stopped'])[1:]}."
         if result.get("pull_request_url"):
