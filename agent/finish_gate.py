@@ -160,7 +160,9 @@ def _changes_script(base: str) -> str:
     b = shlex.quote(base)
     return "\n".join((
         "export GIT_NO_REPLACE_OBJECTS=1 GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0",
-        'index="$(mktemp)"; trap \'rm -f "$index"\' EXIT',
+        'index="$(mktemp)"; objects="$(mktemp -d)"; trap \'rm -rf "$index" "$objects"\' EXIT',
+        # what it hashes goes to a scratch object directory: the agent's repository is only read
+        'export GIT_OBJECT_DIRECTORY="$objects" GIT_ALTERNATE_OBJECT_DIRECTORIES="$PWD/.git/objects"',
         'cp -p .git/index "$index" 2>/dev/null || rm -f "$index"',
         'export GIT_INDEX_FILE="$index"',
         "git add -A . >/dev/null 2>&1 || { echo 'git could not read the working tree' >&2; exit 3; }",
@@ -213,8 +215,11 @@ def remove_scratch(workspace: Workspace, paths: list[str]) -> list[str]:
     """Delete the files ``paths`` names (beneath the checkout, never through a link); those that were there."""
     removed = []
     for path in paths:
-        try:
-            parent, name = workspace.open_parent(path, create=False)
+        folder, _, name = path.strip("/").rpartition("/")
+        if name in ("", ".", ".."):
+            continue
+        try:  # the directory is opened beneath the checkout; the file itself (a link, maybe) is unlinked, not followed
+            parent = workspace.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (ToolError, OSError):
             continue
         try:
