@@ -21,6 +21,7 @@ import pytest
 from agent.llm import make_provider
 from agent.loop import Agent, AgentLimits
 from agent.prompts import SYSTEM_PROMPT, task_message
+from agent.tools import TOOL_SCHEMAS
 from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.compression import CompressionPolicy, Summarized
@@ -28,6 +29,7 @@ from contexts.context import Context
 from contexts.names import REQUESTS_FILE
 from contexts.requests import SentRequest, recorded_requests, request_of_step
 from contexts.retention import gzip_context
+from contexts.tokens import estimate_tokens
 from replay import ReplayServer
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.fleet_hosts import HostFactory
@@ -40,7 +42,9 @@ from worker.tasks import summarize
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
 TOKEN = "ghp_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5k4J3i2"  # a secret a tool prints; never on disk
-SMALL_WINDOW = 3000  # compresses every few steps (tests/test_worker_compression.py's size)
+# Compresses every few steps (tests/test_worker_compression.py's size): about 2,000 tokens beside what every request
+# carries, the system prompt and the tool schemas.
+SMALL_WINDOW = estimate_tokens(SYSTEM_PROMPT) + estimate_tokens(json.dumps(TOOL_SCHEMAS)) + 2000
 LARGE_WINDOW = 1_000_000  # never compresses, never omits: every request repeats the whole history
 COMPRESSING = CompressionPolicy(min_messages=6, keep_recent=3)
 

@@ -10,6 +10,7 @@ model that under-reports cannot make an oversized prompt pass.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -19,11 +20,13 @@ import pytest
 import redis
 
 from agent.prompts import SUMMARIZER_SYSTEM, SYSTEM_PROMPT, task_message
+from agent.tools import TOOL_SCHEMAS
 from cli.viewer import format_detail
 from contexts import ContextStore
 from contexts.clock import utc_now
 from contexts.names import MESSAGES_FILE, SUMMARIES_FILE
 from contexts.queries import show_context
+from contexts.tokens import estimate_tokens
 from tests.helpers.celery_worker import WorkerProcess
 from tests.helpers.schemas import validate_context_dir
 from tests.helpers.stack import Stack, local_request, make_buggy_repo
@@ -43,7 +46,9 @@ from worker.names import COMPRESSION_QUEUE, STATS_KEY
 
 pytestmark = pytest.mark.integration
 
-CONTEXT_LENGTH = 3000
+# About 2,000 tokens beside what every request carries (the system prompt and the tool schemas): 32 steps of about
+# 300 tokens compress several times.
+CONTEXT_LENGTH = estimate_tokens(SYSTEM_PROMPT) + estimate_tokens(json.dumps(TOOL_SCHEMAS)) + 2000
 STEPS = 32
 PROMPT = "Print the log blocks."
 COMPRESSION_ENV = {
