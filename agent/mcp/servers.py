@@ -19,9 +19,9 @@ import mcp_types
 import structlog
 
 from agent.mcp.declared import DeclaredServer
-from agent.mcp.session import EventLoop, MCPUnavailable, ServerSession
+from agent.mcp.session import EventLoop, MCPUnavailable, Opener, ServerSession
 from agent.mcp.settings import MCPSettings
-from agent.mcp.tools import MCPTool, agent_name, agent_schema, describe_tool
+from agent.mcp.tools import Caller, MCPTool, agent_name, agent_schema, describe_tool
 from agent.mcp.transports import EgressRoute, StderrTail, StdioJail, remote_opener
 from agent.tools.protocol import Tool
 from agent.tools.toolbox import BUILTINS
@@ -102,7 +102,7 @@ class MCPServers:
     def _declared(self, name: str) -> DeclaredServer:
         return next(d for d in self.declared if d.name == name)
 
-    def _opener(self, declared: DeclaredServer) -> Any:
+    def _opener(self, declared: DeclaredServer) -> Opener:
         settings = declared.settings
         secrets = self._secrets(declared)
         if settings.url is not None:
@@ -153,7 +153,7 @@ class MCPServers:
             adopted.append(name)
         return adopted
 
-    def _caller(self, server: str) -> Any:
+    def _caller(self, server: str) -> Caller:
         def call(tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
             session, loop = self.sessions.get(server), self.loop
             if session is None or loop is None:
