@@ -23,7 +23,7 @@ def review_text(changes: Changes, checks: Checks, results: list[CheckResult], ba
     if changes.error:
         parts.append(f"(the diff could not be read: {changes.error})")
     else:
-        parts.append(f"{changes.stat.strip()}\n\n```diff\n{changes.diff.strip()}\n```")
+        parts.append(f"{changes.stat.strip(chr(10))}\n\n```diff\n{changes.diff.strip()}\n```")
     parts.append(_new_files(changes.new_files))
     tests = changes.test_files
     if tests:
