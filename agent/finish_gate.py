@@ -83,7 +83,7 @@ class GateAnswer:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass
 class FinishGate:
     """The gate of one task: the base its change is measured against, the checks, and how long one check may run."""
 
@@ -93,10 +93,11 @@ class FinishGate:
     # The tree a commit would take now, by the worker's own git (worker/checkout.py ``work_tree``): the checks' results
     # are reused only for the very tree they judged. None: they always run again.
     snapshot: Callable[[], str] | None = None
+    _ran: dict[str, Any] | None = field(default=None, init=False, repr=False)  # this process's review, not yet on disk
 
     def on_finish(self, ctx: Context, keep: object, shell: Shell, workspace: Workspace) -> GateAnswer:
         """Answer an accepted-by-its-tool ``finish``: the review the first time, else the acceptance."""
-        ran = ctx.read_state().get("finish_gate")
+        ran = self._ran or ctx.read_state().get("finish_gate")  # two finishes in one reply: the second is accepted
         if isinstance(ran, dict) and ran.get("ran"):
             return self.accept(ctx, ran, keep, shell, workspace)
         return self.review(ctx, shell)
@@ -110,7 +111,8 @@ class FinishGate:
                               {"stage": "accepted", "evidence": {"unchanged": True}})
         tree = self._tree()
         results = self.run_checks(shell)
-        ctx.stage_state(finish_gate={"ran": True, "tree": tree, "checks": [asdict(r) for r in results]})
+        self._ran = {"ran": True, "tree": tree, "checks": [asdict(r) for r in results]}
+        ctx.stage_state(finish_gate=self._ran)
         record = {"stage": "gate", "tree": tree, "checks": [asdict(r) for r in results]}
         return GateAnswer(review_text(changes, self.checks, results, self.base), False, record)
 
