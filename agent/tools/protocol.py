@@ -24,6 +24,7 @@ class ToolOptions:
     on_start: Callable[[int], None] | None = None  # told the process group of a command once it runs
     recall: Callable[[str], str] | None = None  # the task's memory search, for the recall tool
     home: Path | None = None  # the task's home (lasts for the task); None: an empty one per bash call
+    view_chars: int | None = None  # what of an output the model sees: paged tools (read_file) fit their page to it
 
 
 @dataclass(frozen=True)
