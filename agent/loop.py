@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import structlog
 
 from agent.fencing import owner_check
+from agent.finish_gate import FinishGate
+from agent.instructions import OwnerInstructions, give_nested
 from agent.llm import Provider, Reply, ToolCall
 from agent.llm.base import ContextOverflow, parse_arguments
 from agent.llm.textcalls import text_calls
@@ -23,9 +26,11 @@ from agent.lost_steps import lost_steps
 from agent.prompts import NUDGE
 from agent.recorded import sent_request
 from agent.seams import Checkout, Meter, usage_of
-from agent.tools import TOOL_SCHEMAS, TOOLS, Workspace, cap_output, run_tool
+from agent.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
 from agent.tools.dispatch import changes_checkout
-from agent.tools.shell import stop_leftover
+from agent.tools.protocol import ToolOptions, ToolOutcome
+from agent.tools.shell import BashTool, stop_leftover
+from agent.tools.toolbox import BUILTINS, Toolbox
 from contexts import CompressionPolicy, Context, TasukiError, jsonl
 from contexts.lock import process_started
 from contexts.names import MESSAGES_FILE
@@ -54,11 +59,12 @@ INTERRUPTED = (
 
 
 class Finished(Exception):
-    """The model called ``finish``."""
+    """The model called ``finish`` (and the finish gate, when on, accepted it: ``evidence`` is what it found)."""
 
-    def __init__(self, summary: str) -> None:
+    def __init__(self, summary: str, evidence: dict[str, Any] | None = None) -> None:
         super().__init__(summary)
         self.summary = summary
+        self.evidence = evidence
 
 
 class Cancelled(TasukiError):
@@ -113,7 +119,14 @@ class Agent:
         sandbox_limits: SandboxLimits | None = None,
         recall: Callable[[str, set[str]], str] | None = None,
         meter: Meter | None = None,
+        gate: FinishGate | None = None,
+        toolbox: Toolbox | None = None,
+        instructions: OwnerInstructions | None = None,
     ) -> None:
+        self.instructions = instructions  # the owner's nested instruction files, given as their directories are touched
+        self.toolbox = toolbox or BUILTINS  # the tools this task offers (the built-ins and its MCP servers')
+        self.gate = gate  # answers the first finish with a review (agent/finish_gate.py); None: finish ends at once
+        self.evidence: dict[str, Any] | None = None  # what the gate found when it accepted the finish
         self.meter = meter  # prices and counts each call; None: usage is still recorded, without prices
         self.sandbox = sandbox or NoSandbox()
         self.recall = recall  # (query, contents now in the prompt) -> the recall tool's answer
@@ -138,6 +151,7 @@ class Agent:
             while True:
                 self.step()
         except Finished as done:
+            self.evidence = done.evidence
             return done.summary
 
     def step(self) -> None:
@@ -159,6 +173,8 @@ class Agent:
             if over is not None:  # checked before every call: the step that reached the cap was the last
                 raise BudgetExceeded(over)
             self.maybe_compress(int(state.get("llm_call_count", 0)))
+            if self.instructions is not None:  # before the model reads the results of calls below such a directory
+                give_nested(self.ctx, self.instructions)
             calls = self.query().tool_calls
             if not calls:
                 self.format_error(int(state.get("format_errors", 0)) + 1)
@@ -176,7 +192,7 @@ class Agent:
             # Written with the next step's state: the commit this holder put on the checkpoint branch.
             self.ctx.stage_state(last_activity="checkpoint", checkpoint=self.checkout.lease.latest)
         if summary is not None:
-            raise Finished(summary)
+            raise Finished(summary, self.evidence)
 
     def format_error(self, count: int) -> None:
         """The ``count``-th reply in a row without a usable call: the model is nudged, or, at the cap, the task
@@ -201,8 +217,21 @@ class Agent:
         pending = [c for c in calls if c.id not in answered]
         finish = next((c for c in calls if c.name == "finish"), None)
         if not pending and finish is not None and not answered[finish.id].startswith("error:"):
-            raise Finished(str(finish.arguments.get("summary", "")).strip())
+            gated = self._gate_record(finish.id)
+            if gated.get("stage") == "gate":  # the gate answered it: the model has not seen that answer yet
+                ran = {"ran": True, "tree": gated.get("tree"), "checks": gated.get("checks")}
+                self.ctx.update_state(finish_gate=ran)  # now: the model's next finish must find it
+                return None
+            raise Finished(str(finish.arguments.get("summary", "")).strip(), gated.get("evidence"))
         return pending or None
+
+    def _gate_record(self, call_id: str) -> dict[str, Any]:
+        """The finish gate's record on the result of call ``call_id`` ({} when the gate did not answer it)."""
+        for record in self._newest_records():
+            if record.get("role") == "tool" and record.get("tool_call_id") == call_id:
+                gated = record.get("finish_gate")
+                return gated if isinstance(gated, dict) else {}
+        return {}
 
     def _newest_reply(self) -> tuple[dict[str, Any] | None, dict[str, str]]:
         """The newest message if it is a reply or its calls' results follow it (else None), and those results by
@@ -307,7 +336,7 @@ class Agent:
         compressed = False
         for refused in range(OVERFLOW_RETRIES + 1):
             prompt = self.ctx.build_prompt(self.limits.context_length, self._reserve())
-            estimated = TOOLS_TOKENS + sum(
+            estimated = self.toolbox.tokens + sum(
                 estimate_message_tokens(m.get("content"), m.get("tool_calls")) for m in prompt
             )
             self.ctx.stage_state(
@@ -316,14 +345,14 @@ class Agent:
             )
             self.owner_check()  # a fenced holder never asks: the answer would go to a context it may not write
             try:
-                return self.provider.chat(prompt, TOOL_SCHEMAS, cache_key=self.ctx.uuid), prompt, estimated
+                return self.provider.chat(prompt, self.toolbox.schemas, cache_key=self.ctx.uuid), prompt, estimated
             except ContextOverflow as exc:
                 if refused == OVERFLOW_RETRIES:
                     raise ContextOverflow(
                         f"the prompt did not fit the model's window after {refused} tries to shrink it: {exc}",
                         exc.status,
                     ) from exc
-                sent = int((estimated - TOOLS_TOKENS) * self.ctx.token_factor)
+                sent = int((estimated - self.toolbox.tokens) * self.ctx.token_factor)
                 log.warning("the model refused the prompt as too long for its window", tokens=sent, tries=refused + 1)
                 if not compressed:
                     compressed = True
@@ -336,9 +365,10 @@ class Agent:
     def _reserve(self) -> int:
         """The room ``build_prompt`` keeps free: the tool schemas and the answer's, and what a model that refused a
         prompt as too long showed its window to lack (:meth:`ask`)."""
+        reserve = self.limits.reserve_tokens + self.toolbox.tokens - TOOLS_TOKENS  # a task's MCP tools are sent too
         if self._window is None:
-            return self.limits.reserve_tokens
-        return max(self.limits.reserve_tokens, self.limits.context_length - self._window)
+            return reserve
+        return max(reserve, self.limits.context_length - self._window)
 
     def compress_now(self) -> bool:
         """Compress the history now, below the threshold too (the model refused the prompt as too long); whether
@@ -360,7 +390,8 @@ class Agent:
         """Ask the model; its reply is written before anything it asks for runs."""
         step = self.ctx.next_step
         reply, prompt, estimated = self.ask()
-        written = [] if reply.tool_calls else text_calls(reply.content or "", TOOLS, seed=self.ctx.last_seq + 1)
+        offered = self.toolbox.names
+        written = [] if reply.tool_calls else text_calls(reply.content or "", offered, seed=self.ctx.last_seq + 1)
         if written:  # calls written in the text (small local models): run like native ones, the text kept as it came
             reply = replace(reply, tool_calls=written)
         message = reply.to_message()
@@ -376,7 +407,7 @@ class Agent:
             current_context_tokens=int(reply.prompt_tokens or estimated),
             last_activity="llm_reply",
         )
-        self.ctx.record_request(sent_request(self.provider, step, "agent", prompt, TOOL_SCHEMAS, reply, seq))
+        self.ctx.record_request(sent_request(self.provider, step, "agent", prompt, self.toolbox.schemas, reply, seq))
         if self.meter is not None:
             self.meter.count(usage)
         if reply.prompt_tokens:
@@ -402,13 +433,34 @@ class Agent:
                 on_start=self._command_started if call.name == "bash" else None,
                 recall=self._recall if self.recall is not None else None,
                 home=self.checkout.home,
+                tools=self.toolbox.tools,
+                view_chars=self.limits.tool_output_max_chars,
             )
             if call.name == "bash":
                 self.ctx.stage_state(running_command=None)  # a resume checks the process's start time anyway
+            gated: dict[str, Any] = {}
+            if result.finished and self.gate is not None:
+                started = time.monotonic()
+                answer = self.gate.on_finish(self.ctx, call.arguments.get("keep"), self._gate_shell, self.workspace)
+                gate_ms = int((time.monotonic() - started) * 1000)  # the call's recorded time is the gate's too
+                result = replace(result, output=answer.output, finished=answer.finished,
+                                 duration_ms=result.duration_ms + gate_ms)
+                gated = answer.record
+                self.evidence = gated.get("evidence")
             if result.finished:
                 summary = result.summary
-            self._record_result(call, result.output, result.status, result.error, result.duration_ms)
+            self._record_result(call, result.output, result.status, result.error, result.duration_ms,
+                                finish_gate=gated or None)
         return summary
+
+    def _gate_shell(self, command: str, timeout_s: int) -> ToolOutcome:
+        """One of the finish gate's commands, run as the bash tool runs the agent's: in the sandbox, in the checkout."""
+        options = ToolOptions(bash_timeout_s=timeout_s, max_output_chars=FULL_OUTPUT_MAX_CHARS, sandbox=self.sandbox,
+                              limits=self.sandbox_limits, on_start=self._command_started, home=self.checkout.home)
+        try:
+            return BashTool().run(self.workspace, {"command": command}, options)
+        finally:
+            self.ctx.stage_state(running_command=None)
 
     def _recall(self, query: str) -> str:
         """The recall tool's search, told what the prompt holds now (so it returns only what is gone)."""
@@ -416,13 +468,17 @@ class Agent:
         prompt = self.ctx.build_prompt(self.limits.context_length, self.limits.reserve_tokens)
         return self.recall(query, {str(m.get("content")) for m in prompt if m.get("content")})
 
-    def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int) -> None:
-        """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt)."""
+    def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int,
+                       finish_gate: dict[str, Any] | None = None) -> None:
+        """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt); ``finish_gate``:
+        the gate's record of a ``finish`` it answered, kept on the message (a resume reads it there)."""
         tool_seq = self.ctx.append_tool(
             call.name, call.arguments, status, duration, result=result_text, error=error, tool_call_id=call.id
         )
         content, cut = cap_output(result_text, self.limits.tool_output_max_chars)
         extra: dict[str, Any] = {"tool_call_id": call.id, "tool_name": call.name}
+        if finish_gate is not None:
+            extra["finish_gate"] = finish_gate
         if cut is not None:
             content += f"\n[full output: tools.jsonl seq {tool_seq}]"
             extra["truncated_from"] = cut

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench.bench_recall_quality import TUNING, K, Labelled, default_embedder, found, load
+from bench.bench_recall_quality import TUNING, HashEmbedder, K, Labelled, default_embedder, found, load
 from memory.recall import Q2_WEIGHT, Ranks, rerank
 from memory.records import Match
 from memory.sqlite import SQLiteMemoryStore
@@ -89,11 +89,15 @@ def recall_at_k(store: SQLiteMemoryStore, data: Labelled, fusion: Callable[..., 
 
 
 def main() -> None:
-    """Print the grid."""
+    """Print the grid (``--hash``: with the replay model's hash vectors, for their own weight)."""
+    import sys
+
     embedder, which = default_embedder()
+    if "--hash" in sys.argv[1:]:
+        embedder, which = HashEmbedder(), "hash vectors of the replay model"
     print(f"vectors: {which}; sets: {', '.join(TUNING)} (tuning only)")
     grid: dict[str, Callable[..., dict[str, Ranks]]] = {}
-    for alpha in (0.5, 0.6, 0.7, 0.8, 0.9):
+    for alpha in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
         grid[f"convex by best, alpha {alpha}"] = convex(by_best, alpha)
         grid[f"convex min-max, alpha {alpha}"] = convex(min_max, alpha)
         grid[f"convex z-score, alpha {alpha}"] = convex(z_score, alpha)

@@ -20,6 +20,7 @@ from bench import (
     bench_environments,
     bench_failover,
     bench_fencing,
+    bench_finish_gate,
     bench_fleet,
     bench_fleet_failover,
     bench_fleet_recall,
@@ -31,6 +32,7 @@ from bench import (
     bench_monitor,
     bench_outcomes,
     bench_prompt,
+    bench_reading,
     bench_recall,
     bench_recall_quality,
     bench_resume,
@@ -76,6 +78,8 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "local-model-calls": local_model_calls.run,  # issue 37: a small local model's replies whose call Tasuki runs
     "caching": bench_caching.run,  # issue 37: billed input of a 40-step session per provider vs ideal caching
     "hiccups": bench_hiccups.run,  # issue 37 §3: a 429 storm during running tasks; four workers on one rate limit
+    "finish-gate": bench_finish_gate.run,  # issue 38 §5: the finish gate's time against a bug-fix task's
+    "reading": bench_reading.run,  # issue 38 §2: tokens to find and read a function, search + windows vs whole file
 }
 
 

@@ -22,6 +22,8 @@ SHORT_PENALTY = 0.7
 
 def content_score(record: dict[str, Any]) -> float:
     """000's content score, adapted to a coding agent's messages (0..1)."""
+    if record.get("instructions"):
+        return 1.0  # the repository owner's instructions (agent/instructions.py): kept like the task's constraints
     content = str(record.get("content") or "")
     lower = content.lower()
     score = 0.0

@@ -1,11 +1,12 @@
-"""The repository owner's instruction files (SPEC §13), read from a task's checkout."""
+"""Which files hold the repository owner's instructions (SPEC §13): the root's, and nested ones per directory.
+
+Their text is read from the commit a task started from, never from the checkout the agent writes
+(``worker/instructions.py``); how they reach the model is ``agent/instructions.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
-
-from contexts.masking import mask
+from pathlib import PurePosixPath
 
 INSTRUCTION_FILES = (
     "AGENTS.md",
@@ -14,35 +15,21 @@ INSTRUCTION_FILES = (
     ".cursorrules",
     ".openhands/microagents/repo.md",
 )
+"""The root's instruction files, in the order they are given."""
+NESTED_FILES = ("AGENTS.md", "CLAUDE.md")
+"""The instruction files a directory below the root may hold (Codex reads AGENTS.md, Claude Code CLAUDE.md)."""
 MAX_FILE_BYTES = 64 * 1024  # an instruction file larger than this is read this far
 
 
-def nested_agents_files(touched: Iterable[str]) -> list[str]:
-    """``AGENTS.md`` of every directory above the paths a task touches (nearest last), without the root's."""
-    found: dict[str, None] = {}
-    for path in touched:
-        parts = Path(path).parts[:-1]
-        for depth in range(1, len(parts) + 1):
-            found[str(Path(*parts[:depth]) / "AGENTS.md")] = None
-    return list(found)
+def nested_candidates(path: str) -> list[str]:
+    """The nested instruction files that would apply to ``path`` (a file or a directory): those of every directory
+    from the root's child down to ``path`` itself, outermost first; the root's own are not among them."""
+    parts = [p for p in PurePosixPath(path).parts if p not in ("", ".", "/")]
+    if ".." in parts:
+        return []
+    return [str(PurePosixPath(*parts[:depth], name)) for depth in range(1, len(parts) + 1) for name in NESTED_FILES]
 
 
-def read_instructions(checkout: Path, touched: Iterable[str] = ()) -> list[tuple[str, str]]:
-    """``(relative path, text)`` of each instruction file present in the checkout, in SPEC §13's order.
-
-    Files are read only when they are regular files inside the checkout (a symlink out of it is skipped).
-    """
-    root = checkout.resolve()
-    found = []
-    for name in (*INSTRUCTION_FILES, *nested_agents_files(touched)):
-        path = checkout / name
-        try:
-            if path.is_symlink() or not path.is_file() or not path.resolve().is_relative_to(root):
-                continue
-            with path.open("rb") as handle:
-                text = handle.read(MAX_FILE_BYTES).decode("utf-8", errors="replace")
-        except OSError:
-            continue
-        if text.strip():
-            found.append((name, mask(text)))
-    return found
+def is_instruction_file(path: str) -> bool:
+    """Whether ``path`` (relative to the root) is one of the root's instruction files or a nested one."""
+    return path in INSTRUCTION_FILES or PurePosixPath(path).name in NESTED_FILES

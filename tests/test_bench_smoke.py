@@ -204,3 +204,22 @@ def test_the_caching_benchmark_bills_every_provider_at_both_windows(tmp_path: Pa
     checks = re.findall(r"reported usage of the agent calls: ([\d,]+) \(billed here: ([\d,]+)\)", run.stdout)
     assert len(checks) == 2
     assert all(reported == billed for reported, billed in checks)
+
+
+def test_the_reading_benchmark_counts_both_ways_for_each_function(tmp_path: Path) -> None:
+    run = quick_run("reading", tmp_path)
+    row = (r"^  \w+ \(lines \d+-\d+\): new [\d,]+ tokens in \d calls \(shown: yes\); old read_file [\d,]+ "
+           r"tokens \(shown: (?:yes|no)\); old bash grep\+sed [\d,]+ in \d; new / old \d\.\d{3}$")
+    rows = re.findall(row, run.stdout, re.M)
+    assert len(rows) == 2, run.stdout
+    assert re.search(r"^reading: tokens new / old read_file +\d\.\d{3} +<= 0\.5 +(PASS|MISS)$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_finish_gate_benchmark_times_the_gate_against_the_task(tmp_path: Path) -> None:
+    run = quick_run("finish-gate", tmp_path)
+    line = (r"^bug-fix task \(6 model calls of 2 s\) on `tasuki worker -c 1`: [\d.]+ s with the gate \(the gate: "
+            r"[\d.]+ s, \d\.\d{3} of the task\) vs [\d.]+ s without: [\d.]+x$")
+    assert re.search(line, run.stdout, re.M), run.stdout
+    assert re.search(r"^finish gate: its time / the task's +\d\.\d{3} +<= 0\.1 +(PASS|MISS)$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []

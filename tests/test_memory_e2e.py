@@ -32,6 +32,11 @@ def first_user_message(stack: Stack, uuid: str) -> str:
     return str(next(r for r in map(json.loads, lines) if r["role"] == "user")["content"])
 
 
+def opening_messages(stack: Stack, uuid: str) -> list[dict[str, Any]]:
+    lines = (stack.contexts_dir / "completed" / uuid / "messages.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines[:3]]
+
+
 def thread_memory_of(path: Path, thread: str, scope: str = "thread") -> str | None:
     if not path.exists():
         return None
@@ -74,7 +79,9 @@ def test_the_second_task_on_a_thread_starts_with_the_first_ones_memory(stack: St
     prompt = first_user_message(stack, second)
     assert "Memory of this thread" in prompt
     assert first in prompt  # the earlier task's UUID, from the thread memory and the recalled episode
-    assert "quoted from AGENTS.md" in prompt
+    owner = opening_messages(stack, second)[1]  # the owner's instructions: a system message, not memory
+    assert owner["role"] == "system"
+    assert "Run the tests with python -m unittest." in owner["content"]
     assert state["memory"]["instruction_files"] == ["AGENTS.md"]
     assert state["memory"]["thread_memory"] is True
     assert state["memory"]["repository_memory"] is True

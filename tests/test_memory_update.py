@@ -13,7 +13,6 @@ from agent.prompts import task_message
 from contexts import ContextStore
 from memory import Memory
 from memory.episodes import episode_from_context, failed_commands, files_changed
-from memory.instructions import read_instructions
 from memory.prompt import HEADING, memory_block
 from memory.recall import Hit
 from memory.sqlite import SQLiteMemoryStore
@@ -170,22 +169,6 @@ def test_memory_block_keeps_priority_order_within_the_budget(tmp_path: Path) -> 
     assert memory_block([], None, None, [], 100) [0] == ""
 
 
-def test_instruction_files_are_read_in_order_and_never_through_a_symlink(tmp_path: Path) -> None:
-    checkout = tmp_path / "checkout"
-    (checkout / ".github").mkdir(parents=True)
-    (checkout / "CLAUDE.md").write_text("claude rules")
-    (checkout / "AGENTS.md").write_text(f"agents rules {TOKEN}")
-    (checkout / ".github" / "copilot-instructions.md").write_text("copilot rules")
-    outside = tmp_path / "secret.txt"
-    outside.write_text("secret")
-    (checkout / ".cursorrules").symlink_to(outside)
-    (checkout / "src").mkdir()
-    (checkout / "src" / "AGENTS.md").write_text("src rules")
-    found = read_instructions(checkout, touched=["src/app.py"])
-    assert [name for name, _ in found] == ["AGENTS.md", "CLAUDE.md", ".github/copilot-instructions.md", "src/AGENTS.md"]
-    assert found[0][1] == "agents rules [GITHUB_TOKEN]"
-
-
 def test_episode_ended_at_comes_from_the_context(tmp_path: Path) -> None:
     path = finished_context(tmp_path / "contexts")
     e = episode_from_context(path, datetime(2000, 1, 1, tzinfo=UTC))
@@ -219,7 +202,7 @@ def test_a_damaged_store_gives_a_first_prompt_without_memory_and_says_so_once(tm
     with capture_logs() as logs:
         text = first_prompt_memory(settings_for(tmp_path), ctx, checkout, {"task_key": KEY}, "Fix login", 8000)
     ctx.step_done()  # the first prompt's step writes what memory staged
-    assert "quoted from AGENTS.md" in text  # the instruction files do not need the store
+    assert "Run make test." not in text  # the owner's instructions are no memory: a system message of their own
     note = ctx.read_state()["memory"]["note"]
     assert note.startswith("memory unavailable, the task goes on without it")
     assert "damaged" in note

@@ -6,6 +6,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.tools import TOOL_SCHEMAS, OutputCapture, ToolError, ToolResult, Workspace, cap_output, run_tool, shell
-from agent.tools.dispatch import TOOLS, changes_checkout
+from agent.tools.dispatch import TOOLS, changes_checkout, check_arguments
 from agent.tools.files import count_occurrences
+from agent.tools.protocol import ToolOptions, ToolOutcome
 
 MAX_CHARS = 400
 
@@ -209,9 +211,9 @@ def test_write_file_refuses_a_directory_and_a_file_in_the_way(workspace: Workspa
 
 
 def test_read_file_returns_text_and_refuses_missing_directories_and_binaries(workspace: Workspace, repo: Path) -> None:
-    assert call(workspace, "read_file", {"path": "README.md"}).output == "hello\n"
+    assert call(workspace, "read_file", {"path": "README.md"}).output == "     1\thello\n[the whole file: 1 line]"
     (repo / "latin1.txt").write_bytes(b"caf\xe9\n")
-    assert call(workspace, "read_file", {"path": "latin1.txt"}).output == "caf\ufffd\n"
+    assert call(workspace, "read_file", {"path": "latin1.txt"}).output.startswith("     1\tcaf\ufffd\n")
     (repo / "blob.bin").write_bytes(b"\x7fELF\x00\x01")
     (repo / "dir").mkdir()
     for path, words in (("missing.txt", "no such file"), ("dir", "directory"), ("blob.bin", "binary")):
@@ -227,19 +229,13 @@ def test_read_file_refuses_a_fifo_instead_of_blocking(workspace: Workspace, repo
     assert "not a regular file" in (result.error or "")
 
 
-def test_read_file_caps_long_files_keeping_head_and_tail(workspace: Workspace, repo: Path) -> None:
-    (repo / "long.txt").write_text("HEAD" + "m" * 5000 + "TAIL")
-    output = call(workspace, "read_file", {"path": "long.txt"}).output
-    assert output.startswith("HEAD")
-    assert output.endswith("TAIL")
-    assert f"[... {5008 - MAX_CHARS} characters omitted ...]" in output
 
 
 def test_edit_file_replaces_exactly_one_occurrence(workspace: Workspace, repo: Path) -> None:
     (repo / "a.py").write_bytes(b"def f():\r\n    return 1\r\n")
     result = call(workspace, "edit_file", {"path": "a.py", "old_string": "return 1", "new_string": "return 2"})
     assert result.status == "success"
-    assert result.output == "replaced 1 occurrence in a.py"
+    assert result.output == "replaced 1 occurrence in a.py; now:\n     1\tdef f():\n     2\t    return 2"
     assert (repo / "a.py").read_bytes() == b"def f():\r\n    return 2\r\n"  # line endings untouched
 
 
@@ -399,6 +395,46 @@ def test_bad_arguments_are_errors_not_exceptions(
     assert result.output == f"error: {result.error}"
 
 
+class _Typed:
+    """A tool whose schema uses every JSON type check_arguments knows, a union and an untyped argument."""
+
+    name = "typed"
+    description = "for the argument check"
+    changes_checkout = False
+    parameters: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "flag": {"type": "boolean"}, "count": {"type": "integer"}, "ratio": {"type": "number"},
+            "maybe": {"type": ["string", "null"]}, "items": {"type": "array"}, "free": {},
+        },
+    }
+
+    def run(self, workspace: Workspace, arguments: Mapping[str, Any], options: ToolOptions) -> ToolOutcome:
+        return ToolOutcome("ran")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "words"),
+    [
+        ({"flag": 1}, "flag must be a boolean, got integer"),
+        ({"flag": "true"}, "flag must be a boolean, got string"),
+        ({"count": True}, "count must be an integer, got boolean"),
+        ({"ratio": False}, "ratio must be a number, got boolean"),
+        ({"maybe": 3}, "maybe must be a string or a null, got integer"),
+        ({"items": {}}, "items must be an array, got object"),
+    ],
+)
+def test_argument_types_follow_json_not_python(arguments: dict[str, Any], words: str) -> None:
+    with pytest.raises(ToolError, match=re.escape(words)):
+        check_arguments(_Typed(), arguments)
+
+
+def test_arguments_of_every_json_type_are_accepted() -> None:
+    good = {"flag": False, "count": 3, "ratio": 0.5, "maybe": None, "items": [1], "free": {"any": [None]}}
+    assert check_arguments(_Typed(), good) == good
+    assert check_arguments(_Typed(), {"ratio": 2, "maybe": "text"}) == {"ratio": 2, "maybe": "text"}
+
+
 def test_finish_ends_the_task_with_its_summary(workspace: Workspace) -> None:
     result = call(workspace, "finish", {"summary": "Fixed the parser.\n"})
     assert result == ToolResult("success", "task finished", None, result.duration_ms, True, "Fixed the parser.")
@@ -408,11 +444,13 @@ def test_tool_schemas_are_the_contract() -> None:
     by_name = {schema["function"]["name"]: schema for schema in TOOL_SCHEMAS}
     expected = {
         "bash": ({"command", "timeout_s"}, ["command"]),
-        "read_file": ({"path"}, ["path"]),
+        "read_file": ({"path", "offset", "limit"}, ["path"]),
+        "search": ({"pattern", "path", "glob", "literal", "ignore_case"}, ["pattern"]),
+        "glob": ({"pattern", "path"}, ["pattern"]),
         "write_file": ({"path", "content"}, ["path", "content"]),
-        "edit_file": ({"path", "old_string", "new_string"}, ["path", "old_string", "new_string"]),
+        "edit_file": ({"path", "old_string", "new_string", "replace_all"}, ["path", "old_string", "new_string"]),
         "recall": ({"query"}, ["query"]),
-        "finish": ({"summary"}, ["summary"]),
+        "finish": ({"summary", "keep"}, ["summary"]),
     }
     assert set(by_name) == set(expected)
     for name, (properties, required) in expected.items():
@@ -429,7 +467,8 @@ def test_tool_schemas_are_the_contract() -> None:
 def test_each_tool_declares_whether_it_changes_the_checkout() -> None:
     declared = {name: tool.changes_checkout for name, tool in TOOLS.items()}
     assert declared == {
-        "bash": True, "read_file": False, "write_file": True, "edit_file": True, "recall": False, "finish": False,
+        "bash": True, "read_file": False, "search": False, "glob": False, "write_file": True, "edit_file": True,
+        "recall": False, "finish": False,
     }
     assert all(changes_checkout(name) is changed for name, changed in declared.items())
     assert changes_checkout("no_such_tool") is False  # an unknown name runs nothing

@@ -4,6 +4,7 @@ coalesced by :mod:`worker.merging`), both on the ``maintenance`` queue."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from contexts.masking import mask
 from contexts.names import METADATA_FILE
 from contexts.usage import Usage, repo_of
 from memory import MemoryUnavailable
+from memory.facts import context_paths
 from worker.celery import app
 from worker.endings import Ending, on_ending
 from worker.merging import DELAY_S, RETRY_S, finish_merge, queue_merge, release_merge, request_merge, start_merge
@@ -76,7 +78,7 @@ def update_memory(self: Task, uuid: str) -> dict[str, Any]:
             log.warning("memory update skipped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
         try:
-            outcome = update_memories(s, store, uuid, spent.chat, utc_now(), spent.embedded)
+            outcome = update_memories(s, store, uuid, spent.chat, utc_now(), spent.embedded, paths_of(s))
         except MemoryUnavailable as exc:
             log.warning("memory update stopped", error=str(exc))
             return {"uuid": uuid, "status": "memory unavailable"}
@@ -115,7 +117,8 @@ def merge_memory(self: Task, repository: str) -> dict[str, Any]:
             try:
                 status = "nothing to merge"
                 if batch.threads:
-                    status = merge_repository(s, store, repository, batch.threads, spent.chat, utc_now())
+                    status = merge_repository(s, store, repository, batch.threads, spent.chat, utc_now(),
+                                              paths_of(s))
             finally:
                 spent.meter()
         except (MemoryUnavailable, TasukiError) as exc:  # the threads stay waiting for the next merge
@@ -144,6 +147,12 @@ def finished_directory(s: Settings, uuid: str) -> Path | None:
     except (OSError, TasukiError):
         return None
     return directory if directory.is_dir() else None
+
+
+def paths_of(s: Settings) -> Callable[[str], set[str]]:
+    """A task's UUID -> the paths its tool calls named, from its finished context while this host keeps it: what a
+    memory may name besides the files its episodes changed (``memory.facts``)."""
+    return lambda uuid: context_paths(finished_directory(s, uuid))
 
 
 class MemoryCalls:

@@ -19,18 +19,20 @@ from typing import Any
 
 import structlog
 
+from agent.instructions import INSTRUCTIONS_FIELD
 from contexts import Context, TasukiError
 from contexts.clock import utc_now
 from contexts.masking import mask
 from memory import EmbeddingError, Episode, Memory, MemoryStore, MemoryUnavailable, repository_key, thread_key
 from memory.episodes import episode_from_context, episode_without_context
-from memory.instructions import read_instructions
+from memory.facts import Evidence, keep_supported
 from memory.prompt import MemoryUse, memory_block
 from memory.recall import rank_messages
 from memory.search import Embedder, embed_checked, recall
 from memory.update import (
     REPOSITORY_SYSTEM,
     THREAD_SYSTEM,
+    Verdict,
     episode_material,
     judge,
     merge_batch,
@@ -46,6 +48,7 @@ from worker.stores import kept_memory, open_memory
 log = structlog.get_logger(__name__)
 
 Chat = Callable[[list[dict[str, str]]], str | None]
+PathsOf = Callable[[str], set[str]]  # a task's UUID -> the paths its tool calls named (its context, if still kept)
 
 
 def _embedder(settings: Settings, spent: Spent | None = None) -> Embedder | None:
@@ -64,13 +67,14 @@ def first_prompt_memory(settings: Settings, ctx: Context, checkout: Path, reques
     """The memory block for the first user message; records what it holds in ``state.json.memory``
     (``spent``: told the tokens of each embedding request, for metering)."""
     budget = int(settings.memory.prompt_share * context_length)
-    instructions = read_instructions(checkout)
-    text, use = memory_block(instructions, None, None, [], budget)
+    # The owner's instruction files are no memory: they open the task as a system message (agent/instructions.py).
+    text, use = memory_block([], None, None, [], budget)
     try:
         with kept_memory(settings) as store:
-            text, use = _with_store(settings, store, instructions, request, task_text, budget, spent)
+            text, use = _with_store(settings, store, [], request, task_text, budget, spent)
     except Exception as exc:  # memory never fails a task (SPEC §13): whatever went wrong, go on without it
         use.note = f"memory unavailable, the task goes on without it: {_why(exc)}"
+    use.instruction_files = [str(name) for record in ctx.pinned for name in record.get(INSTRUCTIONS_FIELD) or []]
     if use.note:
         log.warning("memory", note=mask(use.note))
     ctx.stage_state(memory=use.to_json())  # written with the first prompt's step
@@ -166,8 +170,9 @@ def prune_memory(settings: Settings, now: datetime, *, dry_run: bool = False) ->
 
 
 def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Chat, now: datetime,
-                    spent: Spent | None = None) -> dict[str, Any]:
-    """Embed the episode, then update its thread memory incrementally (004). ``outcome["merge"]``: the thread
+                    spent: Spent | None = None, paths_of: PathsOf | None = None) -> dict[str, Any]:
+    """Embed the episode, then update its thread memory incrementally (004), keeping only the lines the thread's
+    tasks' records support (``paths_of``: the paths a task's tool calls named). ``outcome["merge"]``: the thread
     is ``[repository, thread]`` when the thread is to be flagged for the repository merge (:func:`merge_repository`),
     which the caller does (it holds Redis)."""
     episode = store.episode(uuid)
@@ -183,14 +188,31 @@ def update_memories(settings: Settings, store: MemoryStore, uuid: str, chat: Cha
     material = episode_material(episode)
     thread = store.memory("thread", episode.thread)
     answer = _ask(chat, update_messages(THREAD_SYSTEM, thread.text if thread else None, material, bound))
-    verdict = judge(answer, material, bound, thread.text if thread else None)
+    existing = thread.text if thread else None
+    verdict = judge(answer, material, bound, existing)
+    sources = tuple(dict.fromkeys((*(thread.sources if thread else ()), uuid)))
     if verdict.accepted:
-        sources = (*(thread.sources if thread else ()), uuid)
-        store.put_memory(Memory("thread", episode.thread, verdict.text, now, tuple(dict.fromkeys(sources))),
-                         episode.repository)
+        verdict = on_record(verdict, store, episode.repository, sources, existing, paths_of, "thread", episode.thread)
+    if verdict.accepted:
+        store.put_memory(Memory("thread", episode.thread, verdict.text, now, sources), episode.repository)
     else:
         log.warning("memory: thread memory left unchanged", reason=verdict.reason)
     return {**outcome, "thread": verdict.reason or "updated", "merge": merge}
+
+
+def on_record(verdict: Verdict, store: MemoryStore, repository: str, sources: Sequence[str], existing: str | None,
+              paths_of: PathsOf | None, scope: str, key: str) -> Verdict:
+    """The accepted answer without the lines its tasks' records do not support (made-up tasks, files, requests,
+    branches, results), each drop logged with its reason; refused when no new line is left."""
+    episodes = store.fetch(repository, list(sources)).values()
+    paths = {p for uuid in sources for p in (paths_of(uuid) if paths_of else ())}
+    checked = keep_supported(verdict.text, Evidence.of(episodes, paths, sources), existing)
+    for dropped in checked.dropped:
+        log.warning("memory: claim dropped", scope=scope, key=key, kind=dropped.kind, claim=mask(dropped.claim)[:200],
+                    reason=mask(dropped.reason)[:300], line=mask(dropped.line)[:300])
+    if not checked.text.strip() or (checked.dropped and checked.text.strip() == (existing or "").strip()):
+        return Verdict(False, checked.text, "no line of the answer that the tasks' records support was left")
+    return Verdict(True, checked.text)
 
 
 @dataclass(frozen=True)
@@ -228,19 +250,22 @@ def next_merge(settings: Settings, store: MemoryStore, repository: str, waiting:
 
 
 def merge_repository(settings: Settings, store: MemoryStore, repository: str, threads: Sequence[Memory],
-                     chat: Chat, now: datetime) -> str:
+                     chat: Chat, now: datetime, paths_of: PathsOf | None = None) -> str:
     """ONE model call merges the waiting thread memories into the repository memory (004); its sources become
-    the union of theirs. Returns "updated" or why not; a model that fails raises (the threads stay waiting)."""
+    the union of theirs, and only the lines their records support are kept. Returns "updated" or why not; a model
+    that fails raises (the threads stay waiting)."""
     bound = settings.memory.repo_max_tokens
     material = threads_material(threads)
     repo = store.memory("repository", repository)
     existing = repo.text if repo else None
     verdict = judge(chat(update_messages(REPOSITORY_SYSTEM, existing, material, bound)), material, bound, existing)
+    merged = tuple(dict.fromkeys((*(repo.sources if repo else ()), *(u for thread in threads for u in thread.sources))))
+    if verdict.accepted:
+        verdict = on_record(verdict, store, repository, merged, existing, paths_of, "repository", repository)
     if not verdict.accepted:
         log.warning("memory: repository memory left unchanged", reason=verdict.reason)
         return verdict.reason or "refused"
-    merged = (*(repo.sources if repo else ()), *(uuid for thread in threads for uuid in thread.sources))
-    store.put_memory(Memory("repository", repository, verdict.text, now, tuple(dict.fromkeys(merged))), repository)
+    store.put_memory(Memory("repository", repository, verdict.text, now, merged), repository)
     return "updated"
 
 

@@ -18,8 +18,12 @@ import structlog
 
 from agent import fencing
 from agent.fencing import fence_of
+from agent.finish_gate import FinishGate, remove_scratch
+from agent.instructions import NESTED_SHARE, InstructionFiles, OwnerInstructions, open_with_instructions
 from agent.loop import Agent, AgentLimits, Cancelled, Compressor, Finished
 from agent.prompts import SYSTEM_PROMPT, task_message
+from agent.tools.toolbox import Toolbox
+from agent.tools.workspace import Workspace
 from contexts import (
     Context,
     ContextCompletedError,
@@ -39,9 +43,12 @@ from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import backend, make_sandbox
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
+from worker.evidence import base_checks, checks_failed, files_touched, pull_request_body, task_page
 from worker.forges.base import CredentialError
 from worker.inbox import Inbox
+from worker.instructions import CommitInstructions
 from worker.leftout import LeftOut, NeverCommitted, with_note
+from worker.mcp_tools import task_toolbox
 from worker.metering import Meter
 from worker.services import services_for
 from worker.settings_models import Settings
@@ -50,6 +57,8 @@ from worker.threads import thread_history
 from worker.workcopy import GitCache
 
 log = structlog.get_logger(__name__)
+
+UNTESTED = "The task stopped before its finish: Tasuki ran no checks on this work."
 
 
 @dataclass(frozen=True)
@@ -381,6 +390,7 @@ class TaskRun:
         if base and not state.get("base"):
             ctx.stage_state(base=base)
         self.base = base  # from now on an ending can tell whether the task changed anything
+        owner_files = CommitInstructions(checkout, base)  # the owner's instruction files: the start commit's
         repository = repository_of(self.request.task_key, self.request.repo_path)
         self.environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment)
         environment = self.environment.prepare(ctx, checkout)
@@ -391,15 +401,20 @@ class TaskRun:
             if "user" not in roles:  # a new task, or one whose first worker died between these two writes
                 if "system" not in roles:
                     ctx.append_message("system", SYSTEM_PROMPT)
+                open_with_instructions(ctx, owner_files, int(ctx.metadata["config"]["context_length"]))
                 task = task_message(self.request.prompt, workplace.issue, self._history())
                 task = "\n\n".join(part for part in (task, environment.first_message(), services) if part)
                 remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
                 ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
                 ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
             # Masked at the source: it becomes the commit message, the Celery result (Flower) and the PR's body.
-            with self._egress(ctx) as egress:  # the egress proxy lives as long as the agent's commands
-                agent = self._agent(ctx, checkout, ctx.metadata["config"], egress)
+            # The egress proxy lives as long as the agent's commands, and the MCP servers as long as its tools.
+            with self._egress(ctx) as egress, self._tools(ctx, checkout, egress) as toolbox:
+                agent = self._agent(ctx, checkout, ctx.metadata["config"], egress, owner_files, toolbox)
                 summary = mask(agent.run())
+        evidence = agent.evidence
+        if evidence and evidence.get("removed"):  # again: a resume on another host rebuilt the tree with them
+            remove_scratch(Workspace(checkout.path), [str(path) for path in evidence["removed"]])
         left_out = LeftOut()
         if resumed or agent.touched:  # else the tree is the start commit's: no git status needed to know
             checkout.commit(f"tasuki: {summary.splitlines()[0][:60] if summary else 'task'}\n\n{summary}")
@@ -411,8 +426,14 @@ class TaskRun:
         result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
         if note:
             result["left_out"] = note
+        draft = checks_failed(evidence)  # a draft when the checks fail on the tree as delivered
+        if draft:
+            result["checks"] = "failed"
+        body = pull_request_body(with_note(summary, note), evidence, files_touched(checkout, base), ctx.read_state(),
+                                 task_page(self.settings.console.public_url, self.uuid),
+                                 priced=self.settings.prices_known())
         with fence_of(ctx).holding():  # the pull/merge request lands only while this holder holds the task
-            result.update(self.report.deliver(checkout.branch, with_note(summary, note)))
+            result.update(self.report.deliver(checkout.branch, body, draft=draft))
         return self._finish(ctx, "completed", None, result, checkout)
 
     def _unchanged(self, ctx: Context, checkout: Checkout, summary: str, note: str) -> dict[str, Any]:
@@ -521,8 +542,11 @@ class TaskRun:
             result["left_out"] = note
         try:
             with fence_of(ctx).holding():  # the draft lands only while this holder holds the task
-                result.update(self.report.deliver(checkout.branch, with_note(draft_body(stop, words), note),
-                                                  draft=True))
+                body = pull_request_body(with_note(draft_body(stop, words), note), None,
+                                         files_touched(checkout, self.base), ctx.read_state(),
+                                         task_page(self.settings.console.public_url, self.uuid),
+                                         priced=self.settings.prices_known(), untested=UNTESTED)
+                result.update(self.report.deliver(checkout.branch, body, draft=True))
         except FencedError:
             raise
         except Exception as deliver_error:  # the branch is pushed: it is the result, and the issue is still told
@@ -539,7 +563,13 @@ class TaskRun:
         policy = egress_policy(s.network, s.allowed_hosts, s.allowed_internal) if backend(s.backend).confines else None
         return egress_proxy(policy, refusals.add)
 
-    def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any], egress: Path | None = None) -> Agent:
+    def _tools(self, ctx: Context, checkout: Checkout, egress: Path | None) -> AbstractContextManager[Toolbox]:
+        """The task's tools while its agent runs: the built-ins and its MCP servers' (worker/mcp_tools.py)."""
+        sandbox = make_sandbox(self.settings.sandbox, read_only=checkout.shared_paths).with_egress(egress)
+        return task_toolbox(self.settings.mcp, self.settings, ctx, checkout, self.base, sandbox, egress)
+
+    def _agent(self, ctx: Context, checkout: Checkout, config: dict[str, Any], egress: Path | None = None,
+               owner_files: InstructionFiles | None = None, toolbox: Toolbox | None = None) -> Agent:
         s = self.settings
         limits = AgentLimits(
             max_steps=s.agent.max_steps,
@@ -563,7 +593,18 @@ class TaskRun:
             recall=(lambda query, in_prompt: self.recall(ctx, query, in_prompt)) if self.recall is not None else None,
             inbox=Inbox(self.inbox, self.inbox_trim, self.report.heard),
             meter=self.meter,
+            toolbox=toolbox,
+            instructions=OwnerInstructions(owner_files, int(NESTED_SHARE * limits.context_length))
+            if owner_files is not None else None,
+            gate=self._gate(checkout),
         )
+
+    def _gate(self, checkout: Checkout) -> FinishGate | None:
+        """The task's finish gate (None when ``agent.finish_gate`` is off), its checks read from the base commit."""
+        s = self.settings.agent
+        if not s.finish_gate:
+            return None
+        return FinishGate(self.base, base_checks(checkout, self.base, s.checks), s.check_timeout_s, checkout.work_tree)
 
     def _after_step(self, ctx: Context) -> None:
         state = ctx.read_state()

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, NamedTuple, Self, cast
 from pydantic import AfterValidator, Field, PrivateAttr, SecretStr, model_validator
 from pydantic_core import PydanticCustomError
 
+from agent.mcp.settings import MCPSettings
 from agent.settings import AgentSettings, LLMProfile, LLMSettings
 from contexts.compression import CompressionPolicy
 from contexts.masking import mask_value
@@ -363,6 +364,9 @@ class ConsoleSettings(Section):
     """Address `tasuki console` binds to when it serves the console alone."""
     port: Annotated[int, Field(gt=0, lt=65536)] = 8765
     """Port `tasuki console` listens on when it serves the console alone."""
+    public_url: HttpUrl | None = None
+    """The console as people reach it (e.g. https://tasuki.example.com/console): pull requests link the task's page
+    there; null: no link."""
 
 
 class UserConfigAPISettings(Section):
@@ -415,6 +419,8 @@ class Settings(Section):
     """Optional per-user settings service."""
     sandbox: SandboxSettings = SandboxSettings()
     """Isolation of the agent's tool commands."""
+    mcp: MCPSettings = MCPSettings()
+    """MCP servers whose tools the agent gets: the operator's, and those a repository declares."""
     environments: EnvironmentsSettings = EnvironmentsSettings()
     """Each repository's environment: declared, set up once, restored for every task (SPEC §17)."""
     followups: FollowupSettings = FollowupSettings()

@@ -1,9 +1,11 @@
-"""The agent's tools (SPEC §5, §13): bash, read_file, write_file, edit_file, recall, finish, in the checkout."""
+"""The agent's tools (SPEC §5, §13): bash, read_file, search, glob, write_file, edit_file, recall, finish, in the
+checkout."""
 
 from agent.tools.dispatch import TOOL_SCHEMAS, TOOLS, FinishTool, ToolResult, check_arguments, run_tool
 from agent.tools.files import EditFileTool, ReadFileTool, WriteFileTool
 from agent.tools.output import OutputCapture, cap_output
 from agent.tools.protocol import Tool, ToolOptions, ToolOutcome
+from agent.tools.search import GlobTool, SearchTool
 from agent.tools.shell import BashTool, run_command
 from agent.tools.workspace import ToolError, Workspace
 from sandbox.jail import scrubbed_env
@@ -14,8 +16,10 @@ __all__ = [
     "BashTool",
     "EditFileTool",
     "FinishTool",
+    "GlobTool",
     "OutputCapture",
     "ReadFileTool",
+    "SearchTool",
     "Tool",
     "ToolError",
     "ToolOptions",
