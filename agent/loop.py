@@ -180,19 +180,23 @@ class Agent:
                 self.format_error(int(state.get("format_errors", 0)) + 1)
             elif state.get("format_errors"):
                 self.ctx.stage_state(format_errors=0)
-        self.touched = self.touched or any(changes_checkout(c.name) for c in calls)
+        self.touched = self.touched or any(self.changes(c.name) for c in calls)
         summary = self.execute(calls)
         # The finishing step's state rides with the context's completing write (a crash before it: the resume
         # finds finish answered and recounts the step's call from its record).
         self.ctx.step_done(write_state=summary is None)
         # Only tools that declare they change the checkout need a snapshot after their step.
-        if any(changes_checkout(c.name) for c in calls) and self.checkout.checkpoint(
+        if any(self.changes(c.name) for c in calls) and self.checkout.checkpoint(
             int(self.ctx.read_state().get("llm_call_count", 0))
         ):
             # Written with the next step's state: the commit this holder put on the checkpoint branch.
             self.ctx.stage_state(last_activity="checkpoint", checkpoint=self.checkout.lease.latest)
         if summary is not None:
             raise Finished(summary, self.evidence)
+
+    def changes(self, name: str) -> bool:
+        """Whether a call of ``name`` can change the checkout, as the task's tool of that name declares."""
+        return changes_checkout(name, self.toolbox.tools)
 
     def format_error(self, count: int) -> None:
         """The ``count``-th reply in a row without a usable call: the model is nudged, or, at the cap, the task
@@ -248,7 +252,7 @@ class Agent:
         """A resumed reply's calls: mutating ones are never run a second time (one may have been running when
         the worker died, and its recorded arguments are masked); the checkout goes back to the last checkpoint
         and the model is told. The rest (read_file, finish) is returned to run as usual."""
-        interrupted = [c for c in calls if changes_checkout(c.name)]
+        interrupted = [c for c in calls if self.changes(c.name)]
         if not interrupted:
             return calls
         self.stop_leftover_command()
@@ -258,7 +262,7 @@ class Agent:
         for call in interrupted:
             self._record_result(call, f"error: {message}", "error", message, 0)
         log.info("interrupted calls answered without running them", calls=[c.id for c in interrupted])
-        return [c for c in calls if not changes_checkout(c.name)]
+        return [c for c in calls if not self.changes(c.name)]
 
     def tell_lost_steps(self, state: dict[str, Any]) -> None:
         """On a tree rebuilt from the remote: tell the model which steps' changes never reached it (their worker
@@ -270,7 +274,7 @@ class Agent:
         if restored is None:
             return
         records = jsonl.iter_records_reversed(self.ctx.path / MESSAGES_FILE)
-        lost = lost_steps(records, restored, int(state.get("llm_call_count", 0)), changes_checkout)
+        lost = lost_steps(records, restored, int(state.get("llm_call_count", 0)), self.changes)
         if lost:
             note = LOST_STEPS.format(attempt=int(state.get("attempt", 1)) - 1, last=lost[-1], restored=restored,
                                      steps=", ".join(str(s) for s in lost))

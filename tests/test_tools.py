@@ -472,6 +472,10 @@ def test_each_tool_declares_whether_it_changes_the_checkout() -> None:
     }
     assert all(changes_checkout(name) is changed for name, changed in declared.items())
     assert changes_checkout("no_such_tool") is False  # an unknown name runs nothing
+    # A task's toolbox is asked, not the built-ins: a tool it adds speaks for itself.
+    writer = type("Writer", (), {"name": "mcp_write", "changes_checkout": True})()
+    assert changes_checkout("mcp_write", {"mcp_write": writer}) is True
+    assert changes_checkout("bash", {"mcp_write": writer}) is False  # not in that toolbox
 
 
 # --- output caps -------------------------------------------------------------------------------------

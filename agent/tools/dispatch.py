@@ -88,10 +88,10 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
-def changes_checkout(name: str) -> bool:
-    """Whether a call of tool ``name`` can change the checkout, as the tool declares (an unknown name runs
-    nothing)."""
-    tool = TOOLS.get(name)
+def changes_checkout(name: str, tools: Mapping[str, Tool] | None = None) -> bool:
+    """Whether a call of tool ``name`` (of ``tools``, the task's toolbox; None: the built-ins) can change the
+    checkout, as the tool declares (an unknown name runs nothing)."""
+    tool = (TOOLS if tools is None else tools).get(name)
     return tool is not None and tool.changes_checkout
 
 
