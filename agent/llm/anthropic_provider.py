@@ -183,7 +183,8 @@ def to_anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def to_anthropic_messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """OpenAI-style records as Anthropic's ``system`` blocks and alternating ``messages`` of content blocks.
 
-    The leading system messages become the system blocks (a later one, which no Tasuki prompt has, a user text);
+    The leading system messages become the system blocks; a later one (a nested directory's instructions, given
+    when the agent first works below it) becomes a user text, since the API has system text only at the top;
     tool results become ``tool_result`` blocks of a user message; consecutive messages of one role become one
     message, as the API would merge them; an assistant's Anthropic thinking blocks go first, as received.
     """
