@@ -157,6 +157,7 @@ def compose_fleet(root: Path, timings: Mapping[str, str], *, workers: int = 3, f
             "TASUKI__LLM__OPENAI__MODEL": "scripted",
             "TASUKI__GITHUB__API_URL": forge.github_api_url,
             "TASUKI__GITHUB__LABELS__TRIGGER": "bug",  # the label of the published example payload
+            "TASUKI__AGENT__FINISH_GATE": "false",  # the scripted task finishes once (the gate's own tests turn it on)
         }
         variables = {
             "GITHUB_TOKEN": FORGE_TOKEN,
