@@ -429,12 +429,18 @@ class TaskRun:
         draft = checks_failed(evidence)  # a draft when the checks fail on the tree as delivered
         if draft:
             result["checks"] = "failed"
-        body = pull_request_body(with_note(summary, note), evidence, files_touched(checkout, base), ctx.read_state(),
-                                 task_page(self.settings.console.public_url, self.uuid),
-                                 priced=self.settings.prices_known())
+        body = self._body(ctx, checkout, with_note(summary, note), evidence)
         with fence_of(ctx).holding():  # the pull/merge request lands only while this holder holds the task
             result.update(self.report.deliver(checkout.branch, body, draft=draft))
         return self._finish(ctx, "completed", None, result, checkout)
+
+    def _body(self, ctx: Context, checkout: Checkout, text: str, evidence: dict[str, Any] | None,
+              untested: str = "") -> str:
+        """The pull/merge request's body: ``text``, then the evidence (the checks, the files the branch changed since
+        the base, the task's figures and its console page)."""
+        return pull_request_body(text, evidence, files_touched(checkout, self.base), ctx.read_state(),
+                                 task_page(self.settings.console.public_url, self.uuid),
+                                 priced=self.settings.prices_known(), untested=untested)
 
     def _unchanged(self, ctx: Context, checkout: Checkout, summary: str, note: str) -> dict[str, Any]:
         """The task changed nothing: no branch is pushed and no pull/merge request opened (a follow-up pushes
@@ -542,10 +548,7 @@ class TaskRun:
             result["left_out"] = note
         try:
             with fence_of(ctx).holding():  # the draft lands only while this holder holds the task
-                body = pull_request_body(with_note(draft_body(stop, words), note), None,
-                                         files_touched(checkout, self.base), ctx.read_state(),
-                                         task_page(self.settings.console.public_url, self.uuid),
-                                         priced=self.settings.prices_known(), untested=UNTESTED)
+                body = self._body(ctx, checkout, with_note(draft_body(stop, words), note), None, untested=UNTESTED)
                 result.update(self.report.deliver(checkout.branch, body, draft=True))
         except FencedError:
             raise
