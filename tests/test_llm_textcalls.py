@@ -139,6 +139,24 @@ def test_a_call_naming_an_unknown_tool_is_no_call() -> None:
     assert named(reply) == []
 
 
+def test_arguments_inside_a_tag_named_after_the_tool_as_the_real_model_wrote_them() -> None:
+    # Qwen2.5-Coder-1.5B on llama-server, after issue 38's prompt named its tools: the arguments alone, in a tag.
+    reply = (
+        "I fixed the bug.\n<finish>\n{\"summary\": \"add now adds\"}\n</finish>\n"
+        '<bash>{"command": "python -m pytest -q"}</bash>'
+    )
+
+    assert named(reply) == [("finish", {"summary": "add now adds"}), ("bash", {"command": "python -m pytest -q"})]
+
+
+def test_a_tag_that_names_no_tool_or_holds_a_whole_call_is_read_as_before() -> None:
+    assert named('<python>{"code": "print(1)"}</python>') == []
+    assert named('<result>{"summary": "x"}</result>') == []
+    whole = '<bash>{"name": "read_file", "arguments": {"path": "a.py"}}</bash>'  # the call inside wins over the tag
+    assert named(whole) == [("read_file", {"path": "a.py"})]
+    assert named('<bash> but first, prose {"command": "ls"}') == []  # the object must follow the tag
+
+
 def test_arguments_that_are_not_an_object_make_no_call() -> None:
     for reply in ('{"name": "bash", "arguments": "ls -la"}', '{"name": "bash", "arguments": ["ls"]}',
                   '{"name": "bash", "arguments": null}', '{"name": "bash"}'):

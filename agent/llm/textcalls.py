@@ -7,7 +7,9 @@ style) or bare. The server passes that through as plain content, so without this
 :func:`text_calls` finds every JSON object in the text that names a known tool, whichever wrapper surrounds it,
 in the shapes models really write: ``{"name": N, "arguments": {...}}``, ``"parameters"`` instead of
 ``"arguments"``, OpenAI's ``{"type": "function", "function": {"name": N, "arguments": "..."}}``, and lists or
-``{"tool_calls": [...]}`` holding several. Pure: text in, calls out.
+``{"tool_calls": [...]}`` holding several, and the arguments alone inside a tag named after the tool
+(``<finish>{"summary": ...}</finish>``: what the recorded Qwen model writes once it has seen its tools' names in
+the system prompt). Pure: text in, calls out.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MAX_DEPTH = 4  # how deep a call is looked for inside an object that is not one 
 
 _decoder = json.JSONDecoder(strict=False)  # models put raw newlines and tabs inside their strings
 _OBJECT_START = re.compile(r"\{\s*\"")
+_OPENING_TAG = re.compile(r"<([A-Za-z_][\w.-]{0,63})>\s*$")  # ``<bash>`` just before an object: its tool's arguments
 
 
 def text_calls(text: str, tools: Collection[str], seed: object = "") -> list[ToolCall]:
@@ -62,8 +65,19 @@ def _written_calls(text: str, tools: Collection[str]) -> Iterator[tuple[str, dic
         except ValueError:
             position = found.start() + 1
             continue
-        yield from _calls_in(value, tools, MAX_DEPTH)
+        tagged = _tag_before(text, found.start(), tools)
+        if tagged is not None and isinstance(value, dict) and not any(_calls_in(value, tools, MAX_DEPTH)):
+            yield tagged, value  # ``<NAME>{arguments}</NAME>``: the object is the named tool's arguments
+        else:
+            yield from _calls_in(value, tools, MAX_DEPTH)
         position = end
+
+
+def _tag_before(text: str, start: int, tools: Collection[str]) -> str | None:
+    """The tool named by an opening tag right before ``start`` (whitespace between), if one is."""
+    opened = _OPENING_TAG.search(text, max(0, start - 80), start)
+    name = opened.group(1) if opened is not None else None
+    return name if name in tools else None
 
 
 def _calls_in(value: object, tools: Collection[str], depth: int) -> Iterator[tuple[str, dict[str, Any]]]:
