@@ -15,6 +15,11 @@ the crash it gets N+1, otherwise N again. Only scripted faults and delays keep s
 served once per conversation (keyed by the system prompt and the pinned task). A gated turn is held until
 the test opens its gate (for every conversation, or for those carrying a mark it released). A request
 past the last turn gets HTTP 400 "replay trajectory exhausted".
+
+Several conversations may follow different trajectories (an eval's rows, :mod:`replay.oracle`): ``routes`` maps a
+needle to a trajectory, and a conversation whose first user message (the pinned task) contains the needle follows it
+(the longest needle found wins); any other conversation follows the default ``trajectory``. The task message quotes
+the prompt (``agent.prompts.task_message``), so a needle is taken from the prompt as quoted (:func:`route_needle`).
 """
 
 from __future__ import annotations
@@ -35,11 +40,17 @@ from replay.rules import (
     prompt_token_estimate,
     replay_memory,
     replay_summary,
+    text_of,
     turn_marker,
 )
 from replay.trajectory import Turn
 
-__all__ = ["Answer", "Gate", "ReplayModel"]
+__all__ = ["Answer", "Gate", "ReplayModel", "route_needle"]
+
+
+def route_needle(prompt: str) -> str:
+    """The text of ``prompt`` as the task message quotes it: a needle that finds the conversation of that prompt."""
+    return prompt.replace("</task>", "<\\/task>").strip()
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,17 @@ class Gate:
 class ReplayModel:
     """Answers chat requests from ``trajectory``; records every request for tests (``GET /_requests``)."""
 
-    def __init__(self, trajectory: list[Turn], *, context_window: int | None = None) -> None:
+    def __init__(
+        self, trajectory: list[Turn], *, context_window: int | None = None,
+        routes: dict[str, list[Turn]] | None = None,
+    ) -> None:
         self.trajectory = [turn for turn in trajectory if not turn.memory]
+        # Longest needle first: a row whose prompt quotes another row's whole prompt still finds its own.
+        self.routes = sorted(
+            ((needle, [turn for turn in turns if not turn.memory])
+             for needle, turns in (routes or {}).items() if needle),
+            key=lambda route: -len(route[0]),
+        )
         self._memory_answers = [str(turn.content or "") for turn in trajectory if turn.memory]  # scripted, in order
         self.context_window = context_window  # prompt tokens past which OpenAI-shaped requests are refused
         self.requests: list[dict[str, Any]] = []
@@ -139,10 +159,11 @@ class ReplayModel:
         storm = self._storm
         if storm is not None and time.monotonic() < storm.until:
             return Answer("agent", status=storm.status, turn=index, error="rate limited (storm)", headers=storm.headers)
-        if index >= len(self.trajectory):
-            error = f"replay trajectory exhausted: it has {len(self.trajectory)} turns, turn {index} was asked for"
+        trajectory = self.trajectory_for(messages)
+        if index >= len(trajectory):
+            error = f"replay trajectory exhausted: it has {len(trajectory)} turns, turn {index} was asked for"
             return Answer("agent", status=400, turn=index, error=error)
-        turn = self.trajectory[index]
+        turn = trajectory[index]
         key = (conversation_key(messages), index)
         with self._lock:
             served = self._faults_served.get(key, 0)
@@ -165,6 +186,13 @@ class ReplayModel:
             ),
             thinking=turn.thinking,
         )
+
+    def trajectory_for(self, messages: list[dict[str, Any]]) -> list[Turn]:
+        """The trajectory of the route whose needle the first user message contains, else the default one."""
+        if not self.routes:
+            return self.trajectory
+        task = text_of(next((m.get("content") for m in messages if m.get("role") == "user"), ""))
+        return next((turns for needle, turns in self.routes if needle in task), self.trajectory)
 
     def _answer_summary(self, messages: list[dict[str, Any]]) -> Answer:
         with self._lock:

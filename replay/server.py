@@ -1,6 +1,6 @@
 """The replay model's server: serve a :class:`~replay.model.ReplayModel` over HTTP, in a thread or as a process.
 
-python -m replay (--trajectory FILE | --messages FILE | --context-dir DIR) [--host H] [--port P]
+python -m replay (--trajectory FILE | --messages FILE | --context-dir DIR | --routes FILE) [--host H] [--port P]
 """
 
 from __future__ import annotations
@@ -64,13 +64,22 @@ def serve(model: ReplayModel, host: str = "127.0.0.1", port: int = 0) -> ReplayS
 
 
 def run_replay_model(
-    trajectory_path: Path | None, messages_path: Path | None, port: int, host: str = "127.0.0.1"
+    trajectory_path: Path | None, messages_path: Path | None, port: int, host: str = "127.0.0.1",
+    routes_path: Path | None = None,
 ) -> None:
-    """Serve a trajectory (or an earlier run's ``messages.jsonl``) until SIGTERM or Ctrl-C; prints the URL."""
+    """Serve a trajectory (or an earlier run's ``messages.jsonl``, or a routes file of per-task trajectories,
+    :mod:`replay.oracle`) until SIGTERM or Ctrl-C; prints the URL."""
     source = trajectory_path or messages_path
-    if source is None:
-        raise ValueError("run_replay_model needs a trajectory or a messages.jsonl path")
-    server = serve(ReplayModel(load_trajectory(source)), host, port)
+    if routes_path is not None:
+        from replay.oracle import load_routes
+
+        default, routes = load_routes(routes_path)
+        model = ReplayModel(default, routes=routes)
+    elif source is None:
+        raise ValueError("run_replay_model needs a trajectory, a messages.jsonl or a routes file")
+    else:
+        model = ReplayModel(load_trajectory(source))
+    server = serve(model, host, port)
     print(server.url, flush=True)  # the first stdout line: how a parent process finds the port
     stopped = threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -85,12 +94,13 @@ def run_replay_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m replay (--trajectory FILE | --messages FILE | --context-dir DIR) [--port P]``."""
+    """``python -m replay (--trajectory FILE | --messages FILE | --context-dir DIR | --routes FILE) [--port P]``."""
     parser = argparse.ArgumentParser(prog="tasuki replay-model", description="Serve the replay model.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trajectory", type=Path, help="scripted trajectory (JSONL or YAML)")
     source.add_argument("--messages", type=Path, help="messages.jsonl of an earlier run")
     source.add_argument("--context-dir", type=Path, help="context directory of an earlier run")
+    source.add_argument("--routes", type=Path, help="per-task trajectories chosen by the task's text (replay.oracle)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if not messages.exists():
             messages = messages.with_name(MESSAGES_FILE + GZIP_SUFFIX)
     try:
-        run_replay_model(args.trajectory, messages, args.port, args.host)
+        run_replay_model(args.trajectory, messages, args.port, args.host, routes_path=args.routes)
     except (OSError, ValueError) as exc:
         print(f"tasuki replay-model: {exc}", file=sys.stderr)
         return 2
