@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, context_requests, fleet, github, memory, outcomes, reading, usage
+from cli import commands, context_requests, evals, fleet, github, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -63,6 +63,7 @@ GROUPS: dict[tuple[str, ...], str] = {
     ("memory",): "memory that outlives a task: episodes, thread and repository memories, recall",
     ("github",): "GitHub: the App manifest",
     ("fleet",): "many hosts: the fleet's store in PostgreSQL (fleet.store)",
+    ("eval",): "evals: run task sets through the fleet, report resolve rate, cost and time",
 }
 
 COMMANDS: list[Command] = [
@@ -90,6 +91,11 @@ COMMANDS: list[Command] = [
         fleet.cmd_import,
         fleet.import_arguments,
     ),
+    Command(("eval", "run"), "run a task set's rows as tasks (resumable with --name) and report",
+            evals.cmd_eval_run, evals.run_arguments),
+    Command(("eval", "report"), "an eval run's report; --predictions FILE in SWE-bench's format",
+            evals.cmd_eval_report, evals.report_arguments),
+    Command(("eval", "list"), "eval runs, newest first", evals.cmd_eval_list),
     Command(("github", "app-manifest"), "print the GitHub App manifest (permissions, events, webhook URL)",
             github.cmd_app_manifest, github.manifest_arguments),
     Command(("memory", "status"), "the memory store: counts, embedding model, last error", memory.cmd_status,
