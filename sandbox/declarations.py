@@ -24,6 +24,7 @@ __all__ = ["Declaration", "DeclarationError", "SetupStep", "find_declaration", "
 
 TASUKI_SETUP = ".tasuki/setup.sh"
 OPENHANDS_SETUP = ".openhands/setup.sh"
+EVAL_SETUP = "the eval set's setup"  # a task set row's own script (issue 39)
 
 
 def _script_file(relative: str, text: str) -> Declaration:
@@ -39,8 +40,12 @@ PEER_FILES: tuple[tuple[str, Callable[[str, str], Declaration]], ...] = (
 )
 
 
-def find_declaration(checkout: Path, repository: str, settings: EnvironmentsSettings) -> Declaration | None:
-    """The repository's declaration (first found wins), or None: no setup. Raises DeclarationError (one line)."""
+def find_declaration(checkout: Path, repository: str, settings: EnvironmentsSettings,
+                     setup: str | None = None) -> Declaration | None:
+    """The repository's declaration (first found wins), or None: no setup. Raises DeclarationError (one line).
+    ``setup``: an eval task's script, which takes the place of every source (a blank one declares nothing)."""
+    if setup is not None:
+        return Declaration(EVAL_SETUP, (SetupStep(name=EVAL_SETUP, script=setup),)) if setup.strip() else None
     own = _read(checkout, TASUKI_SETUP)
     if own is not None:
         return _script_file(TASUKI_SETUP, own)

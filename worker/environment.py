@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,7 @@ class TaskEnvironment:
     repository: str  # "owner/repo", or the local path of a local task
     clock: Callable[[], float] = time.time
     on_report: Callable[[EnvironmentReport], None] = field(default=lambda report: None)  # metrics
+    setup: str | None = None  # an eval task's setup script: it takes the place of the repository's declaration
     # Left for the end of the task (:meth:`after_task`), where it no longer slows the task's own commands: the spare
     # to make (a restore used it, or a restore or a publish found none), and the paths a changed environment was
     # moved out into, to delete.
@@ -157,7 +158,7 @@ class TaskEnvironment:
     def _prepare(self, ctx: Context, checkout: Checkout, started: float) -> EnvironmentReport:
         environments = self.settings.environments
         try:
-            declaration = find_declaration(checkout.path, self.repository, environments)
+            declaration = find_declaration(checkout.path, self.repository, environments, self.setup)
             files = key_files(checkout.path, environments) if declaration is not None else {}
         except DeclarationError as exc:  # a repository's file, or an operator's key_files glob, that cannot be read
             log.warning("environment declaration not read", error=str(exc))
@@ -535,8 +536,12 @@ def _empty(home: Path) -> None:
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def repository_of(task_key: dict[str, str], repo_path: str | None) -> str:
-    """The repository an environment belongs to: a local task's path, else ``owner/repo``."""
+def repository_of(task_key: dict[str, str], repo_path: str | None,
+                  environment: Mapping[str, Any] | None = None) -> str:
+    """The repository an environment belongs to: the one an eval task's ``environment`` names (its rows share one
+    environment, though each has a bare remote of its own), else a local task's path, else ``owner/repo``."""
+    if environment and environment.get("repository"):
+        return str(environment["repository"])
     if repo_path:
         return str(Path(repo_path).absolute())
     return f"{task_key.get('owner')}/{task_key.get('repo')}"

@@ -40,9 +40,13 @@ def _remember(ending: Ending) -> None:
     """Record the task's episode; a thread's first episode becomes its memory here when no model and no embedding
     is needed (then only the repository merge is flagged), else ``update_memory`` runs off the task."""
     s = settings()
-    request = ending.request or {"task_key": ending.task_key}
+    directory = finished_directory(s, ending.uuid)
+    request = ending.request or recorded_request(directory) or {"task_key": ending.task_key}
+    if request.get("grading"):  # an eval task: what it did must not teach the tasks that come after it
+        log.info("memory: an eval task records no episode")
+        return
     # No finished context (cannot_start had no contexts root): an episode from the request alone.
-    recorded = record_episode(s, ending.uuid, request, ending.status, finished_directory(s, ending.uuid))
+    recorded = record_episode(s, ending.uuid, request, ending.status, directory)
     if recorded is None or recorded.next == "nothing":
         return
     if recorded.next == "merge":
@@ -52,6 +56,17 @@ def _remember(ending: Ending) -> None:
         update_memory.apply_async(args=[ending.uuid], queue=MAINTENANCE_QUEUE)
     except Exception as exc:  # a broker blip: the episode is stored; only the memory update is skipped
         log.warning("memory update not enqueued", error=mask(str(exc))[:300])
+
+
+def recorded_request(directory: Path | None) -> dict[str, Any] | None:
+    """The request a finished context recorded (the monitor's endings carry none); None when it cannot be read."""
+    if directory is None:
+        return None
+    try:
+        request = read_json(directory / METADATA_FILE).get("request")
+    except (OSError, ValueError, AttributeError, TasukiError):  # a damaged context: treated as no eval
+        return None
+    return request if isinstance(request, dict) else None
 
 
 def flag_merge(repository: str, thread: str, uuid: str) -> None:

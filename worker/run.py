@@ -45,6 +45,7 @@ from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.evidence import base_checks, checks_failed, files_touched, pull_request_body, task_page
 from worker.forges.base import CredentialError
+from worker.grading import grade_work, recover
 from worker.inbox import Inbox
 from worker.instructions import CommitInstructions
 from worker.leftout import LeftOut, NeverCommitted, with_note
@@ -76,6 +77,12 @@ class TaskRequest:
     # A follow-up on a pull/merge request a task opened (SPEC §14): {"kind": "review"|"comment"|"ci"|"retry",
     # "pull_kind", "pull", "branch", "previous" (UUID), "review_id"?, "comments"?, "ci"?}
     followup: dict[str, Any] = field(default_factory=dict)
+    # An eval task's (issue 39): {"repository": "owner/name", "setup": str | None}: the environment's cache key names
+    # this repository (not the row's bare remote), and ``setup`` takes the place of the repository's declaration.
+    environment: dict[str, Any] | None = None
+    # An eval task's held-back tests (worker/grading.py): {"test_patch", "fail_to_pass", "pass_to_pass",
+    # "test_command", "parser"}; such a task neither recalls nor writes memory.
+    grading: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRequest:
@@ -391,12 +398,10 @@ class TaskRun:
             ctx.stage_state(base=base)
         self.base = base  # from now on an ending can tell whether the task changed anything
         owner_files = CommitInstructions(checkout, base)  # the owner's instruction files: the start commit's
-        repository = repository_of(self.request.task_key, self.request.repo_path)
-        self.environment = TaskEnvironment(self.settings, repository, on_report=self.on_environment)
-        environment = self.environment.prepare(ctx, checkout)
+        environment = self._prepare_environment(ctx, checkout)
         checkout.hand_over(user)  # what a restore copied or laid (a snapshot's files are the sandbox user's already)
         # Started again on a resume; stopped when the loop ends, however it ends (a hand-back, a failure).
-        with services_for(checkout, repository, self.settings) as services:
+        with services_for(checkout, self._repository, self.settings) as services:
             roles = {record.get("role") for record in ctx.pinned}
             if "user" not in roles:  # a new task, or one whose first worker died between these two writes
                 if "system" not in roles:
@@ -422,8 +427,9 @@ class TaskRun:
         note = left_out.describe()
         if not checkout.changed_since(base):
             return self._unchanged(ctx, checkout, summary, note)
+        graded = self._grade(ctx, checkout)  # before the push, which takes the commit only
         checkout.push()  # after an owner check, and leased: a fenced holder's push is refused by the remote
-        result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head()}
+        result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head(), **graded}
         if note:
             result["left_out"] = note
         draft = checks_failed(evidence)  # a draft when the checks fail on the tree as delivered
@@ -433,6 +439,28 @@ class TaskRun:
         with fence_of(ctx).holding():  # the pull/merge request lands only while this holder holds the task
             result.update(self.report.deliver(checkout.branch, body, draft=draft))
         return self._finish(ctx, "completed", None, result, checkout)
+
+    @property
+    def _repository(self) -> str:
+        """The repository the task's environment and services belong to."""
+        return repository_of(self.request.task_key, self.request.repo_path, self.request.environment)
+
+    def _prepare_environment(self, ctx: Context, checkout: Checkout) -> EnvironmentReport:
+        """Keep, restore or build the task's environment (an eval's own setup script, when it has one); an eval task
+        whose last holder stopped mid-grading gets the committed files back first (worker/grading.py)."""
+        setup = (self.request.environment or {}).get("setup")
+        self.environment = TaskEnvironment(self.settings, self._repository, on_report=self.on_environment, setup=setup)
+        report = self.environment.prepare(ctx, checkout)
+        if self.request.grading:
+            recover(ctx, checkout, self.settings)
+        return report
+
+    def _grade(self, ctx: Context, checkout: Checkout) -> dict[str, Any]:
+        """An eval task's held-back tests, run on the committed work in the sandbox: ``{"grade": ...}`` for its
+        result; ``{}`` for a task that is no eval."""
+        if not self.request.grading or not self.base:
+            return {}
+        return {"grade": grade_work(ctx, checkout, self.request.grading, self.base, self.settings)}
 
     def _body(self, ctx: Context, checkout: Checkout, text: str, evidence: dict[str, Any] | None,
               untested: str = "") -> str:

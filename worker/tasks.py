@@ -100,12 +100,13 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
                 cancel_flagged=lambda: lifecycle.cancel_flagged(uuid),
                 on_finish=on_finish,
                 reporter=reporter,
-                recollect=lambda ctx, checkout, task: first_prompt_memory(
+                # An eval task (its request holds the held-back tests) must not learn the answers: no memory.
+                recollect=None if parsed.grading else lambda ctx, checkout, task: first_prompt_memory(
                     s, ctx, checkout, request, task, int(ctx.metadata["config"]["context_length"]),
                     meter.embeddings_into(ctx),
                 ),
-                recall=lambda ctx, query, in_prompt: task_recall(s, ctx, request, query, in_prompt,
-                                                                 meter.embeddings_into(ctx)),
+                recall=None if parsed.grading else lambda ctx, query, in_prompt: task_recall(
+                    s, ctx, request, query, in_prompt, meter.embeddings_into(ctx)),
                 inbox=lambda: read_inbox(redis_client(), uuid),
                 inbox_trim=lambda count: trim_inbox(redis_client(), uuid, count),
                 meter=meter,
