@@ -30,6 +30,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import views
+from console.evals import read_run, read_runs
 from console.fleet import RecentEndings, read_fleet
 from console.live import POLL_S, Seen, follow
 from console.outcomes import OutcomesReader
@@ -37,6 +38,7 @@ from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matc
 from console.tasklist import Filters, read_page
 from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
 from contexts.store import ContextStore
+from evals.rundir import EvalError
 from worker.settings_models import Settings
 
 HERE = Path(__file__).parent
@@ -170,6 +172,17 @@ class Console:
         view = await run_in_threadpool(views.task_view, self.settings, self.store, uuid)
         return self.page(request, "task.html", {"view": view, "session": session})
 
+    async def evals(self, request: Request, session: Session) -> Response:
+        runs = await run_in_threadpool(read_runs, self.settings.local.var_dir)
+        return self.page(request, "evals.html", {"runs": runs, "session": session})
+
+    async def eval_run(self, request: Request, session: Session) -> Response:
+        try:
+            report = await run_in_threadpool(read_run, self.settings.local.var_dir, request.path_params["run"])
+        except EvalError as exc:  # no such run, or a name that is none
+            return self.page(request, "error.html", {"message": str(exc), "session": session}, status=404)
+        return self.page(request, "eval.html", {"report": report, "session": session})
+
     async def events(self, request: Request, session: Session) -> Response:
         uuid = request.path_params["uuid"]
         self.store.locate_inside(uuid)
@@ -264,6 +277,8 @@ def create_console(
         Route("/tasks/{uuid}", guarded(c, c.task, page=True)),
         Route("/tasks/{uuid}/events", guarded(c, c.events, page=False)),
         Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False), methods=["POST"]),
+        Route("/evals", guarded(c, c.evals, page=True)),
+        Route("/evals/{run}", guarded(c, c.eval_run, page=True)),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
