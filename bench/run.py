@@ -18,6 +18,7 @@ from bench import (
     bench_compression_span,
     bench_console,
     bench_environments,
+    bench_eval,
     bench_failover,
     bench_fencing,
     bench_finish_gate,
@@ -80,6 +81,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "hiccups": bench_hiccups.run,  # issue 37 §3: a 429 storm during running tasks; four workers on one rate limit
     "finish-gate": bench_finish_gate.run,  # issue 38 §5: the finish gate's time against a bug-fix task's
     "reading": bench_reading.run,  # issue 38 §2: tokens to find and read a function, search + windows vs whole file
+    "eval": bench_eval.run,  # issue 39: 20 eval rows on 1, 2 and 4 workers; the harness's time per row vs the agent's
 }
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
 from contexts.names import FINAL_STATUSES
 from contexts.state import read_state
 from contexts.store import ContextStore
@@ -25,17 +27,19 @@ def final_state(store: ContextStore, uuid: str) -> dict[str, Any] | None:
     return state if state.get("status") in FINAL_STATUSES else None
 
 
-def local_fleet(settings: Settings) -> Fleet:
-    """Enqueue on the configured broker; read contexts under ``contexts.base_dir``."""
-    from worker.celery import app
+def local_fleet(settings: Settings, *, app: Any = None, client: redis.Redis | None = None) -> Fleet:
+    """Enqueue on the configured broker (the process's Celery app and Redis client unless given: a benchmark
+    brings its own); read contexts under ``contexts.base_dir``."""
     from worker.runtime import context_store, redis_client
     from worker.submit import enqueue
 
+    if app is None:
+        from worker.celery import app
     store = context_store(settings, index=False)
-    client = redis_client()
+    broker = client if client is not None else redis_client()
 
     def send(request: dict[str, Any], uuid: str) -> None:
-        enqueue(app, client, settings, request, uuid=uuid)
+        enqueue(app, broker, settings, request, uuid=uuid)
 
     def started(uuid: str) -> bool:
         return store.running_path(uuid).is_dir() or store.completed_path(uuid).is_dir()

@@ -223,3 +223,16 @@ def test_the_finish_gate_benchmark_times_the_gate_against_the_task(tmp_path: Pat
     assert re.search(line, run.stdout, re.M), run.stdout
     assert re.search(r"^finish gate: its time / the task's +\d\.\d{3} +<= 0\.1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_eval_benchmark_runs_its_rows_on_one_and_two_workers(tmp_path: Path) -> None:
+    run = quick_run("eval", tmp_path, 280)
+    for workers in (1, 2):
+        line = (rf"^eval of 4 rows on {workers} worker\(s\): \d+\.\d s \(\d+\.\d\dx the serial run\); harness "
+                r"\d+\.\d ms per row vs the agent's work \d+\.\d\d s per row$")
+        assert re.search(line, run.stdout, re.M), run.stdout
+    assert re.search(r"^eval 4 rows: 1 / 2 workers +\d+\.\d\d +— +info$", run.stdout, re.M), run.stdout
+    assert re.search(r"^eval: harness / agent per row +\d\.\d{3} +<= 0\.1 +(PASS|MISS)$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
