@@ -48,9 +48,10 @@ class TaskKey:
 
 
 def check_name(name: str) -> str:
-    """A run name that is safe as a directory and a task key's owner."""
+    """A run name or row id that is safe as a directory and a part of a task key."""
     if not _NAME.match(name):
-        raise EvalError(f"eval run name {name!r}: letters, digits, '.', '_' and '-' only (at most 100)")
+        raise EvalError(f"name {name!r}: letters, digits, '.', '_' and '-' only, at most 100, not starting with "
+                        "'.' or '-'")
     return name
 
 

@@ -181,6 +181,7 @@ class EvalRun:
         return waiting
 
     def _prepare(self, row: EvalRow, key: TaskKey) -> None:
+        check_name(row.instance_id)  # a directory of the run and a part of the task key: no "/" or ".."
         cache = self.cache_dir or self.run.path.parent / "repositories"
         source = source_for(row.repo, self.repos_dir, cache)
         base = base_repository(source, row.base_commit, self.run.path / "bases" / f"{row.instance_id}.git")
