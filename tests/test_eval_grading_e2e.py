@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from contexts import ContextStore
 from contexts.names import MESSAGES_FILE, TOOLS_FILE
 from memory.sqlite import SQLiteMemoryStore
 from tests.helpers.schemas import validate_context_dir
@@ -202,6 +203,32 @@ def test_a_wrong_fix_is_not_resolved_and_names_the_failing_tests(
         assert on_branch(repo, state["result"]["branch"], "calc.py") == WRONG
 
 
+def test_a_test_patch_that_does_not_apply_is_an_error_grade_and_no_failed_task(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    turns = [
+        {"content": "add subtracts.", "tool_calls": [GOLD]},
+        {"content": "Done.", "tool_calls": [tool("finish", summary="Fix add(): it subtracted.")]},
+    ]
+    with eval_stack(tmp_path, redis_url, turns) as (stack, repo):
+        request = eval_request(repo, "broken.1")
+        patch = request["grading"]["test_patch"]
+        assert "     def test_sub(self):" in patch
+        request["grading"]["test_patch"] = patch.replace("     def test_sub(self):", "     def test_minus(self):")
+        uuid = stack.send(request)
+        state = stack.wait_finished(uuid, timeout_s=180)
+
+        assert state["status"] == "completed", state
+        graded = state["result"]["grade"]
+        assert graded["resolved"] is False
+        assert graded["error"].startswith("the test patch does not apply: ")
+        assert graded["failed"] == FAIL_TO_PASS + PASS_TO_PASS  # every listed test: missing
+        (record,) = grade_records(stack, uuid)
+        assert record["status"] == "error"
+        assert record["result"]["restored"] is True
+        assert on_branch(repo, state["result"]["branch"], "calc.py") == FIXED
+
+
 def hunting_turns(repo: EvalRepo) -> list[dict[str, Any]]:
     """The marker is never written whole in a command: the agent's shell joins its two halves, so a hit can only come
     from the test patch itself (grep -l prints names, not the matching text)."""
@@ -242,4 +269,48 @@ def test_an_agent_hunting_for_the_test_patch_finds_nothing_and_the_branch_holds_
                                 text=True, check=True).stdout
         assert "calc.py" in pushed
         assert repo.marker not in pushed
+        assert on_branch(repo, branch, "test_more.py") is None
+
+
+# The grading's tests stop for good: the first holder is killed meanwhile, the second one's time runs out.
+STALLING_TESTS = '"$py" -m unittest -v {files}; touch "$HOME/.stalled"; sleep 600'
+
+
+def test_a_holder_killed_mid_grading_pushes_no_test_patch_and_a_grading_out_of_time_is_an_error(
+    tmp_path: Path, redis_url: str, redis_client: object
+) -> None:
+    turns = [
+        {"content": "add subtracts.", "tool_calls": [GOLD]},
+        {"content": "Done.", "tool_calls": [tool("finish", summary="Fix add(): it subtracted.")]},
+    ]
+    repo = make_eval_repo(tmp_path / "repos")
+    request = eval_request(repo, "killed.1")
+    request["grading"]["test_command"] = STALLING_TESTS
+    with running_stack(tmp_path, redis_url, turns) as (stack, _server):
+        first = stack.start_worker("w1")
+        uuid = stack.send(request)
+        checkout = stack.root / "workspaces" / uuid
+        stack.wait_until((checkout.parent / f"{uuid}.home" / ".stalled").exists, 120, "the graded tests")
+        running = json.loads((stack.contexts_dir / "running" / uuid / "state.json").read_text())
+        assert running["grading"]["status"] == "applying"
+        assert (checkout / "test_more.py").exists()  # the tree holds the test patch while the tests run
+
+        first.kill()  # the machine dies mid-grading
+        store = ContextStore(stack.contexts_dir, stale_after_s=float(stack.env()["TASUKI__CONTEXTS__STALE_AFTER_S"]))
+        stack.wait_until(lambda: not store.is_held(uuid), 30, "the dead holder's lock to go stale")
+        stack.env_overrides["TASUKI__AGENT__CHECK_TIMEOUT_S"] = "3"
+        stack.start_worker("w2")
+        stack.send(request, uuid=uuid)
+        state = stack.wait_finished(uuid, timeout_s=180)
+
+        assert state["status"] == "completed", state  # a grading out of time fails no task
+        assert state["attempt"] == 2
+        graded = state["result"]["grade"]
+        assert graded["resolved"] is False
+        assert graded["error"] == "the tests timed out"
+        assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "passed")  # what ran before the stall
+        assert "its tree was set aside, so no test patch is left in it" in worker_logs(stack)
+        branch = state["result"]["branch"]
+        assert on_branch(repo, branch, "calc.py") == FIXED
+        assert on_branch(repo, branch, "test_calc.py") == BASE_TEST
         assert on_branch(repo, branch, "test_more.py") is None

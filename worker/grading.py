@@ -180,9 +180,24 @@ def recover(ctx: Context, checkout: Checkout, settings: Settings) -> None:
     grading = ctx.read_state().get("grading") or {}
     if grading.get("status") != "applying" or not grading.get("head"):
         return
+    head, files = str(grading["head"]), [str(path) for path in grading.get("files") or ()]
+    if not _has_commit(checkout, head):  # a takeover set the old tree aside: this one is the remote's (never patched)
+        log.info("the last holder stopped while grading; its tree was set aside, so no test patch is left in it")
+        ctx.update_state(grading={"status": "done", "files": files, "head": head})
+        return
     log.warning("the last holder stopped while grading; the committed files are laid back")
-    shell = GradingShell(ctx, checkout, settings, LAY_TIMEOUT_S)
-    restore(ctx, checkout, shell, str(grading["head"]), [str(path) for path in grading.get("files") or ()])
+    if not restore(ctx, checkout, GradingShell(ctx, checkout, settings, LAY_TIMEOUT_S), head, files):
+        raise GradingError("the test patch an interrupted grading laid into the tree could not be removed")
+
+
+def _has_commit(checkout: Checkout, commit: str) -> bool:
+    """Whether the worker's git of the checkout holds ``commit``."""
+    try:
+        run_git(("cat-file", "-e", f"{commit}^{{commit}}"), cwd=checkout.path,
+                extra_env=tree_env(checkout.git_dir, checkout.path))
+    except GitError:
+        return False
+    return True
 
 
 class _ScratchGit:
