@@ -52,6 +52,7 @@ COPY fleet ./fleet
 COPY sandbox ./sandbox
 COPY agent ./agent
 COPY worker ./worker
+COPY evals ./evals
 COPY scheduler ./scheduler
 COPY webhooks ./webhooks
 COPY console ./console

@@ -1,4 +1,4 @@
-"""The dependency arrows point one way: contexts, memory <- fleet, sandbox, agent <- worker <- scheduler,
+"""The dependency arrows point one way: contexts, memory <- fleet, sandbox, agent <- worker <- evals <- scheduler,
 webhooks, console <- cli.
 
 No exemptions: the roof (``cli/``) may import every package and nothing imports it.
@@ -16,7 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (
-    "contexts", "memory", "fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli",
+    "contexts", "memory", "fleet", "sandbox", "agent", "worker", "evals", "scheduler", "webhooks", "console", "replay",
+    "cli",
 )
 BROKERS = {"celery", "kombu", "redis", "billiard"}
 DRIVERS = {"psycopg", "psycopg_pool", "pgvector"}  # the fleet store's (fleet/): the pure rooms name no database
@@ -25,14 +26,17 @@ DRIVERS = {"psycopg", "psycopg_pool", "pgvector"}  # the fleet store's (fleet/):
 FORBIDDEN: dict[str, set[str]] = {
     "contexts": BROKERS
     | DRIVERS
-    | {"memory", "fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "memory": BROKERS | DRIVERS | {"fleet", "sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay",
-                                   "cli"},
-    "fleet": BROKERS | {"sandbox", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "sandbox": BROKERS | DRIVERS | {"fleet", "agent", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
+    | {"memory", "fleet", "sandbox", "agent", "worker", "evals", "scheduler", "webhooks", "console", "replay", "cli"},
+    "memory": BROKERS | DRIVERS | {"fleet", "sandbox", "agent", "worker", "evals", "scheduler", "webhooks", "console",
+                                   "replay", "cli"},
+    "fleet": BROKERS | {"sandbox", "agent", "worker", "evals", "scheduler", "webhooks", "console", "replay", "cli"},
+    "sandbox": BROKERS | DRIVERS | {"fleet", "agent", "worker", "evals", "scheduler", "webhooks", "console", "replay",
+                                    "cli"},
     # the agent loop, its tools, prompts and providers: Celery, Redis and the database are the worker's
-    "agent": BROKERS | DRIVERS | {"fleet", "worker", "scheduler", "webhooks", "console", "replay", "cli"},
-    "worker": {"scheduler", "webhooks", "console", "replay", "cli"},
+    "agent": BROKERS | DRIVERS | {"fleet", "worker", "evals", "scheduler", "webhooks", "console", "replay", "cli"},
+    "worker": {"evals", "scheduler", "webhooks", "console", "replay", "cli"},
+    # the eval harness runs tasks through the fleet like any submitter; the console shows its reports
+    "evals": {"scheduler", "webhooks", "console", "replay", "cli"},
     "scheduler": {"webhooks", "console", "replay", "cli"},
     "webhooks": {"scheduler", "replay", "cli"},  # the intake may mount the console
     "console": {"scheduler", "webhooks", "replay", "cli"},
