@@ -268,6 +268,24 @@ class FollowupSettings(Section):
     """Lines kept from the end of each failed CI job's log for the fix task's prompt."""
 
 
+MAX_ATTEMPTS = 8
+AttemptCount = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
+
+
+class AttemptsSettings(Section):
+    default: AttemptCount = 1
+    """Agents per task, each on its own branch; the best attempt is delivered (docs/attempts.md). 1: one agent."""
+    repositories: Annotated[dict[Name, AttemptCount], AfterValidator(HashableDict)] = Field(
+        default_factory=HashableDict)
+    """Attempts per repository: {"owner/name" or "source/owner/name": N}."""
+    labels: Annotated[dict[Name, AttemptCount], AfterValidator(HashableDict)] = Field(default_factory=HashableDict)
+    """Attempts per issue label: {LABEL: N} (the most any of the issue's labels asks for; over the repository's)."""
+    keep_branches_days: PositiveFloat = 7.0
+    """Days the branches of the attempts not delivered are kept (to compare, or to take over by hand)."""
+    reviewer: Name | None = None
+    """The model profile that compares the diffs of attempts whose checks tie; null: the smallest change wins."""
+
+
 class LocalSettings(Section):
     var_dir: Path = Path("var")
     """This machine's own files: the embedded Redis of up and demo (and its URL), the beat schedule, the demo."""
@@ -425,6 +443,8 @@ class Settings(Section):
     """Each repository's environment: declared, set up once, restored for every task (SPEC §17)."""
     followups: FollowupSettings = FollowupSettings()
     """Follow-up tasks on a pull/merge request a task opened: reviews, CI failures (SPEC §14)."""
+    attempts: AttemptsSettings = AttemptsSettings()
+    """Several agents per task on separate branches, the best one delivered (issue 39, docs/attempts.md)."""
     local: LocalSettings = LocalSettings()
     """Files kept on this machine."""
     memory: MemorySettings = MemorySettings()
@@ -471,6 +491,14 @@ class Settings(Section):
         if self.broker.visibility_timeout_s <= self.agent.time_limit_s:
             expected = f"more than agent.time_limit_s ({self.agent.time_limit_s})"
             raise cross_field_error("broker.visibility_timeout_s", self.broker.visibility_timeout_s, expected)
+        return self
+
+    @model_validator(mode="after")
+    def _reviewer_is_a_profile(self) -> Self:
+        reviewer = self.attempts.reviewer
+        if reviewer is not None and reviewer not in self.llm.profile_names():
+            raise cross_field_error("attempts.reviewer", reviewer,
+                                    f"a profile of llm.models ({', '.join(sorted(self.llm.profile_names()))})")
         return self
 
     @model_validator(mode="after")
