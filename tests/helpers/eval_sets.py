@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay import ReplayModel, ReplayServer, serve, turns_from_entries
+from replay.oracle import route_entries
 from tests.helpers.stack import git
 
 BASE_TEST = ("import unittest\n\n\nclass BaseTest(unittest.TestCase):\n    def test_ok(self):\n"
@@ -92,3 +94,16 @@ def make_set(root: Path, rows: int = 4) -> SyntheticSet:
             test_patch=test_patch, patch=patch, FAIL_TO_PASS=[f"test_mod{n}.ModTest.test_fix"],
             PASS_TO_PASS=[f"test_mod{n}.ModTest.test_callable"]))
     return SyntheticSet(root / "repos", source, made, gold_commits)
+
+
+def profiles_env(models: dict[str, ReplayServer]) -> dict[str, str]:
+    """Settings with one model profile per replay model, named as in ``models``."""
+    profiles = {name: {"provider": "openai", "model": f"replay-{name}", "base_url": server.openai_base_url,
+                       "context_length": 32768} for name, server in models.items()}
+    return {"TASUKI__LLM__MODELS": json.dumps(profiles)}
+
+
+def scripted(rows: Any, kind: str, **options: Any) -> ReplayServer:
+    """A replay model in this process answering each row with the ``kind`` agent of replay/oracle.py."""
+    routes = route_entries(rows, kind, **options)
+    return serve(ReplayModel([], routes={needle: turns_from_entries(entries) for needle, entries in routes.items()}))
