@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from cli.common import out
 from contexts.errors import TasukiError
+from worker.attempts import MAX_ATTEMPTS
 
 if TYPE_CHECKING:
     from worker.settings_models import Settings
@@ -65,7 +66,16 @@ def submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--user", metavar="USER", help="who asked (recorded in metadata.json)")
     parser.add_argument("--model", metavar="NAME",
                         help="the model profile (llm.models) to run with; default: the repository's, else llm.default")
+    parser.add_argument("--attempts", type=attempt_count, metavar="N",
+                        help="agents on separate branches, the best one delivered (1-8; default: attempts settings)")
     parser.add_argument("--wait", action="store_true", help="show progress until the task finishes")
+
+
+def attempt_count(text: str) -> int:
+    """``--attempts``: a whole number from 1 to 8 (docs/attempts.md)."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ATTEMPTS:
+        raise argparse.ArgumentTypeError(f"a number from 1 to {MAX_ATTEMPTS}")
+    return int(text)
 
 
 def build_request(args: argparse.Namespace) -> dict[str, object]:
@@ -107,6 +117,8 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         from worker.profiles import PROFILE_KEY, check_profile
 
         request["config"] = {PROFILE_KEY: check_profile(settings, args.model)}  # an unknown one: one line, exit 1
+    if getattr(args, "attempts", None):
+        request["attempts"] = args.attempts
     queued = enqueue(app, redis_client(), settings, request)
     if queued.already_active:
         out(f"{queued.uuid} (a task for this issue is already queued or running)")

@@ -19,13 +19,14 @@ import redis
 import structlog
 from celery.beat import PersistentScheduler
 
-from worker.names import ALERTS, BEAT_LOCK_KEY, MAINTENANCE_QUEUE, REAP_STALE, RETENTION
+from worker.names import ALERTS, BEAT_LOCK_KEY, MAINTENANCE_QUEUE, REAP_STALE, RETENTION, SWEEP_ATTEMPTS
 from worker.runtime import redis_client, settings
 from worker.settings_models import Settings
 
 log = structlog.get_logger(__name__)
 
 RETENTION_EVERY = timedelta(days=1)
+ATTEMPTS_SWEEP_INTERVALS = 10  # the attempts' sweep runs every ten monitor intervals: repairs are rare, deletions slow
 EXPIRY_INTERVALS = 10  # a maintenance message not started within this many of its intervals is dropped
 # ...but never sooner than this: Celery stamps the expiry with the beat's clock and judges it with the worker's,
 # so a short expiry dropped every monitor run on a worker whose clock was a few minutes ahead (issue 26).
@@ -47,6 +48,7 @@ def beat_schedule(s: Settings) -> dict[str, dict[str, Any]]:
         "reap-stale": entry(REAP_STALE, timedelta(seconds=s.monitor.interval_s)),
         "alerts": entry(ALERTS, timedelta(seconds=s.alerts.interval_s)),
         "retention": entry(RETENTION, RETENTION_EVERY),
+        "attempts": entry(SWEEP_ATTEMPTS, timedelta(seconds=s.monitor.interval_s * ATTEMPTS_SWEEP_INTERVALS)),
     }
 
 

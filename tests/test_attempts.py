@@ -148,3 +148,35 @@ def test_settings_bound_the_attempts_and_name_a_known_reviewer(tmp_path) -> None
     for env in ({"TASUKI__ATTEMPTS__DEFAULT": "9"}, {"TASUKI__ATTEMPTS__REVIEWER": "nosuch"}):
         with pytest.raises(Exception, match="attempts"):
             load_settings(None, env=env)
+
+
+def test_a_task_asks_for_its_attempts_on_the_command_line_and_the_api_within_the_bound() -> None:
+    import argparse
+
+    from cli.commands import attempt_count
+    from webhooks.api import Submission
+
+    assert attempt_count("3") == 3
+    for bad in ("0", "9", "two", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            attempt_count(bad)
+    asked = Submission(repo="octo/calc", issue=4, attempts=3).request("0e6a4c1e-7c43-4c8b-9d5f-1a7d2a8f9b10")
+    assert asked["attempts"] == 3
+    assert "attempts" not in Submission(repo="octo/calc", issue=4).request("0e6a4c1e-7c43-4c8b-9d5f-1a7d2a8f9b10")
+    with pytest.raises(ValueError, match="attempts"):
+        Submission(repo="octo/calc", issue=4, attempts=9)
+
+
+def test_the_worker_counts_attempts_from_the_task_its_labels_and_settings_and_never_multiplies_an_attempt() -> None:
+    from worker.attempt_tasks import wanted
+    from worker.run import TaskRequest
+
+    s = load_settings(None, env={"TASUKI__ATTEMPTS__LABELS": '{"try hard": 3}',
+                                 "TASUKI__ATTEMPTS__REPOSITORIES": '{"octo/calc": 2}'})
+    key = {"task_source": "github", "owner": "octo", "repo": "calc", "task_type": "issue", "task_id": "4"}
+    assert wanted(s, TaskRequest(key)) == 2
+    assert wanted(s, TaskRequest(key, issue={"labels": ["try hard"]}), ["try hard"]) == 3
+    assert wanted(s, TaskRequest(key, attempts=5)) == 5
+    assert wanted(s, TaskRequest(key, attempts=5, attempt={"parent": "p", "number": 1})) == 1
+    assert wanted(s, TaskRequest(key, attempts=5, grading={"test_patch": ""})) == 1
+    assert wanted(s, TaskRequest(key, followup={"kind": "review"})) == 1

@@ -12,7 +12,7 @@ import redis
 from scheduler.beat import BeatLock, beat_schedule
 from tests.helpers.beat_process import BeatProcess
 from tests.helpers.celery_worker import worker_env
-from worker.names import ALERTS, BEAT_LOCK_KEY, MAINTENANCE_QUEUE, REAP_STALE, RETENTION
+from worker.names import ALERTS, BEAT_LOCK_KEY, MAINTENANCE_QUEUE, REAP_STALE, RETENTION, SWEEP_ATTEMPTS
 from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -53,10 +53,11 @@ def wait_until(predicate: Callable[[], bool], what: str, beats: list[BeatProcess
 
 def test_schedule_has_the_monitor_alerts_and_retention_on_the_maintenance_queue() -> None:
     schedule = beat_schedule(Settings())
-    assert {entry["task"] for entry in schedule.values()} == {REAP_STALE, ALERTS, RETENTION}
+    assert {entry["task"] for entry in schedule.values()} == {REAP_STALE, ALERTS, RETENTION, SWEEP_ATTEMPTS}
     assert {entry["options"]["queue"] for entry in schedule.values()} == {MAINTENANCE_QUEUE}
     assert schedule["reap-stale"]["schedule"].total_seconds() == 30
     assert schedule["retention"]["schedule"].days == 1
+    assert schedule["attempts"]["schedule"].total_seconds() == 300  # ten monitor intervals
 
 
 def test_two_beats_send_one_schedule_and_the_standby_takes_over_when_the_holder_dies(

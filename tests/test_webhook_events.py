@@ -44,6 +44,7 @@ def test_github_issue_labeled_with_the_trigger_label_starts_a_task() -> None:
                                "task_type": "issue", "task_id": "1"}
     assert action.user == "Codertocat"
     assert action.issue["title"] == "Spelling error in the README file"
+    assert action.issue["labels"] == ["bug"]  # what attempts.labels reads (docs/attempts.md)
     assert action.trigger["kind"] == "label"
 
 

@@ -19,6 +19,7 @@ from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
+from worker.attempts import MAX_ATTEMPTS
 from worker.profiles import PROFILE_KEY, UnknownProfile, check_profile
 from worker.settings_models import Settings
 from worker.spend import resets_at
@@ -41,6 +42,8 @@ class Submission(BaseModel):
     user: Annotated[str, Field(max_length=200)] | None = None
     model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     """The model profile (``llm.models``) to run with; None: the repository's, else the default."""
+    attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)] | None = None
+    """Agents on separate branches, the best one delivered (docs/attempts.md); None: the attempts settings decide."""
 
     @model_validator(mode="after")
     def _one_target(self) -> Submission:
@@ -56,7 +59,9 @@ class Submission(BaseModel):
 
     def request(self, uuid: str) -> dict[str, Any]:
         """The ``tasuki.run_task`` request; a prompt-only task gets a task key of its own."""
-        chosen = {"config": {PROFILE_KEY: self.model}} if self.model else {}
+        chosen: dict[str, Any] = {"config": {PROFILE_KEY: self.model}} if self.model else {}
+        if self.attempts is not None:
+            chosen["attempts"] = self.attempts
         if self.repo_path is not None:
             name = PurePosixPath(self.repo_path).name or "repo"
             key = {"task_source": "local", "owner": "local", "repo": name, "task_type": "prompt", "task_id": uuid[:8]}

@@ -314,6 +314,7 @@ def _github_issue(item: Any) -> dict[str, Any]:
         "title": _text(_get(item, "title")),
         "body": _text(_get(item, "body")),
         "url": _text(_get(item, "html_url")),
+        "labels": sorted(_text(_get(label, "name")) for label in _get(item, "labels") or [] if isinstance(label, dict)),
     }
 
 

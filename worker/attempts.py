@@ -15,6 +15,7 @@ from typing import Any
 ATTEMPT_SUFFIX = ".a"  # the attempt's task key: the parent's task_id + ".a<i>", so each attempt has a key of its own
 NAMESPACE = uuid_module.UUID("6f1d3c2a-59b4-4a4e-9f3e-7d1e3a0b8c21")
 REASON_MAX_CHARS = 500
+MAX_ATTEMPTS = 8  # agents per task at most: each is a whole task (a worker slot, a model's spend)
 
 Review = Callable[[Sequence["Candidate"]], Any]
 """A reviewer: shown the candidates (their diffs), answers the attempt number it prefers (an int, or text holding

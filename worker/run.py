@@ -41,6 +41,8 @@ from contexts.masking import mask
 from contexts.state import read_state
 from sandbox.egress import RefusalLog, egress_policy, egress_proxy
 from sandbox.jail import backend, make_sandbox
+from worker.attempt_work import attempt_work
+from worker.attempts import attempt_note
 from worker.checkout import Checkout
 from worker.environment import EnvironmentReport, TaskEnvironment, maybe_sweep, repository_of
 from worker.evidence import base_checks, checks_failed, files_touched, pull_request_body, task_page
@@ -83,6 +85,10 @@ class TaskRequest:
     # An eval task's held-back tests (worker/grading.py): {"test_patch", "fail_to_pass", "pass_to_pass",
     # "test_command", "parser"}; such a task neither recalls nor writes memory.
     grading: dict[str, Any] | None = None
+    # Several attempts (issue 39, docs/attempts.md): ``attempts`` asks for N agents (None: the settings decide);
+    # ``attempt`` marks one of them: {"parent", "number", "of", "branch", "parent_task_key"}; it opens no request.
+    attempts: int | None = None
+    attempt: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRequest:
@@ -341,7 +347,8 @@ class TaskRun:
             checkout = Checkout(
                 Path(self.settings.contexts.workspaces_dir).absolute() / self.uuid,
                 workplace.remote,
-                str(followup.get("branch") or branch_name(self.request.task_key, self.uuid)),
+                str(followup.get("branch") or (self.request.attempt or {}).get("branch")
+                    or branch_name(self.request.task_key, self.uuid)),
                 git_env=workplace.git_env,
                 continues=bool(followup.get("branch")),  # the pull/merge request's head branch: new commits go on top
                 cache=GitCache(Path(self.settings.contexts.git_cache_dir).absolute(),
@@ -408,7 +415,8 @@ class TaskRun:
                     ctx.append_message("system", SYSTEM_PROMPT)
                 open_with_instructions(ctx, owner_files, int(ctx.metadata["config"]["context_length"]))
                 task = task_message(self.request.prompt, workplace.issue, self._history())
-                task = "\n\n".join(part for part in (task, environment.first_message(), services) if part)
+                task = "\n\n".join(part for part in (task, environment.first_message(), services,
+                                                       attempt_note(self.request.attempt)) if part)
                 remembered = self.recollect(ctx, checkout.path, task) if self.recollect is not None else ""
                 ctx.append_message("user", f"{task}\n\n{remembered}" if remembered else task)
                 ctx.step_done(status="processing")  # one state write: the first prompt is there, the model is next
@@ -429,7 +437,8 @@ class TaskRun:
             return self._unchanged(ctx, checkout, summary, note)
         graded = self._grade(ctx, checkout)  # before the push, which takes the commit only
         checkout.push()  # after an owner check, and leased: a fenced holder's push is refused by the remote
-        result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head(), **graded}
+        result = {"summary": summary, "branch": checkout.branch, "commit": checkout.head(), **graded,
+                  **self._attempt_work(checkout, evidence)}
         if note:
             result["left_out"] = note
         draft = checks_failed(evidence)  # a draft when the checks fail on the tree as delivered
@@ -454,6 +463,10 @@ class TaskRun:
         if self.request.grading:
             recover(ctx, checkout, self.settings)
         return report
+
+    def _attempt_work(self, checkout: Checkout, evidence: dict[str, Any] | None) -> dict[str, Any]:
+        """One of several attempts: what the pick weighs (worker/attempt_tasks.py); ``{}`` for any other task."""
+        return {"attempt_work": attempt_work(checkout, self.base, evidence)} if self.request.attempt else {}
 
     def _grade(self, ctx: Context, checkout: Checkout) -> dict[str, Any]:
         """An eval task's held-back tests, run on the committed work in the sandbox: ``{"grade": ...}`` for its

@@ -28,6 +28,7 @@ from contexts.sections import (
 )
 from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
+from worker.attempts import MAX_ATTEMPTS
 
 AuthorAssociation = Literal[
     "OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE"
@@ -268,7 +269,6 @@ class FollowupSettings(Section):
     """Lines kept from the end of each failed CI job's log for the fix task's prompt."""
 
 
-MAX_ATTEMPTS = 8
 AttemptCount = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)]
 
 

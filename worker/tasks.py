@@ -28,7 +28,14 @@ from contexts.masking import mask, mask_value
 from contexts.names import MESSAGES_FILE, METADATA_FILE, SUMMARIES_FILE
 from contexts.requests import SentRequest
 from contexts.usage import Usage, repo_of
-from worker import bookkeeping, compressors, lifecycle, memory_tasks, outcome_tasks  # noqa: F401 - their ending subscribers
+from worker import (  # noqa: F401 - their ending subscribers
+    attempt_tasks,
+    bookkeeping,
+    compressors,
+    lifecycle,
+    memory_tasks,
+    outcome_tasks,
+)
 from worker.celery import app
 from worker.endings import Ending, announce, on_ending
 from worker.environment import EnvironmentReport
@@ -81,6 +88,10 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         parsed = TaskRequest.from_json(request)
         config = task_config(s, parsed)
         reporter = reporter_for(s, parsed, uuid)  # GitHub/GitLab: labels, progress comment, PR/MR
+        fanned = attempt_tasks.run_as_parent(s, uuid, request, parsed, reporter)  # N attempts run, the pick delivers
+        if fanned is not None:
+            raise TaskEnded(mask(f"failed: {fanned['error']}")) if fanned["status"] == "failed" else Ignore("fan-out")
+        reporter = attempt_tasks.attempt_reporter(s, parsed) if parsed.attempt else reporter  # type: ignore[assignment]
         on_finish = lambda u, status: task_ended(u, parsed.task_key, status, request)  # noqa: E731 - passed twice
         try:
             store = context_store(s)

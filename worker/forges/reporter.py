@@ -311,7 +311,7 @@ class ForgeReporter:
 def reporter_for(settings: Settings, request: TaskRequest, uuid: str) -> ForgeReporter | None:
     """The reporter of a forge's task; None for a local one."""
     source = request.task_key.get("task_source")
-    if source is None or not is_forge(source):
+    if source is None or not is_forge(source) or request.attempt:  # an attempt reports nothing: its parent does
         return None
     forge = make_forge(source, settings, request.task_key, request.trigger)
     section = forge_section(source, settings)

@@ -1,0 +1,153 @@
+"""Several attempts per task end to end (issue 39 item 5, docs/attempts.md): real Redis, two real celery worker
+processes, the replay model over HTTP (each attempt's conversation routed by the line its first prompt gets), the
+fake GitHub over real HTTP and git, and the repository's real check run by the finish gate in each attempt's sandbox.
+
+Attempt 1 fixes the code (its check passes), attempt 2 adds an unrelated module (its check fails): the parent's one
+pull request is opened from attempt 1's branch and says so; a pick run again after a crash that lost its record finds
+the same pull request; attempt 2's branch is kept, and the sweep deletes it once keep_branches_days have passed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from replay import ReplayModel, serve
+from replay.trajectory import turns_from_entries
+from tests.helpers.celery_worker import celery_client
+from tests.helpers.fake_forge import FakeForge
+from tests.helpers.stack import Stack
+from tests.helpers.worker_scenarios import provider_env, tool
+from tests.test_finish_gate import FIX, make_checked_repo
+from worker.attempt_tasks import GROUP_PREFIX, GROUPS_KEY, sweep
+from worker.attempts import attempt_note, attempt_uuid
+from worker.names import ACTIVE_PREFIX, PICK_ATTEMPTS, TASKS_QUEUE
+from worker.runtime import context_store
+from worker.settings import load_settings
+from worker.settings_models import LabelSettings
+from worker.submit import enqueue, task_key_id
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "attempts-forge-token-5e1a"
+OWNER, REPO = "octo", "calc"
+KEY = {"task_source": "github", "owner": OWNER, "repo": REPO, "task_type": "issue", "task_id": "1"}
+MODULE = tool("write_file", path="mathutil.py", content="def double(x):\n    return 2 * x\n")
+
+
+def needle(number: int) -> str:
+    return attempt_note({"number": number, "of": 2})
+
+
+ROUTES = {
+    needle(1): [{"content": "add() subtracts.", "tool_calls": [FIX]},
+                {"content": "Fixed.", "tool_calls": [tool("finish", summary="Fix add(): it subtracted.")]},
+                {"content": "The gate agrees.", "tool_calls": [tool("finish", summary="Fix add(): it subtracted.")]}],
+    needle(2): [{"content": "A helper will do.", "tool_calls": [MODULE]},
+                {"content": "Done.", "tool_calls": [tool("finish", summary="Add mathutil.")]},
+                {"content": "Done anyway.", "tool_calls": [tool("finish", summary="Add mathutil.")]}],
+}
+
+
+@contextmanager
+def attempts_stack(tmp_path: Path, redis_url: str) -> Iterator[tuple[Stack, FakeForge]]:
+    """The replay model routing each attempt; the fake GitHub with the checked calc repository and issue 1, labelled;
+    two workers (the attempts run side by side), the finish gate on."""
+    routes = {text: turns_from_entries(entries) for text, entries in ROUTES.items()}
+    unrouted = turns_from_entries([{"content": "?", "tool_calls": [tool("finish", summary="unrouted")]}])
+    server = serve(ReplayModel(unrouted, routes=routes))
+    try:
+        with FakeForge(tmp_path / "forge", TOKEN).serve() as forge:
+            forge.add_repo(OWNER, REPO, make_checked_repo(tmp_path / "source"))
+            forge.add_item(OWNER, REPO, 1, "add() is wrong", "add(2, 3) gives -1.", labels=[LabelSettings().trigger])
+            stack = Stack(tmp_path, redis_url, server.url, {
+                **provider_env("openai", server.url, 32768),
+                "TASUKI__GITHUB__API_URL": forge.github_api_url,
+                "GITHUB_TOKEN": TOKEN,
+                "TASUKI__AGENT__FINISH_GATE": "true",
+            })
+            try:
+                yield stack, forge
+            finally:
+                stack.stop()
+    finally:
+        server.stop()
+
+
+def branches(forge: FakeForge) -> set[str]:
+    bare = forge.git_root / OWNER / f"{REPO}.git"
+    listed = subprocess.run(["git", "for-each-ref", "--format=%(refname:short)", "refs/heads"], cwd=bare, check=True,
+                            capture_output=True, text=True).stdout
+    return set(listed.split())
+
+
+def group(client: redis.Redis, parent: str) -> dict[str, Any]:
+    return dict(client.hgetall(GROUP_PREFIX + parent))
+
+
+def test_the_attempt_whose_checks_pass_is_delivered_once_and_the_others_branch_is_kept_then_swept(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with attempts_stack(tmp_path, redis_url) as (stack, forge):
+        stack.start_worker("w1", concurrency=2)
+        stack.start_worker("w2")
+        settings = load_settings(env=stack.env())
+        request = {"task_key": KEY, "prompt": "", "user": "alice", "trigger": {"kind": "label", "user": "alice"},
+                   "attempts": 2}
+        with celery_client(redis_url) as app:
+            parent = enqueue(app, redis_client, settings, request).uuid
+        first, second = attempt_uuid(parent, 1), attempt_uuid(parent, 2)
+        stack.wait_until(lambda: group(redis_client, parent).get("finished"), 180, "the attempts' pick")
+
+        # Each attempt ran as a task of its own, on its own branch, and opened nothing itself.
+        parent_branch = f"tasuki/1-{parent[:8]}"
+        won, lost = f"{parent_branch}-a1", f"{parent_branch}-a2"
+        one, two = stack.wait_finished(first), stack.wait_finished(second)
+        assert (one["status"], two["status"]) == ("completed", "completed")
+        assert one["result"]["attempt_work"]["checks_passed"] is True
+        assert two["result"]["attempt_work"]["checks_passed"] is False
+        assert {won, lost} <= branches(forge)
+
+        # One pull request, from the passing attempt's branch, saying which attempt won and why.
+        assert [c.head for c in forge.changes] == [won]
+        change = forge.changes[0]
+        assert not change.draft
+        assert "Fix add(): it subtracted." in change.body
+        assert "attempt 1 of 2: its checks passed (the only one; 1 other attempt(s) did not)" in change.body
+        assert f"- attempt 1 (delivered): 2 lines changed, checks pass on `{won}`, task `{first}`" in change.body
+        assert f"- attempt 2: 2 lines changed, checks fail on `{lost}`, task `{second}`" in change.body
+        assert "Closes #1" in change.body
+        assert "All 1 checks pass" in change.body  # the winner's own evidence
+        item = forge.item(OWNER, REPO, 1)
+        assert LabelSettings().done in item.labels
+        finals = [c.body for c in item.comments if c.body.startswith("**Tasuki finished")]
+        assert len(finals) == 1
+        assert change.url in finals[0]
+        assert redis_client.get(ACTIVE_PREFIX + task_key_id(KEY)) is None  # the parent's key is free again
+
+        # A pick that crashed after opening the pull request but before recording it runs again: same request.
+        redis_client.hdel(GROUP_PREFIX + parent, "delivered", "delivered_at", "finished")
+        with celery_client(redis_url) as app:
+            app.send_task(PICK_ATTEMPTS, args=[parent], queue=TASKS_QUEUE)
+        stack.wait_until(lambda: group(redis_client, parent).get("finished"), 60, "the pick run again")
+        assert [c.head for c in forge.changes] == [won]
+        assert json.loads(group(redis_client, parent)["delivered"])["pull_request_url"] == change.url
+
+        # The loser's branch is kept keep_branches_days, then the sweep deletes it (never the delivered one).
+        delivered_at = datetime.fromisoformat(group(redis_client, parent)["delivered_at"])
+        store = context_store(settings, index=False)
+        days = settings.attempts.keep_branches_days
+        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days) - timedelta(minutes=1)) == \
+            {"picks": 0, "deleted": 0}
+        assert lost in branches(forge)
+        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days)) == {"picks": 0, "deleted": 1}
+        assert lost not in branches(forge)
+        assert won in branches(forge)
+        assert parent not in redis_client.smembers(GROUPS_KEY)
