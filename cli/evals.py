@@ -142,3 +142,64 @@ def cmd_eval_list(args: argparse.Namespace, settings: Settings) -> int:
         rates = ", ".join(f"{profile} {s['resolved']}/{s['tasks']}" for profile, s in report["profiles"].items())
         out(f"{run.name:<40} {report['rows']:>4} rows  {total - report['pending']:>4}/{total} finished  {rates}")
     return 0
+
+
+def mine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="PATH|OWNER/REPO",
+                        help="a local clone or mirror, or a GitHub repository (cloned into a temporary directory)")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="write the rows (JSONL) to FILE; default: stdout")
+    parser.add_argument("--limit", type=int, metavar="N", help="stop once N rows are kept")
+    parser.add_argument("--since", metavar="REV", help="only the changes after REV")
+    parser.add_argument("--repo", metavar="OWNER/NAME",
+                        help="the rows' repository (default: OWNER/REPO, or the clone's origin remote)")
+    parser.add_argument("--setup", metavar="SCRIPT",
+                        help="bash that builds the environment (@FILE: read from FILE); each row keeps it; default: "
+                             "the repository's declaration")
+    parser.add_argument("--test-command", metavar="TEMPLATE",
+                        help="runs the test files, {files} replaced by them; default: the parser's")
+    parser.add_argument("--parser", default="pytest", help="how the test output is read (pytest, unittest)")
+    parser.add_argument("--no-forge", action="store_true",
+                        help="problem statements from commit messages only (never ask the forge for the issue)")
+    parser.add_argument("--timeout", type=int, default=600, metavar="SECONDS", help="of one test run")
+    parser.add_argument("--report", type=Path, metavar="FILE",
+                        help="write what was kept and dropped, and why, as JSON to FILE")
+
+
+def cmd_eval_mine(args: argparse.Namespace, settings: Settings) -> int:
+    """Mine a task set from a repository's history; the rows as JSONL, one line per change on stderr."""
+    from evals.mine import MineOptions, mine
+    from evals.rundir import EvalError
+    from evals.tasksets import dump_set
+    from sandbox.test_results import PARSERS
+
+    if args.limit is not None and args.limit < 1:
+        raise EvalError("--limit must be at least 1")
+    if args.parser not in PARSERS:
+        raise EvalError(f"--parser {args.parser!r}: known are {', '.join(sorted(PARSERS))}")
+    setup = args.setup
+    if setup is not None and setup.startswith("@"):
+        setup = Path(setup[1:]).read_text(encoding="utf-8")
+    options = MineOptions(args.source, repo=args.repo, limit=args.limit, since=args.since, setup=setup,
+                          test_command=args.test_command, parser=args.parser, forge=not args.no_forge,
+                          timeout_s=args.timeout)
+
+    def said(row: Any, change: Any, why: str | None) -> None:
+        what = (f"kept {row.instance_id} ({len(row.FAIL_TO_PASS)} fail to pass, {len(row.PASS_TO_PASS)} pass to pass)"
+                if row is not None else f"dropped: {why}")
+        sys.stderr.write(f"{change.commit[:12]} {what}\n")
+        sys.stderr.flush()
+
+    rows, report = mine(options, settings, said)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if args.out is not None:
+        dump_set(rows, args.out)
+    else:
+        for row in rows:
+            out(json.dumps(row.to_json(), sort_keys=True))
+    sys.stderr.write(f"{len(rows)} row(s) kept of {report.candidates} change(s) touching tests and code "
+                     f"({report.changes} walked){f' -> {args.out}' if args.out else ''}\n")
+    if not rows:
+        warn("no row kept" + (f"; the forge: {report.forge_error}" if report.forge_error else ""))
+        return 1
+    return 0

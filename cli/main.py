@@ -96,6 +96,8 @@ COMMANDS: list[Command] = [
     Command(("eval", "report"), "an eval run's report; --predictions FILE in SWE-bench's format",
             evals.cmd_eval_report, evals.report_arguments),
     Command(("eval", "list"), "eval runs, newest first", evals.cmd_eval_list),
+    Command(("eval", "mine"), "a task set from a repository's history: changes touching tests and code, checked "
+            "in the sandbox", evals.cmd_eval_mine, evals.mine_arguments),
     Command(("github", "app-manifest"), "print the GitHub App manifest (permissions, events, webhook URL)",
             github.cmd_app_manifest, github.manifest_arguments),
     Command(("memory", "status"), "the memory store: counts, embedding model, last error", memory.cmd_status,
@@ -243,9 +245,11 @@ def _report(exc: Exception, *, debug: bool) -> int:
         traceback.print_exc()
     if isinstance(exc, TasukiError):
         _error(str(exc))
+        from evals.history import SourceUnreachable
         from memory.errors import MemoryUnavailable
 
-        return EXIT_NOT_FOUND if isinstance(exc, ContextNotFoundError | MemoryUnavailable) else EXIT_USAGE
+        missing = ContextNotFoundError | MemoryUnavailable | SourceUnreachable
+        return EXIT_NOT_FOUND if isinstance(exc, missing) else EXIT_USAGE
     if _broker_down(exc):
         _error(f"Redis does not answer ({_first_line(exc)}); check broker.url, or run `tasuki up`, which starts one")
         return EXIT_UNAVAILABLE
