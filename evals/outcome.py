@@ -74,6 +74,8 @@ def task_record(key: Mapping[str, Any], uuid: str, state: Mapping[str, Any]) -> 
         "error": state.get("error"),
         "grade": dict(grade) if grade is not None else None,
         "branch": result.get("branch"),
+        "checks": result.get("checks"),  # "failed" when the finish gate's checks failed on the delivered tree
+        "changed_lines": None,  # filled in from the task's remote by the runner
         "steps": int(state.get("llm_call_count") or 0),
         "tool_calls": int(state.get("tool_call_count") or 0),
         "tokens": int(usage.get("tokens") or state.get("total_tokens_used") or 0),

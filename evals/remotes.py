@@ -100,6 +100,17 @@ def task_remote(base: Path, path: Path) -> Path:
     return path
 
 
+def changed_lines(remote: Path, base: str, branch: str | None) -> int:
+    """Lines added and removed by the task's branch against ``base`` (0 when it pushed nothing)."""
+    if not branch or not remote.is_dir():
+        return 0
+    try:
+        numstat = git("diff", "--numstat", base, f"refs/heads/{branch}", "--", cwd=remote)
+    except EvalError:
+        return 0
+    return sum(int(n) for line in numstat.splitlines() for n in line.split("\t")[:2] if n.isdigit())
+
+
 def model_patch(remote: Path, base_commit: str, branch: str | None) -> str:
     """What the task changed: ``git diff base..branch`` in its bare remote ("" when it pushed nothing)."""
     if not branch or not remote.is_dir():

@@ -4,8 +4,10 @@ best-of-N; with two profiles, per-row wins and losses and an exact McNemar test.
 
 ``results`` are ``results.jsonl``'s lines (:func:`evals.outcome.task_record`). pass@1 is the share of all
 tasks (rows x attempts) resolved, the expected rate of one attempt; best-of-N counts a row resolved when any of its
-attempts is (the oracle pick: an upper bound on what a picker that sees only the candidates can reach). The
-comparison of two profiles is on best-of-N per row (with one attempt, simply each row's task).
+attempts is (the oracle pick: an upper bound on what a picker that sees only the candidates can reach); "picked" is
+the rate production's pick would reach (``worker.attempts.pick`` without a reviewer: an attempt that delivered a
+change, whose checks did not fail, the smallest). The comparison of two profiles is on best-of-N per row (with one
+attempt, simply each row's task).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from evals.outcome import REASONS
+from worker.attempts import Candidate, pick
 
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 
@@ -51,6 +54,17 @@ def _per(total: float | None, count: int) -> float | None:
     return total / count if total is not None and count else None
 
 
+def picked_resolved(attempts: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the attempt production's pick would deliver (no reviewer in an eval) resolved the row."""
+    candidates = [Candidate(attempt=int(r["attempt"]), uuid=str(r.get("uuid") or ""), branch=r.get("branch"),
+                            checks_passed=False if r.get("checks") == "failed" else None,
+                            changed_lines=int(r.get("changed_lines") or (1 if r.get("branch") else 0)), diff="",
+                            delivered=r.get("status") == "completed" and bool(r.get("branch")))
+                  for r in attempts]
+    winner = pick(candidates).winner
+    return winner is not None and any(r.get("resolved") for r in attempts if int(r["attempt"]) == winner.attempt)
+
+
 def profile_summary(records: Sequence[Mapping[str, Any]], rows: Sequence[str], attempts: int) -> dict[str, Any]:
     """One profile's figures over its finished tasks."""
     tasks = len(records)
@@ -59,10 +73,11 @@ def profile_summary(records: Sequence[Mapping[str, Any]], rows: Sequence[str], a
     costs = [float(r["cost_usd"]) for r in records if r.get("cost_usd") is not None]
     total_cost = sum(costs) if costs else None
     walls = [float(r["wall_s"]) for r in records if r.get("wall_s") is not None]
-    by_row: dict[str, list[bool]] = {}
+    by_row: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
-        by_row.setdefault(str(record["instance_id"]), []).append(bool(record.get("resolved")))
-    best = sum(1 for outcomes in by_row.values() if any(outcomes))
+        by_row.setdefault(str(record["instance_id"]), []).append(record)
+    best = sum(1 for outcomes in by_row.values() if any(r.get("resolved") for r in outcomes))
+    picked = sum(1 for outcomes in by_row.values() if picked_resolved(outcomes))
     reasons = Counter(str(r.get("reason")) for r in records if not r.get("resolved"))
     return {
         "tasks": tasks,
@@ -73,6 +88,7 @@ def profile_summary(records: Sequence[Mapping[str, Any]], rows: Sequence[str], a
         "pass_at_1": len(resolved) / tasks if tasks else None,
         "best_of_n": best / len(by_row) if by_row else None,
         "best_of_n_resolved": best,
+        "picked": picked / len(by_row) if by_row else None,
         "rows_finished": len(by_row),
         "cost_usd": total_cost,
         "cost_per_task": _per(total_cost, tasks) if costs else None,
@@ -169,6 +185,10 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
             f"{_money(s['cost_per_resolved']):>10} {_secs(s['wall_s_per_task']):>8} "
             f"{_secs(s['wall_s_per_resolved']):>10} {_number(s['steps_per_task']):>6} "
             f"{_number(s['tokens_per_task']):>9}")
+    if report["attempts"] > 1:
+        for profile, s in report["profiles"].items():
+            lines.append(f"{profile} attempts: pass@1 {_percent(s['pass_at_1'])}, best-of-{report['attempts']} "
+                         f"{_percent(s['best_of_n'])}, picked {_percent(s['picked'])}")
     for profile, s in report["profiles"].items():
         if s["reasons"]:
             lines.append(f"{profile} unresolved: " + ", ".join(f"{why} {n}" for why, n in s["reasons"].items()))

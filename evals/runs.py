@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evals.outcome import ENVIRONMENT_ERROR, task_record
-from evals.remotes import base_repository, source_for, task_remote
+from evals.remotes import base_repository, changed_lines, source_for, task_remote
 from evals.rundir import EvalError, RunDir, TaskKey, check_name
 from worker.profiles import PROFILE_KEY
 
@@ -207,7 +207,9 @@ class EvalRun:
                 if state is None:
                     continue
                 started = self.clock()
-                self.run.record(task_record(key.to_json(), uuid, state))
+                record = task_record(key.to_json(), uuid, state)
+                record["changed_lines"] = changed_lines(self.run.remote(key), "refs/heads/main", record["branch"])
+                self.run.record(record)
                 self.timings.collect_s += self.clock() - started
                 self.timings.collected += 1
                 del pending[key]

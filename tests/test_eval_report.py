@@ -79,15 +79,28 @@ def test_two_profiles_figures_and_comparison() -> None:
     assert "  r3 a.1: no change (context u-r3-a-1)" in lines
 
 
-def test_attempts_pass_at_1_and_best_of_n() -> None:
+def delivered(row: str, attempt: int, *, resolved: bool, lines: int, checks: str | None = None) -> dict[str, Any]:
+    return {**record(row, "a", attempt, resolved=resolved), "status": "completed", "branch": f"b-{row}-{attempt}",
+            "changed_lines": lines, "checks": checks}
+
+
+def test_attempts_pass_at_1_best_of_n_and_the_pick() -> None:
     plan = {"name": "n", "rows": ["r1", "r2", "r3"], "profiles": ["a"], "attempts": 2}
-    results = [record("r1", "a", 1, resolved=True), record("r1", "a", 2, resolved=False),
-               record("r2", "a", 1, resolved=False), record("r2", "a", 2, resolved=True),
-               record("r3", "a", 1, resolved=False), record("r3", "a", 2, resolved=False)]
-    a = build_report(plan, results)["profiles"]["a"]
+    results = [
+        # r1: both change; the smaller (attempt 2) is picked, and it is the one that fails
+        delivered("r1", 1, resolved=True, lines=10), delivered("r1", 2, resolved=False, lines=3),
+        # r2: attempt 1's checks failed, so attempt 2 (resolved) is picked though larger
+        delivered("r2", 1, resolved=False, lines=2, checks="failed"), delivered("r2", 2, resolved=True, lines=8),
+        # r3: attempt 1 changed nothing; attempt 2 delivered and fails
+        {**record("r3", "a", 1, resolved=False, reason="no change"), "status": "completed", "branch": None},
+        delivered("r3", 2, resolved=False, lines=1)]
+    report = build_report(plan, results)
+    a = report["profiles"]["a"]
     assert a["pass_at_1"] == pytest.approx(2 / 6)
     assert a["best_of_n"] == pytest.approx(2 / 3)
     assert a["best_of_n_resolved"] == 2
+    assert a["picked"] == pytest.approx(1 / 3)
+    assert "a attempts: pass@1 33.3%, best-of-2 66.7%, picked 33.3%" in report_lines(report)
 
 
 def test_unpriced_tasks_have_no_cost_figures() -> None:

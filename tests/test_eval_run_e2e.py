@@ -118,6 +118,9 @@ def test_oracle_resolves_every_row_and_empty_none_compared_row_by_row(fleet: Eva
             row = task["instance_id"].rsplit("-", 1)[1]
             assert grade["fail_to_pass"] == {f"test_mod{row}.ModTest.test_fix": "passed"}
             assert grade["pass_to_pass"] == {f"test_mod{row}.ModTest.test_callable": "passed"}
+            assert task["changed_lines"] == 2  # one line out, one in
+        else:
+            assert (task["changed_lines"], task["branch"]) == (0, None)
     assert fleet.contexts_of("versus") == {(row.instance_id, f"{p}.1"): 1 for row in fleet.synthetic.rows
                                            for p in ("oracle", "empty")}
     # The remotes never held the gold commits; each holds main at the base and the task's branch
