@@ -8,11 +8,12 @@ the same pull request; attempt 2's branch is kept, and the sweep deletes it once
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from tests.helpers.celery_worker import celery_client
 from tests.helpers.fake_forge import FakeForge
-from tests.helpers.stack import Stack
+from tests.helpers.stack import Stack, git
 from tests.helpers.worker_scenarios import provider_env, tool
+from tests.test_cli_run import tasuki
 from tests.test_finish_gate import FIX, make_checked_repo
 from worker.attempt_tasks import GROUP_PREFIX, GROUPS_KEY, sweep
 from worker.attempts import attempt_note, attempt_uuid
@@ -88,6 +90,10 @@ def branches(forge: FakeForge) -> set[str]:
     return set(listed.split())
 
 
+def never(parent: str) -> None:
+    raise AssertionError(f"no pick is due for {parent}")
+
+
 def group(client: redis.Redis, parent: str) -> dict[str, Any]:
     return dict(client.hgetall(GROUP_PREFIX + parent))
 
@@ -140,14 +146,65 @@ def test_the_attempt_whose_checks_pass_is_delivered_once_and_the_others_branch_i
         assert [c.head for c in forge.changes] == [won]
         assert json.loads(group(redis_client, parent)["delivered"])["pull_request_url"] == change.url
 
+        # An ending nobody heard and a pick lost with its worker: the sweep sees both attempts' contexts final and
+        # sends the pick again, which delivers the pick it recorded (the same branch), never a second request.
+        redis_client.hdel(GROUP_PREFIX + parent, "ended.2", "delivered", "finished")
+        store = context_store(settings, index=False)
+        with celery_client(redis_url) as app:
+            def send(uuid: str) -> None:
+                app.send_task(PICK_ATTEMPTS, args=[uuid], queue=TASKS_QUEUE)
+
+            assert sweep(settings, redis_client, store, datetime.now(UTC), send)["picks"] == 1
+        stack.wait_until(lambda: group(redis_client, parent).get("finished"), 60, "the pick the sweep sent")
+        assert [c.head for c in forge.changes] == [won]
+
         # The loser's branch is kept keep_branches_days, then the sweep deletes it (never the delivered one).
         delivered_at = datetime.fromisoformat(group(redis_client, parent)["delivered_at"])
-        store = context_store(settings, index=False)
         days = settings.attempts.keep_branches_days
-        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days) - timedelta(minutes=1)) == \
-            {"picks": 0, "deleted": 0}
+        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days) - timedelta(minutes=1),
+                     never) == {"picks": 0, "deleted": 0}
         assert lost in branches(forge)
-        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days)) == {"picks": 0, "deleted": 1}
+        assert sweep(settings, redis_client, store, delivered_at + timedelta(days=days), never) == \
+            {"picks": 0, "deleted": 1}
         assert lost not in branches(forge)
         assert won in branches(forge)
         assert parent not in redis_client.smembers(GROUPS_KEY)
+
+
+def test_a_local_task_submitted_with_attempts_waits_for_the_pick_and_names_the_winners_branch(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    repo = make_checked_repo(tmp_path / "repo")
+    with attempts_stack(tmp_path, redis_url) as (stack, _forge):
+        stack.start_worker("w1", concurrency=2)
+        done = tasuki(["submit", "--repo-path", str(repo), "--prompt", "Fix add().", "--attempts", "2", "--wait"],
+                      stack.env(), tmp_path)
+        assert done.returncode == 0, done.stderr
+        parent = done.stdout.splitlines()[0].strip()
+        won, lost = f"tasuki/{local_task_id('Fix add().')}-{parent[:8]}-a1", f"{lost_prefix(parent)}-a2"
+        assert f"branch: {won} in {repo}" in done.stdout
+        assert {won, lost} <= local_branches(repo)
+        assert local_file(repo, won, "calc.py").endswith("return a + b\n")
+
+        settings = load_settings(env=stack.env())
+        delivered_at = datetime.fromisoformat(group(redis_client, parent)["delivered_at"])
+        later = delivered_at + timedelta(days=settings.attempts.keep_branches_days)
+        assert sweep(settings, redis_client, context_store(settings, index=False), later, never)["deleted"] == 1
+        assert lost not in local_branches(repo)
+        assert won in local_branches(repo)
+
+
+def local_task_id(prompt: str) -> str:
+    return "p" + hashlib.sha256(prompt.encode()).hexdigest()[:8]
+
+
+def lost_prefix(parent: str) -> str:
+    return f"tasuki/{local_task_id('Fix add().')}-{parent[:8]}"
+
+
+def local_branches(repo: Path) -> set[str]:
+    return set(git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads").split())
+
+
+def local_file(repo: Path, branch: str, path: str) -> str:
+    return git(repo, "show", f"{branch}:{path}")

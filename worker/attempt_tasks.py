@@ -24,7 +24,7 @@ import contextlib
 import json
 import secrets
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -235,13 +235,8 @@ def deliver_pick(s: Settings, client: redis.Redis, store: ContextStore, parent: 
         if any(state is None or state.get("status") not in FINAL_STATUSES for state in states):
             return {"uuid": parent, "status": "waiting"}
         candidates = [candidate(n, attempt_uuid(parent, n), state) for n, state in enumerate(states, 1)]
-        if "pick" not in group:  # recorded once, before any effect: a second run delivers the same attempt
-            chosen = pick(candidates, reviewer(s, request))
-            client.hsetnx(key, "pick", json.dumps(chosen.to_json()))
-            group["pick"] = _text(client.hget(key, "pick"))
-        recorded = json.loads(group["pick"])
-        winner = next((c for c in candidates if c.attempt == recorded.get("winner")), None)
-        chosen = Pick(winner, str(recorded.get("reason") or ""))
+        chosen = recorded_pick(s, client, key, group, candidates, request)
+        winner = chosen.winner
         parsed = TaskRequest.from_json(request)
         reporter: Reporter = reporter_for(s, parsed, parent) or LocalReporter(parsed)
         try:
@@ -263,6 +258,8 @@ def deliver_pick(s: Settings, client: redis.Redis, store: ContextStore, parent: 
                 close()
         client.hset(key, "finished", status)
         bookkeeping.release(client, parsed.task_key, parent, status)
+        # The parent has no context: whoever waits on it (`tasuki submit --wait`) reads how it ended here.
+        bookkeeping.record_stop(client, parent, {"status": status, "error": error, "result": result})
         if winner is not None:
             with contextlib.suppress(redis.RedisError):
                 remember_thread(parsed, winner.uuid, {"status": status, **result})
@@ -273,6 +270,17 @@ def deliver_pick(s: Settings, client: redis.Redis, store: ContextStore, parent: 
     finally:
         client.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
                     1, PICKING_PREFIX + parent, token)
+
+
+def recorded_pick(s: Settings, client: redis.Redis, key: str, group: Mapping[str, str],
+                  candidates: Sequence[Candidate], request: Mapping[str, Any]) -> Pick:
+    """The group's pick: recorded once (``HSETNX``), before any effect, so every later run delivers the same attempt
+    (a reviewer asked twice might answer otherwise)."""
+    if "pick" not in group:
+        client.hsetnx(key, "pick", json.dumps(pick(candidates, reviewer(s, request)).to_json()))
+    recorded = json.loads(_text(client.hget(key, "pick")))
+    winner = next((c for c in candidates if c.attempt == recorded.get("winner")), None)
+    return Pick(winner, str(recorded.get("reason") or ""))
 
 
 def delivered_result(reporter: Reporter, chosen: Pick, candidates: Sequence[Candidate],
@@ -344,8 +352,9 @@ def sweep_attempts() -> dict[str, int]:
     return sweep(s, redis_client(), context_store(s, index=False), CLOCK())
 
 
-def sweep(s: Settings, client: redis.Redis, store: ContextStore, now: datetime) -> dict[str, int]:
-    """One pass at ``now``: ``{"picks": sent again, "deleted": branches deleted}``."""
+def sweep(s: Settings, client: redis.Redis, store: ContextStore, now: datetime,
+          send: Callable[[str], None] = send_pick) -> dict[str, int]:
+    """One pass at ``now``: ``{"picks": sent again (through ``send``), "deleted": branches deleted}``."""
     done = {"picks": 0, "deleted": 0}
     for raw in sorted(client.smembers(GROUPS_KEY)):
         parent = _text(raw)
@@ -357,7 +366,7 @@ def sweep(s: Settings, client: redis.Redis, store: ContextStore, now: datetime) 
             of = int(group.get("of") or 0)
             ended = [attempt_state(store, attempt_uuid(parent, n)) for n in range(1, of + 1)]
             if of and all(st is not None and st.get("status") in FINAL_STATUSES for st in ended):
-                send_pick(parent)  # its last ending was not heard, or its pick died: sent again
+                send(parent)  # its last ending was not heard, or its pick died: sent again
                 done["picks"] += 1
             continue
         done["deleted"] += sweep_group(s, client, parent, group, now)
