@@ -19,6 +19,7 @@ from bench import (
     bench_console,
     bench_environments,
     bench_eval,
+    bench_eval_mine,
     bench_failover,
     bench_fencing,
     bench_finish_gate,
@@ -82,6 +83,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "finish-gate": bench_finish_gate.run,  # issue 38 §5: the finish gate's time against a bug-fix task's
     "reading": bench_reading.run,  # issue 38 §2: tokens to find and read a function, search + windows vs whole file
     "eval": bench_eval.run,  # issue 39: 20 eval rows on 1, 2 and 4 workers; the harness's time per row vs the agent's
+    "eval-mine": bench_eval_mine.run,  # issue 39: tasuki eval mine on itsdangerous: rows found, kept, time per row
 }
 
 

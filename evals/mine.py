@@ -10,7 +10,10 @@ is dropped with its reason. The pure part â€” what the four runs make of a row â
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -156,9 +159,6 @@ def clone_source(options: MineOptions, settings: Settings, into: Path) -> Path:
 
 
 def _clone_with(url: str, into: Path, env: Mapping[str, str], name: str) -> None:
-    import os
-    import subprocess
-
     done = subprocess.run(["git", "clone", "-q", "--bare", url, str(into)], capture_output=True, text=True,
                           timeout=1800, check=False, env={**os.environ, **env, "GIT_TERMINAL_PROMPT": "0"})
     if done.returncode != 0:
@@ -189,6 +189,7 @@ class Miner:
     report: MineReport
     on_row: Callable[[Row | None, Change, str | None], None] = field(default=lambda row, change, why: None)
     _ids: set[str] = field(default_factory=set)
+    _setup_s: float = 0.0
 
     def run(self) -> list[Row]:
         """Walk the history, newest first, until ``limit`` rows are kept."""
@@ -220,12 +221,12 @@ class Miner:
 
     def mine_change(self, change: Change) -> tuple[Row | None, str | None, float]:
         """The change's row, or None and why it is dropped; and the seconds it took."""
-        started = time.monotonic()
+        started, setup_before = time.monotonic(), self._setup_s
         try:
             row, why = self._mine(change)
         except MineError as exc:
             row, why = None, str(exc)
-        return row, why, time.monotonic() - started
+        return row, why, time.monotonic() - started - (self._setup_s - setup_before)  # the setup is reported apart
 
     def _mine(self, change: Change) -> tuple[Row | None, str | None]:
         repo = self.testbed.git_dir
@@ -255,7 +256,9 @@ class Miner:
     def _ensure_environment(self) -> None:
         if self.report.setup is not None:
             return
+        started = time.monotonic()
         outcome = self.testbed.build_environment(self.options.setup)
+        self._setup_s += time.monotonic() - started
         self.report.setup = {"built": False, "reason": "nothing declared"} if outcome is None else {
             "built": outcome.succeeded, "duration_s": round(outcome.duration_s, 2), "exit_code": outcome.exit_code,
             "created": list(outcome.created), "log_tail": outcome.log_tail if not outcome.succeeded else ""}
@@ -298,6 +301,4 @@ def mine(options: MineOptions, settings: Settings,
             log.warning("no row kept; the environment's setup failed", setup=miner.report.setup)
         return rows, report
     finally:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)

@@ -25,7 +25,7 @@ from evals.history import MineError, git
 from sandbox import confine
 from sandbox.declarations import find_declaration
 from sandbox.egress import Refusal, egress_policy, egress_proxy
-from sandbox.jail import Sandbox, make_sandbox
+from sandbox.jail import Sandbox, backend, make_sandbox
 from sandbox.setup import SetupOutcome, run_setup, worker_git_dir
 from worker.settings_models import Settings
 
@@ -105,7 +105,7 @@ class Testbed:
         sandbox_settings = self.settings.sandbox
         policy = egress_policy(environments.setup_network, sandbox_settings.allowed_hosts,
                                sandbox_settings.allowed_internal)
-        confines = self.sandbox().name != "none"
+        confines = backend(sandbox_settings.backend).confines  # "none" runs on the host: no proxy to go through
         network = make_sandbox(sandbox_settings.model_copy(update={"network": environments.setup_network}))
         with egress_proxy(policy if confines else None, _refused) as egress:
             outcome = run_setup(declaration, self.checkout, self.home, network.with_egress(egress),

@@ -236,3 +236,15 @@ def test_the_eval_benchmark_runs_its_rows_on_one_and_two_workers(tmp_path: Path)
     assert re.search(r"^eval 4 rows: 1 / 2 workers +\d+\.\d\d +— +info$", run.stdout, re.M), run.stdout
     assert re.search(r"^eval: harness / agent per row +\d\.\d{3} +<= 0\.1 +(PASS|MISS)$", run.stdout, re.M)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_eval_mine_benchmark_prints_rows_found_kept_and_time_per_row(tmp_path: Path) -> None:
+    run = quick_run("eval-mine", tmp_path, 280)
+    line = (r"^eval mine of pallets/itsdangerous \(the fixture bundle's history\): \d+ changes walked, \d+ touching "
+            r"tests and code, 2 kept stable, \d+ dropped; \d+\.\d s in all, setup \d+\.\d s$")
+    assert re.search(line, run.stdout, re.M), run.stdout
+    assert re.search(r"^eval mine: rows kept / found +2/\d+ +— +info$", run.stdout, re.M), run.stdout
+    assert re.search(r"^eval mine: per row / bare runs +\d+\.\d\d +— +info$", run.stdout, re.M), run.stdout
+    assert list(tmp_path.iterdir()) == []
