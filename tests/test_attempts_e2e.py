@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 
+from contexts import ContextCompletedError, ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from tests.helpers.celery_worker import celery_client
@@ -30,11 +31,11 @@ from tests.test_cli_run import tasuki
 from tests.test_finish_gate import FIX, make_checked_repo
 from worker.attempt_tasks import GROUP_PREFIX, GROUPS_KEY, sweep
 from worker.attempts import attempt_note, attempt_uuid
-from worker.names import ACTIVE_PREFIX, PICK_ATTEMPTS, TASKS_QUEUE
+from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, PICK_ATTEMPTS, TASK_PREFIX, TASKS_QUEUE
 from worker.runtime import context_store
 from worker.settings import load_settings
 from worker.settings_models import LabelSettings
-from worker.submit import enqueue, task_key_id
+from worker.submit import enqueue, request_cancel, task_key_id
 
 pytestmark = pytest.mark.integration
 
@@ -208,3 +209,20 @@ def local_branches(repo: Path) -> set[str]:
 
 def local_file(repo: Path, branch: str, path: str) -> str:
     return git(repo, "show", f"{branch}:{path}")
+
+
+def test_cancelling_a_task_of_several_attempts_cancels_each_and_a_picked_one_is_finished(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    parent = "5b0c7f3e-1d2a-4e6b-8c9d-0a1b2c3d4e5f"
+    store = ContextStore(tmp_path / "contexts")
+    redis_client.hset(GROUP_PREFIX + parent, mapping={"of": 2, "request": json.dumps({"task_key": KEY})})
+    for number in (1, 2):  # queued, as the fan-out's enqueue records them
+        redis_client.set(TASK_PREFIX + attempt_uuid(parent, number), json.dumps(KEY))
+    with celery_client(redis_url) as app:
+        said = request_cancel(app, redis_client, store, parent)
+        assert said == "cancel requested for its 2 attempts; each stops at its next step"
+        assert [redis_client.get(CANCEL_PREFIX + attempt_uuid(parent, n)) for n in (1, 2)] == ["1", "1"]
+        redis_client.hset(GROUP_PREFIX + parent, "finished", "completed")
+        with pytest.raises(ContextCompletedError, match="already finished"):
+            request_cancel(app, redis_client, store, parent)

@@ -31,13 +31,15 @@ from typing import Any
 import redis
 import structlog
 
+from contexts.atomic import read_json
 from contexts.errors import TasukiError
 from contexts.masking import mask
-from contexts.names import FINAL_STATUSES
+from contexts.names import FINAL_STATUSES, METADATA_FILE
 from contexts.state import read_state
 from contexts.store import ContextStore
 from worker import bookkeeping
 from worker.attempts import (
+    ATTEMPT_SUFFIX,
     MAX_ATTEMPTS,
     Candidate,
     KeptBranch,
@@ -56,7 +58,7 @@ from worker.followup_tasks import remember_thread
 from worker.forges import is_forge, make_forge
 from worker.forges.base import Forge
 from worker.forges.reporter import ForgeReporter, reporter_for
-from worker.names import PICK_ATTEMPTS, SWEEP_ATTEMPTS, TASKS_QUEUE
+from worker.names import ATTEMPTS_GROUP_PREFIX, PICK_ATTEMPTS, SWEEP_ATTEMPTS, TASKS_QUEUE
 from worker.run import LocalReporter, Reporter, TaskRequest, Workplace, branch_name
 from worker.runtime import CLOCK, context_store, llm_config, provider_for, redis_client, settings
 from worker.settings_models import Settings
@@ -64,7 +66,7 @@ from worker.submit import enqueue
 
 log = structlog.get_logger(__name__)
 
-GROUP_PREFIX = "tasuki:attempts:"  # a hash per parent: request, of, branch, ended.<i>, pick, delivered, finished...
+GROUP_PREFIX = ATTEMPTS_GROUP_PREFIX  # a hash per parent: request, of, branch, ended.<i>, pick, delivered, finished...
 GROUPS_KEY = "tasuki:attempt-groups"  # the parents whose branches are not swept yet
 PICKING_PREFIX = "tasuki:attempts-picking:"
 PICK_LOCK_S = 600
@@ -181,7 +183,10 @@ def run_as_parent(s: Settings, uuid: str, request: dict[str, Any], parsed: TaskR
 @on_ending("attempts")
 def _attempt_ended(ending: Ending) -> None:
     """An attempt ended: recorded in its group; the ending that completes the group sends the pick."""
-    attempt = (ending.request or {}).get("attempt")
+    request = ending.request
+    if request is None and ATTEMPT_SUFFIX in str(ending.task_key.get("task_id") or ""):
+        request = recorded_request(ending.uuid)  # the monitor's endings carry none: the context's metadata has it
+    attempt = (request or {}).get("attempt")
     if not isinstance(attempt, dict) or not attempt.get("parent"):
         return
     parent = str(attempt["parent"])
@@ -189,6 +194,16 @@ def _attempt_ended(ending: Ending) -> None:
     client.hset(group_key(parent), f"ended.{int(attempt['number'])}", ending.status)
     if all_ended(client.hgetall(group_key(parent))):
         send_pick(parent)
+
+
+def recorded_request(uuid: str) -> dict[str, Any] | None:
+    """The request a finished task's context recorded (None when it is not on this host or unreadable)."""
+    try:
+        metadata = read_json(context_store(index=False).completed_path(uuid) / METADATA_FILE)
+    except (OSError, ValueError, TasukiError):
+        return None
+    request = metadata.get("request")
+    return request if isinstance(request, dict) else None
 
 
 def all_ended(group: Mapping[Any, Any]) -> bool:
@@ -244,8 +259,7 @@ def deliver_pick(s: Settings, client: redis.Redis, store: ContextStore, parent: 
             if result is None:
                 result = delivered_result(reporter, chosen, candidates, states, parsed.task_key, parent)
                 client.hset(key, mapping={"delivered": json.dumps(result), "delivered_at": CLOCK().isoformat()})
-            status = "completed" if winner is not None or any(st.get("status") == "completed" for st in states
-                                                               if st) else "failed"
+            status = parent_status(winner, states)
             error = None if status == "completed" else chosen.reason
             state = {"status": status, "attempt": 1, "error": error, "result": result}
             try:
@@ -270,6 +284,15 @@ def deliver_pick(s: Settings, client: redis.Redis, store: ContextStore, parent: 
     finally:
         client.eval("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0",
                     1, PICKING_PREFIX + parent, token)
+
+
+def parent_status(winner: Candidate | None, states: Sequence[dict[str, Any] | None]) -> str:
+    """How the parent ends: completed when an attempt was delivered or completed (changing nothing), cancelled when
+    every attempt was, else failed."""
+    ended = [str((st or {}).get("status")) for st in states]
+    if winner is not None or "completed" in ended:
+        return "completed"
+    return "cancelled" if ended and all(e == "cancelled" for e in ended) else "failed"
 
 
 def recorded_pick(s: Settings, client: redis.Redis, key: str, group: Mapping[str, str],

@@ -17,6 +17,7 @@ REAP_STALE: Final = "tasuki.reap_stale"
 RETENTION: Final = "tasuki.retention"
 PICK_ATTEMPTS: Final = "tasuki.pick_attempts"  # several attempts ended: pick one, open its pull request
 SWEEP_ATTEMPTS: Final = "tasuki.sweep_attempts"  # repair picks never sent, delete kept attempt branches
+ATTEMPTS_GROUP_PREFIX: Final = "tasuki:attempts:"  # + parent UUID: the hash of a task's attempts (worker/attempt_tasks)
 ALERTS: Final = "tasuki.alerts"
 UPDATE_MEMORY: Final = "tasuki.update_memory"  # embedding and thread memory of a finished task's episode
 REMEMBER_REJECTION: Final = "tasuki.remember_rejection"  # a request closed unmerged: its last review to memory

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid as uuid_module
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from contexts.errors import StoreUnavailable
 from contexts.names import FINAL_STATUSES
 from contexts.state import update_state
 from worker.admission import Admission, admit
+from worker.attempts import attempt_uuid
 from worker.bookkeeping import release
-from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
+from worker.names import ACTIVE_PREFIX, ATTEMPTS_GROUP_PREFIX, CANCEL_PREFIX, RUN_TASK, TASK_PREFIX, TASKS_QUEUE
 from worker.settings_models import Settings
 from worker.task_message import run_task_arguments, run_task_message
 
@@ -84,6 +86,15 @@ def request_cancel(app: Any, client: redis.Redis, store: ContextStore, uuid: str
     writes nothing.
     """
     uuid = validate_uuid(uuid)
+    of, finished = client.hmget(ATTEMPTS_GROUP_PREFIX + uuid, ["of", "finished"])
+    if finished:
+        raise ContextCompletedError(f"task {uuid} is already finished (its attempts were picked)")
+    attempts = int(of or 0)
+    if attempts:  # a task run as several attempts (docs/attempts.md): each is cancelled, and the parent ends so
+        for number in range(1, attempts + 1):
+            with contextlib.suppress(ContextCompletedError, ContextNotFoundError):
+                request_cancel(app, client, store, attempt_uuid(uuid, number))
+        return f"cancel requested for its {attempts} attempts; each stops at its next step"
     running = store.running_path(uuid)
     try:
         committed = store.durable.amend(uuid, _asking_to_cancel)
