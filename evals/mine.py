@@ -38,6 +38,10 @@ _OWNER_REPO = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9_.][A-Za-z0-
 _REMOTE = re.compile(r"[/:]([A-Za-z0-9][A-Za-z0-9_.-]*)/([A-Za-z0-9_.][A-Za-z0-9_.-]*?)(?:\.git)?/?$")
 
 
+class SetupFailed(MineError):
+    """The environment could not be built: nothing can be mined (the setup's last line says why)."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the four runs of a change's tests make of it: its test lists, or why it is dropped."""
@@ -190,6 +194,7 @@ class Miner:
     on_row: Callable[[Row | None, Change, str | None], None] = field(default=lambda row, change, why: None)
     _ids: set[str] = field(default_factory=set)
     _setup_s: float = 0.0
+    _unstable: list[str] = field(default_factory=list)  # of the change being mined: its tests whose runs disagreed
 
     def run(self) -> list[Row]:
         """Walk the history, newest first, until ``limit`` rows are kept."""
@@ -206,7 +211,7 @@ class Miner:
                 continue
             self.report.candidates += 1
             row, why, seconds = self.mine_change(change)
-            entry = {"commit": change.commit, "seconds": round(seconds, 2)}
+            entry = {"commit": change.commit, "seconds": round(seconds, 2), "unstable": self._unstable}
             if row is None:
                 self.report.dropped.append({**entry, "reason": why})
             else:
@@ -222,8 +227,11 @@ class Miner:
     def mine_change(self, change: Change) -> tuple[Row | None, str | None, float]:
         """The change's row, or None and why it is dropped; and the seconds it took."""
         started, setup_before = time.monotonic(), self._setup_s
+        self._unstable = []
         try:
             row, why = self._mine(change)
+        except SetupFailed:
+            raise  # no change can be mined without its environment
         except MineError as exc:
             row, why = None, str(exc)
         return row, why, time.monotonic() - started - (self._setup_s - setup_before)  # the setup is reported apart
@@ -243,6 +251,7 @@ class Miner:
         self.testbed.apply(patch, "code patch")
         after = [self._results(command) for _ in range(RUNS)]
         verdict = classify(before, after)
+        self._unstable = verdict.unstable
         if verdict.reason is not None:
             return None, verdict.reason
         statement, number = self.statements.for_change(change.message)
@@ -263,8 +272,10 @@ class Miner:
             "built": outcome.succeeded, "duration_s": round(outcome.duration_s, 2), "exit_code": outcome.exit_code,
             "created": list(outcome.created), "log_tail": outcome.log_tail if not outcome.succeeded else ""}
         if outcome is not None and not outcome.succeeded:
-            raise MineError(f"the environment's setup failed (exit code {outcome.exit_code}): "
-                            f"{(outcome.log_tail.strip().splitlines() or [''])[-1][:200]}")
+            said = [line for line in outcome.log_tail.splitlines() if line.strip() and not line.startswith("== ")]
+            how = "timed out" if outcome.timed_out else f"exit code {outcome.exit_code}"
+            raise SetupFailed(f"the environment's setup failed ({how}): "
+                              f"{(said or ['no output'])[-1][:200]}")
 
     def _results(self, command: str) -> dict[str, str]:
         run: TestRun = self.testbed.run_tests(command, self.options.timeout_s)

@@ -210,3 +210,71 @@ def test_an_unreachable_forge_repository_is_a_one_line_error(tmp_path: Path) -> 
         env = tasuki_env(tmp_path / "home", {"TASUKI__GITHUB__API_URL": forge.github_api_url, "GITHUB_TOKEN": TOKEN})
         missing = one_line_error(run_tasuki(["eval", "mine", "nobody/nothing"], env), 1)
     assert "HTTP 404" in missing
+
+
+def test_since_walks_only_the_changes_after_it(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "calc")
+    since = git(repo, "rev-parse", "main~1").strip()
+    assert [c.commit for c in first_parent_changes(repo, since=since)] == [git(repo, "rev-parse", "main").strip()]
+
+
+FLAKY_TEST = """import os
+import unittest
+from pathlib import Path
+
+from mod import f
+
+
+class ModTest(unittest.TestCase):
+    def test_fix(self):
+        self.assertEqual(f(1), 2)
+
+    def test_env(self):
+        self.assertTrue(Path("made-by-setup.txt").exists())
+
+    def test_flaky(self):
+        counter = Path(os.environ["HOME"]) / "runs"
+        runs = int(counter.read_text()) if counter.exists() else 0
+        counter.write_text(str(runs + 1))
+        self.assertEqual(runs % 2, 0)
+"""
+
+
+@pytest.mark.integration
+def test_the_declared_environment_is_built_once_and_an_unstable_test_is_left_out(tmp_path: Path) -> None:
+    bubblewrap_here()
+    repo = tmp_path / "calc"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / ".tasuki").mkdir()
+    (repo / ".tasuki" / "setup.sh").write_text('echo made > made-by-setup.txt\necho x >> "$HOME/setups"\n')
+    (repo / "mod.py").write_text("def f(x):\n    return x - 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    for n in (1, 2):  # two changes: the second's tests still see what the setup made for the first
+        (repo / "mod.py").write_text(f"def f(x):\n    return x + {n}\n")
+        (repo / f"test_mod{n}.py").write_text(FLAKY_TEST.replace("f(1), 2", f"f(1), {1 + n}"))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"f adds {n}")
+    env = tasuki_env(tmp_path / "home", {})
+    done = run_tasuki(["eval", "mine", str(repo), "--parser", "unittest", "--out", str(tmp_path / "set.jsonl"),
+                       "--report", str(tmp_path / "report.json")], env)
+    assert done.returncode == 0, done.stderr
+    rows = load_set(tmp_path / "set.jsonl").rows
+    assert [(r.repo, r.FAIL_TO_PASS, r.PASS_TO_PASS) for r in rows] == [
+        ("local/calc", [f"test_mod{n}.ModTest.test_fix"], [f"test_mod{n}.ModTest.test_env"]) for n in (2, 1)]
+    assert rows[0].setup is None  # the repository's own declaration: not the row's to carry
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [entry["unstable"] for entry in report["kept"]] == [[f"test_mod{n}.ModTest.test_flaky"] for n in (2, 1)]
+    assert report["setup"]["built"] is True
+    assert report["setup"]["created"] == ["made-by-setup.txt"]
+
+
+@pytest.mark.integration
+def test_a_setup_that_fails_stops_the_mining_with_one_line(tmp_path: Path) -> None:
+    bubblewrap_here()
+    repo = _repo(tmp_path / "calc")
+    env = tasuki_env(tmp_path / "home", {})
+    line = one_line_error(run_tasuki(["eval", "mine", str(repo), "--setup", "echo no compiler here >&2; exit 3"], env),
+                          2)
+    assert "the environment's setup failed (exit code 3): no compiler here" in line
