@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -24,12 +25,12 @@ from contexts import ContextCompletedError, ContextStore
 from replay import ReplayModel, serve
 from replay.trajectory import turns_from_entries
 from tests.helpers.celery_worker import celery_client
-from tests.helpers.fake_forge import FakeForge
+from tests.helpers.fake_forge import FakeChange, FakeForge
 from tests.helpers.stack import Stack, git
 from tests.helpers.worker_scenarios import provider_env, tool
 from tests.test_cli_run import tasuki
 from tests.test_finish_gate import FIX, make_checked_repo
-from worker.attempt_tasks import GROUP_PREFIX, GROUPS_KEY, sweep
+from worker.attempt_tasks import GROUP_PREFIX, GROUPS_KEY, PICKING_PREFIX, sweep
 from worker.attempts import attempt_note, attempt_uuid
 from worker.names import ACTIVE_PREFIX, CANCEL_PREFIX, PICK_ATTEMPTS, TASK_PREFIX, TASKS_QUEUE
 from worker.runtime import context_store
@@ -226,3 +227,43 @@ def test_cancelling_a_task_of_several_attempts_cancels_each_and_a_picked_one_is_
         redis_client.hset(GROUP_PREFIX + parent, "finished", "completed")
         with pytest.raises(ContextCompletedError, match="already finished"):
             request_cancel(app, redis_client, store, parent)
+
+
+def test_a_worker_killed_mid_pick_after_the_pull_request_opened_leaves_exactly_one(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    with attempts_stack(tmp_path, redis_url) as (stack, forge):
+        opened, answer = threading.Event(), threading.Event()
+
+        def hold(change: FakeChange) -> None:  # the request is open on the forge; its answer never reaches the pick
+            opened.set()
+            answer.wait(60)
+
+        forge.on_open = hold
+        first = stack.start_worker("w1", concurrency=2)
+        settings = load_settings(env=stack.env())
+        request = {"task_key": KEY, "prompt": "", "user": "alice", "trigger": {"kind": "label", "user": "alice"},
+                   "attempts": 2}
+        with celery_client(redis_url) as app:
+            parent = enqueue(app, redis_client, settings, request).uuid
+            stack.wait_until(opened.is_set, 180, "the pick to open the pull request")
+            first.kill()  # the machine dies while the pick waits for the forge's answer
+            forge.on_open = None
+            answer.set()
+            assert "pick" in group(redis_client, parent)  # recorded before any effect
+            assert "delivered" not in group(redis_client, parent)
+            assert redis_client.get(ACTIVE_PREFIX + task_key_id(KEY)) == parent  # the issue is still taken
+
+            stack.start_worker("w2")
+            redis_client.delete(PICKING_PREFIX + parent)  # the dead run's lock expires (PICK_LOCK_S)
+            store = context_store(settings, index=False)
+            assert sweep(settings, redis_client, store, datetime.now(UTC),
+                         lambda uuid: app.send_task(PICK_ATTEMPTS, args=[uuid], queue=TASKS_QUEUE))["picks"] == 1
+            stack.wait_until(lambda: group(redis_client, parent).get("finished"), 60, "the repaired pick")
+
+        assert [c.head for c in forge.changes] == [f"tasuki/1-{parent[:8]}-a1"]
+        assert json.loads(group(redis_client, parent)["delivered"])["pull_request_url"] == forge.changes[0].url
+        item = forge.item(OWNER, REPO, 1)
+        assert LabelSettings().done in item.labels
+        assert len([c for c in item.comments if c.body.startswith("**Tasuki finished")]) == 1
+        assert redis_client.get(ACTIVE_PREFIX + task_key_id(KEY)) is None
