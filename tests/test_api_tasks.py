@@ -13,6 +13,8 @@ import redis
 
 from contexts import ContextStore
 from tests.helpers.intake_server import IntakeServer, intake_server
+from worker.attempt_tasks import GROUP_PREFIX
+from worker.attempts import attempt_uuid
 from worker.names import CANCEL_PREFIX
 from worker.settings_models import Settings
 
@@ -246,3 +248,29 @@ def test_a_submission_over_its_users_daily_task_cap_is_429_with_retry_after_and_
     assert "limits.user_tasks is 1" in over.json()["reason"]
     assert 0 < int(over.headers["Retry-After"]) <= 86400
     assert len(queued) == 2  # mona's first task and hubot's
+
+
+def test_a_task_run_as_several_attempts_is_described_by_its_group(
+    api: IntakeServer, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    with api.client(headers=AUTH) as client:
+        repo = git_repo(tmp_path / "repos" / "repo")
+        response = client.post("/api/tasks", json={"repo_path": str(repo), "prompt": "Fix it.", "attempts": 2})
+        task_id = response.json()["task_id"]
+        queued = json.loads(base64.b64decode(json.loads(api.queued()[0])["body"]))[0]
+        assert queued[1]["attempts"] == 2  # the worker fans it out (tests/test_attempts_e2e.py)
+        key = client.get(f"/api/tasks/{task_id}").json()["task_key"]
+        redis_client.hset(GROUP_PREFIX + task_id, mapping={"request": json.dumps({"task_key": key}), "of": 2,
+                                                           "ended.1": "completed"})
+        running = client.get(f"/api/tasks/{task_id}").json()
+        redis_client.hset(GROUP_PREFIX + task_id, mapping={
+            "ended.2": "failed", "finished": "completed", "pick": json.dumps({"winner": 1, "reason": "attempt 1 of 2"}),
+            "delivered": json.dumps({"branch": "tasuki/x-a1"})})
+        done = client.get(f"/api/tasks/{task_id}").json()
+
+    assert running == {"task_id": task_id, "status": "processing", "task_key": key, "attempts": [
+        {"number": 1, "task_id": attempt_uuid(task_id, 1), "status": "completed"},
+        {"number": 2, "task_id": attempt_uuid(task_id, 2), "status": None}]}
+    assert done["status"] == "completed"
+    assert done["pick"] == "attempt 1 of 2"
+    assert done["result"] == {"branch": "tasuki/x-a1"}

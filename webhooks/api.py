@@ -19,6 +19,7 @@ from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
+from worker.attempt_tasks import describe_group
 from worker.attempts import MAX_ATTEMPTS
 from worker.profiles import PROFILE_KEY, UnknownProfile, check_profile
 from worker.settings_models import Settings
@@ -179,6 +180,8 @@ def _describe(intake: Intake, uuid: str) -> Response:
             directory = intake.store.locate(uuid)
             metadata, state = read_json(directory / METADATA_FILE), read_json(directory / STATE_FILE)
         except ContextNotFoundError:
+            if (attempts := describe_group(intake.client, uuid)) is not None:  # it runs as several attempts
+                return JSONResponse({"task_id": uuid, **attempts})
             task_key = intake.queued_task_key(uuid)
             if task_key is None:
                 return _error(404, f"no task {uuid}")

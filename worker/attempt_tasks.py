@@ -206,6 +206,26 @@ def recorded_request(uuid: str) -> dict[str, Any] | None:
     return request if isinstance(request, dict) else None
 
 
+def describe_group(client: redis.Redis, parent: str) -> dict[str, Any] | None:
+    """What the task API says of a parent (it has no context): ``processing`` until the pick finished it, its
+    attempts (UUID, ending), and once picked, why and its result; None when ``parent`` ran no attempts."""
+    group = {_text(k): _text(v) for k, v in client.hgetall(group_key(parent)).items()}
+    if not group.get("request"):
+        return None
+    of = int(group.get("of") or 0)
+    described: dict[str, Any] = {
+        "status": group.get("finished") or "processing",
+        "task_key": json.loads(group["request"]).get("task_key"),
+        "attempts": [{"number": n, "task_id": attempt_uuid(parent, n), "status": group.get(f"ended.{n}")}
+                     for n in range(1, of + 1)],
+    }
+    if group.get("pick"):
+        described["pick"] = json.loads(group["pick"]).get("reason")
+    if group.get("delivered"):
+        described["result"] = json.loads(group["delivered"])
+    return described
+
+
 def all_ended(group: Mapping[Any, Any]) -> bool:
     """Every attempt of the group has a recorded ending."""
     fields = {_text(k): _text(v) for k, v in group.items()}
