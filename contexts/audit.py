@@ -1,0 +1,298 @@
+"""The audit log on disk: an append-only JSON Lines file whose lines form a hash chain (issue 40 item 5).
+
+Each line holds ``seq``, ``at``, ``actor``, ``action``, ``target``, ``outcome``, ``reason``, ``source``,
+``detail``, ``prev`` (the previous line's hash) and ``hash`` (sha256 over the canonical JSON of the line
+without ``hash``).  Removing, altering or reordering a line breaks the chain at that line, and a ``head``
+file beside the log remembers the newest line, so cutting lines off the end is found too.  Appends from
+several processes are serialized by a file lock; text is masked before it reaches the disk; the directory
+is 0700 and the files 0600, since the log names people.  Pure: no Celery, no Redis, no database driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from contexts.atomic import open_no_follow, read_json, write_json_atomic
+from contexts.errors import TasukiError
+from contexts.filelocks import file_lock
+from contexts.masking import mask, mask_value
+from contexts.names import DIR_MODE, FILE_MODE
+
+AUDIT_DIR = "audit"
+AUDIT_FILE = "audit.jsonl"
+HEAD_FILE = "head.json"
+LOCK_FILE = "audit.lock"
+GENESIS = "0" * 64  # the ``prev`` of the first line
+LOCK_TIMEOUT_S = 30.0
+FIELDS = ("seq", "at", "actor", "action", "target", "outcome", "reason", "source", "detail", "prev", "hash")
+_BLOCK = 64 * 1024
+
+
+class AuditError(TasukiError):
+    """The audit log cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """What happened, before the log numbers and chains it."""
+
+    at: datetime
+    actor: str
+    action: str
+    target: str = ""
+    outcome: str = "ok"
+    reason: str = ""
+    source: str = ""
+    detail: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Where the chain breaks: the 1-based line number (of the file or, in a database, the row's position)."""
+
+    line: int
+    seq: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+def audit_dir(contexts_root: Path) -> Path:
+    """The log's directory: ``audit/`` beside the contexts root (as ``memory.db`` is), never inside it, so
+    retention and context listing never see it."""
+    return Path(contexts_root).parent / AUDIT_DIR
+
+
+def iso(at: datetime) -> str:
+    """``at`` as the log writes it: UTC, microseconds, ``Z`` (so text order is time order)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical(line: Mapping[str, Any]) -> bytes:
+    """The bytes the hash covers: sorted keys, no spaces, UTF-8 — the same for disk and database."""
+    return json.dumps(line, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def line_hash(line: Mapping[str, Any]) -> str:
+    """sha256 of the line without its ``hash`` (``prev`` included, which chains it to the line before)."""
+    return hashlib.sha256(canonical({k: v for k, v in line.items() if k != "hash"})).hexdigest()
+
+
+def chain(event: Event, *, seq: int, prev: str, at: str) -> dict[str, Any]:
+    """The stored line for ``event`` after a line with ``prev`` as hash. Text is masked here, before any
+    backend sees it; the actor and action stay as they are, since naming who did what is the log's point."""
+    line: dict[str, Any] = {
+        "seq": seq,
+        "at": at,
+        "actor": event.actor,
+        "action": event.action,
+        "target": mask(event.target),
+        "outcome": event.outcome,
+        "reason": mask(event.reason),
+        "source": mask(event.source),
+        "detail": mask_value(dict(event.detail or {})),
+        "prev": prev,
+    }
+    line["hash"] = line_hash(line)
+    return line
+
+
+def next_at(event_at: datetime, last_at: str | None) -> str:
+    """The event's time, never earlier than the line before: the log's order is the order of record, and
+    time order lets ``--since`` find its first line by bisection (clocks of two processes may differ by a
+    hair)."""
+    at = iso(event_at)
+    return last_at if last_at is not None and last_at > at else at
+
+
+def check_chain(lines: Iterator[tuple[int, Mapping[str, Any] | None]]) -> Iterator[Problem]:
+    """Problems in a sequence of (position, line or None for unreadable) — shared by the file and database
+    verifiers. Stops at the first break: every later line's ``prev`` is suspect after it."""
+    prev, expected_seq = GENESIS, 1
+    for number, line in lines:
+        if line is None:
+            yield Problem(number, None, "not a JSON object (altered)")
+            return
+        seq = line.get("seq")
+        if line.get("hash") != line_hash(line):
+            yield Problem(number, seq, f"seq {seq}: hash does not match its content (altered)")
+            return
+        if seq != expected_seq or line.get("prev") != prev:
+            what = "removed before it" if isinstance(seq, int) and seq > expected_seq else "reordered or replaced"
+            yield Problem(number, seq, f"seq {seq} where seq {expected_seq} was due: a line {what}")
+            return
+        prev, expected_seq = line["hash"], expected_seq + 1
+
+
+class AuditLog:
+    """The log in one directory; cheap to build, opens files only when used."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / AUDIT_FILE
+        self.head_path = self.directory / HEAD_FILE
+
+    def append(self, event: Event) -> dict[str, Any]:
+        """Chain ``event`` after the newest line and write it as one line; returns the stored line."""
+        self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(self.directory, DIR_MODE)
+        with file_lock(self.directory / LOCK_FILE, LOCK_TIMEOUT_S):
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            try:
+                last = self._last_line_repairing(fd)
+                seq = int(last["seq"]) + 1 if last else 1
+                line = chain(event, seq=seq, prev=last["hash"] if last else GENESIS,
+                             at=next_at(event.at, last["at"] if last else None))
+                data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+                if os.write(fd, data) != len(data):
+                    raise AuditError(f"{self.path}: short write")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            write_json_atomic(self.head_path, {"seq": seq, "hash": line["hash"]})
+            os.chmod(self.head_path, FILE_MODE)
+        return line
+
+    def _last_line_repairing(self, fd: int) -> dict[str, Any] | None:
+        """The newest complete line; a torn tail (a crash mid-write) is cut off first."""
+        size = os.fstat(fd).st_size
+        end = size
+        while end > 0 and os.pread(fd, 1, end - 1) != b"\n":
+            end -= 1
+        if end != size:
+            os.ftruncate(fd, end)
+        if end == 0:
+            return None
+        start = max(0, end - _BLOCK)
+        chunk = os.pread(fd, end - start, start)[:-1]
+        while b"\n" not in chunk and start > 0:
+            start = max(0, start - _BLOCK)
+            chunk = os.pread(fd, end - start, start)[:-1]
+        parsed: dict[str, Any] = json.loads(chunk.rsplit(b"\n", 1)[-1])
+        return parsed
+
+    def lines(self) -> Iterator[tuple[int, dict[str, Any] | None]]:
+        """(line number, parsed line or None when unreadable), oldest first; a torn last line is left out."""
+        if not self.path.exists():
+            return
+        with open_no_follow(self.path) as handle:
+            for number, raw in enumerate(handle, 1):
+                if not raw.endswith(b"\n"):
+                    return
+                yield number, _parse(raw)
+
+    def verify(self) -> list[Problem]:
+        """Every line chained to the one before, numbered without gaps, and the newest matching ``head``."""
+        problems = list(check_chain(self.lines()))
+        if problems:
+            return problems
+        head = read_json(self.head_path) if self.head_path.exists() else None
+        if head is None:
+            return []
+        last = self._last()
+        if last is None or int(last["seq"]) < int(head["seq"]):
+            count = int(last["seq"]) if last else 0
+            return [Problem(count + 1, int(head["seq"]),
+                            f"the log ends at seq {count} but seq {head['seq']} was written (lines cut off the end)")]
+        return []
+
+    def _last(self) -> dict[str, Any] | None:
+        for line in self.read_reversed():
+            return line
+        return None
+
+    def read(self, *, since: datetime | None = None) -> Iterator[dict[str, Any]]:
+        """Lines oldest first, from the first at or after ``since`` (found by bisection: lines are in time
+        order), so a recent window costs the same in a large log as in a small one."""
+        if not self.path.exists():
+            return
+        with open_no_follow(self.path) as handle:
+            fd = handle.fileno()
+            size = os.fstat(fd).st_size
+            if since is not None:
+                handle.seek(_first_offset_at_or_after(fd, size, iso(since)))
+            for raw in handle:
+                if raw.endswith(b"\n") and (line := _parse(raw)) is not None:
+                    yield line
+
+    def read_reversed(self) -> Iterator[dict[str, Any]]:
+        """Lines newest first, reading blocks from the end (the console's and ``tasuki audit``'s default)."""
+        if not self.path.exists():
+            return
+        with open_no_follow(self.path) as handle:
+            fd = handle.fileno()
+            pos = os.fstat(fd).st_size
+            remainder = b""
+            while pos > 0:
+                step = min(_BLOCK, pos)
+                pos -= step
+                lines = (os.pread(fd, step, pos) + remainder).split(b"\n")
+                remainder = lines[0]
+                for raw in reversed(lines[1:]):
+                    if raw and (line := _parse(raw)) is not None:
+                        yield line
+            if remainder and (line := _parse(remainder)) is not None:
+                yield line
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _first_offset_at_or_after(fd: int, size: int, at: str) -> int:
+    """Byte offset of the first line whose ``at`` is not before ``at``; bisects over line starts."""
+
+    class _Starts:
+        """Line starts found lazily by offset: the k-th probe reads the line at or after byte k."""
+
+        def __len__(self) -> int:
+            return size
+
+        def __getitem__(self, offset: int) -> str:
+            start = _line_start_at_or_after(fd, offset, size)
+            if start >= size:
+                return "\uffff"
+            line = _parse(_read_line(fd, start, size)) or {}
+            return str(line.get("at", "\uffff"))
+
+    offset = bisect_left(_Starts(), at)
+    return _line_start_at_or_after(fd, offset, size)
+
+
+def _line_start_at_or_after(fd: int, offset: int, size: int) -> int:
+    if offset == 0:
+        return 0
+    pos = offset - 1  # a line starts at ``offset`` when the byte before it is a newline
+    while pos < size:
+        chunk = os.pread(fd, min(4096, size - pos), pos)
+        index = chunk.find(b"\n")
+        if index >= 0:
+            return pos + index + 1
+        pos += len(chunk)
+    return size
+
+
+def _read_line(fd: int, start: int, size: int) -> bytes:
+    out = b""
+    pos = start
+    while pos < size:
+        chunk = os.pread(fd, min(4096, size - pos), pos)
+        index = chunk.find(b"\n")
+        if index >= 0:
+            return out + chunk[:index]
+        out += chunk
+        pos += len(chunk)
+    return out
