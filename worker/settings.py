@@ -52,6 +52,7 @@ SECRET_VARIABLES = (
     "GITEA_TOKEN",
     "GITEA_WEBHOOK_SECRET",
     "TASUKI_API_TOKEN",
+    "TASUKI_CONSOLE_SESSION_SECRET",
 )
 PRIVATE_KEY_PATH_ENV = "GITHUB_APP_PRIVATE_KEY_PATH"  # a file holding GITHUB_APP_PRIVATE_KEY (a mounted secret)
 _NULLS = ("", "null", "none")
@@ -86,6 +87,9 @@ def load_settings(
     found = {name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)}
     if environ.get(PRIVATE_KEY_PATH_ENV) and "github_app_private_key" not in found:
         found["github_app_private_key"] = _read_secret_file(environ[PRIVATE_KEY_PATH_ENV], PRIVATE_KEY_PATH_ENV)
+    client_secret = environ.get(settings.auth.oidc.client_secret_env)
+    if client_secret:  # its variable's name is configured (auth.oidc.client_secret_env)
+        found["oidc_client_secret"] = client_secret
     secrets = Secrets.model_validate(found)
     # Secrets that match no token pattern are still masked in every log line and file.
     register_secrets(found.values())

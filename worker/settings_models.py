@@ -29,6 +29,7 @@ from contexts.sections import (
 from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
 from worker.attempts import MAX_ATTEMPTS
+from worker.auth_settings import AuthSettings
 
 AuthorAssociation = Literal[
     "OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE"
@@ -404,6 +405,10 @@ class Secrets(Section):
     gitea_token: SecretStr | None = None
     gitea_webhook_secret: SecretStr | None = None
     tasuki_api_token: SecretStr | None = None
+    tasuki_console_session_secret: SecretStr | None = None
+    """The key console session cookies are signed with (TASUKI_CONSOLE_SESSION_SECRET)."""
+    oidc_client_secret: SecretStr | None = None
+    """The OpenID Connect client secret, from the variable auth.oidc.client_secret_env names."""
 
 
 class Settings(Section):
@@ -458,6 +463,8 @@ class Settings(Section):
     """Budgets: per task, and per repository and user per UTC day (SPEC §16)."""
     console: ConsoleSettings = ConsoleSettings()
     """The operators' web console: fleet, tasks and each task's context (SPEC §15)."""
+    auth: AuthSettings = AuthSettings()
+    """Sign-in through OpenID Connect, roles from the provider's groups, break-glass (docs/console-auth.md)."""
 
     # Private attributes: never validated from config.yaml, never in repr or model_dump.
     _secrets: Secrets = PrivateAttr(default_factory=Secrets)
