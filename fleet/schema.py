@@ -206,6 +206,30 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """ALTER TABLE tasuki_records ADD CONSTRAINT tasuki_records_file_check
             CHECK (file IN ('messages.jsonl', 'summaries.jsonl', 'tools.jsonl', 'requests.jsonl')) NOT VALID""",
     ),
+    # 7: the audit log (issue 40, fleet/audit.py): contexts/audit.py's hash-chained lines as rows, one chain for the
+    # fleet; the head row finds rows cut off the end, and a trigger refuses an UPDATE or DELETE by mistake (a hand
+    # that disables it is still found by the chain).
+    (
+        """CREATE TABLE tasuki_audit (
+            seq    bigint PRIMARY KEY CHECK (seq > 0),
+            at     text NOT NULL,
+            actor  text NOT NULL,
+            action text NOT NULL,
+            line   json NOT NULL
+        )""",
+        "CREATE INDEX tasuki_audit_at ON tasuki_audit (at, seq)",
+        """CREATE TABLE tasuki_audit_head (
+            one  boolean PRIMARY KEY DEFAULT true CHECK (one),
+            seq  bigint NOT NULL,
+            hash text NOT NULL
+        )""",
+        """CREATE FUNCTION tasuki_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'tasuki_audit is append-only';
+        END $$""",
+        """CREATE TRIGGER tasuki_audit_append_only BEFORE UPDATE OR DELETE ON tasuki_audit
+            FOR EACH ROW EXECUTE FUNCTION tasuki_audit_append_only()""",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

@@ -20,6 +20,7 @@ from contexts.audit import AuditLog, Event, Problem, audit_dir
 from contexts.clock import utc_now
 from contexts.masking import mask, mask_value
 from worker.settings_models import Settings
+from worker.stores import fleet_store
 
 log = structlog.get_logger(__name__)
 
@@ -48,8 +49,16 @@ def _on_disk(settings: Settings) -> AuditBackend:
     return AuditLog(audit_path(settings))
 
 
+def _postgresql(settings: Settings) -> AuditBackend:
+    from fleet.audit import PostgresAuditLog  # fleet mode only: one host never loads the driver
+
+    return PostgresAuditLog(fleet_store(settings))
+
+
 AUDIT_BACKENDS: dict[str, Callable[[Settings], AuditBackend]] = {
     "": _on_disk,  # fleet.store unset: audit/audit.jsonl beside the contexts
+    "postgresql": _postgresql,  # every host's events in one chain in the fleet's database (fleet/audit.py)
+    "postgres": _postgresql,
 }
 """Where audit events are kept, by the scheme of ``fleet.store``'s URL."""
 
