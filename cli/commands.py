@@ -256,7 +256,7 @@ def cmd_console(args: argparse.Namespace, settings: Settings) -> int:
     from cli.console_access import console_access
     from console.server import serve
 
-    access = console_access(settings)
+    access = console_access(settings, args.host)
     address = f"http://{args.host or settings.console.host}:{args.port or settings.console.port}/console/"
     out(f"console: {address} ({access.hint}); Ctrl-C stops it")
     serve(access.settings, args.host, args.port)

@@ -48,7 +48,7 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
             tell(f"broker:     embedded Redis at {embedded.url} (data in {embedded.data_dir}; other tasuki "
                  f"commands with this configuration find it)")
         if webhook:
-            access = console_access(settings)
+            access = console_access(settings, host)
             overrides.update({"TASUKI__CONSOLE__ENABLED": "true", "TASUKI__WEBHOOK__HOST": host, **access.env})
             shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - what the operator chose
             tell(f"console:    http://{shown}:{settings.webhook.port}/console/ ({access.hint})")

@@ -1,7 +1,9 @@
 """The console's ASGI application (SPEC §15): sign-in, the fleet, tasks and task pages, a running task's event
 stream, and Cancel. Mounted under ``/console/`` by the intake's app, or served alone by ``tasuki console``.
 
-Every page and stream needs a session; everything shown is escaped by Jinja2's autoescape and comes from the
+Every page and stream needs a session, and every action its role (issue 40: viewing needs viewer, cancelling
+operator, the admin pages admin); people sign in through the OpenID Connect provider (console/oidc.py), the shared
+token only when ``auth.break_glass``. Everything shown is escaped by Jinja2's autoescape and comes from the
 masked context files. The pages load their scripts and styles from ``/console/static/`` only (the CSP).
 """
 
@@ -22,6 +24,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -33,12 +36,24 @@ from console import views
 from console.evals import read_run, read_runs
 from console.fleet import RecentEndings, read_fleet
 from console.live import POLL_S, Seen, follow
+from console.oidc import SIGNIN_COOKIE, SIGNIN_MAX_AGE_S, OIDCSignIn, SignInRefused
 from console.outcomes import OutcomesReader
-from console.sessions import COOKIE, Session, Sessions, SignInLimiter, csrf_matches, token_matches
+from console.sessions import (
+    BREAK_GLASS,
+    COOKIE,
+    Session,
+    Sessions,
+    SignInLimiter,
+    csrf_matches,
+    session_key,
+    token_matches,
+)
 from console.tasklist import Filters, read_page
 from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
 from contexts.store import ContextStore
 from evals.rundir import EvalError
+from worker.audit import record_audit
+from worker.roles import Role
 from worker.settings_models import Settings
 
 HERE = Path(__file__).parent
@@ -52,6 +67,8 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 Canceller = Callable[[str], str]
+NOT_CONFIGURED = ("Sign-in is not configured: set auth.oidc.issuer and auth.oidc.client_id for your OpenID Connect "
+                  "provider, or auth.break_glass: true with console.token.")
 
 
 class SecurityHeaders:
@@ -97,8 +114,12 @@ class Console:
         self.cancel_task = cancel
         self.workers = workers
         self.clock = clock
-        self.token = settings.console_token()
-        self.sessions = Sessions(self.token, settings.console.session_lifetime_s, clock)
+        self.token = settings.console_token() if settings.auth.break_glass else None
+        secret = settings.secrets.tasuki_console_session_secret
+        self.key = session_key(secret.get_secret_value() if secret else None, self.token)
+        self.sessions = Sessions(self.key, settings.console.session_lifetime_s, clock)
+        self.oidc = OIDCSignIn(settings) if settings.auth.oidc.configured else None
+        self.https = (settings.console.public_url or "").startswith("https://")
         self.limiter = SignInLimiter(settings.console.signin_attempts_per_minute)
         self.templates = templates()
         self.endings = RecentEndings()
@@ -110,38 +131,101 @@ class Console:
     # -- pages ------------------------------------------------------------------------------------
 
     def page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-        base = {"prefix": request.scope.get("root_path", ""), "now": self.now()}
+        base = {"prefix": request.scope.get("root_path", ""), "now": self.now(), "Role": Role}
         return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
 
     def session(self, request: Request) -> Session | None:
         return self.sessions.read(request.cookies.get(COOKIE))
 
+    async def audit(self, actor: str, action: str, *, outcome: str = "ok", reason: str = "",
+                    detail: dict[str, Any] | None = None) -> None:
+        """One audit event of the console's (record_audit never raises; it may touch the disk: off the loop)."""
+        await run_in_threadpool(lambda: record_audit(self.settings, actor=actor, action=action, target="console",
+                                                     outcome=outcome, reason=reason, source="console",
+                                                     detail=detail))
+
+    def signin_page(self, request: Request, error: str | None = None, status: int = 200) -> Response:
+        configured = self.oidc is not None or self.token is not None
+        return self.page(request, "signin.html", {
+            "error": error, "oidc": self.oidc is not None, "break_glass": self.token is not None,
+            "unconfigured": None if configured else NOT_CONFIGURED}, status=status)
+
+    def signed_in(self, request: Request, cookie: str) -> Response:
+        """The redirect to the fleet that sets the session cookie (HttpOnly, SameSite=Lax, Secure behind HTTPS)."""
+        prefix = request.scope.get("root_path", "")
+        response = RedirectResponse(f"{prefix}/", status_code=303)
+        # Lax, not Strict: the provider's redirect back is a top-level navigation from another site.
+        response.set_cookie(COOKIE, cookie, max_age=self.sessions.lifetime_s, path=f"{prefix}/", httponly=True,
+                            samesite="lax", secure=self.https or request.url.scheme == "https")
+        return response
+
+    def limited(self, request: Request) -> Response | None:
+        """A 429 page when this client tried to sign in too often in the last minute."""
+        client = request.client.host if request.client else "?"
+        if self.limiter.allow(client, self.clock()):
+            return None
+        response = self.signin_page(request, "Too many attempts; wait a minute.", status=429)
+        response.headers["Retry-After"] = "60"
+        return response
+
     async def signin_form(self, request: Request) -> Response:
-        return self.page(request, "signin.html", {"error": None, "configured": self.token is not None})
+        return self.signin_page(request)
 
     async def signin(self, request: Request) -> Response:
-        client = request.client.host if request.client else "?"
-        if not self.limiter.allow(client, self.clock()):
-            response = self.page(request, "signin.html", {"error": "Too many attempts; wait a minute.",
-                                                          "configured": True}, status=429)
-            response.headers["Retry-After"] = "60"
-            return response
+        """The shared token's sign-in: only with ``auth.break_glass`` (as "break-glass", with the admin role)."""
+        if self.token is None:
+            return PlainTextResponse(NOT_CONFIGURED if self.oidc is None else
+                                     "The shared console token is off (auth.break_glass: false); sign in through "
+                                     "the provider.", status_code=403)
+        refused = self.limited(request)
+        if refused is not None:
+            return refused
         form = await request.form()
         given = form.get("token")
         if not isinstance(given, str) or not token_matches(given, self.token):
-            return self.page(request, "signin.html", {"error": "That is not the console token.",
-                                                      "configured": self.token is not None}, status=401)
-        _, cookie = self.sessions.new()
-        prefix = request.scope.get("root_path", "")
-        response = RedirectResponse(f"{prefix}/", status_code=303)
-        response.set_cookie(COOKIE, cookie, max_age=self.sessions.lifetime_s, path=f"{prefix}/", httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")
-        return response
+            await self.audit(BREAK_GLASS, "signin.refused", outcome="refused", reason="not the console token")
+            return self.signin_page(request, "That is not the console token.", status=401)
+        await self.audit(BREAK_GLASS, "signin", detail={"role": Role.ADMIN.label, "method": "break-glass token"})
+        return self.signed_in(request, self.sessions.new()[1])
+
+    async def oidc_start(self, request: Request) -> Response:
+        if self.oidc is None:
+            return PlainTextResponse(NOT_CONFIGURED, status_code=404)
+        refused = self.limited(request)
+        if refused is not None:
+            return refused
+        redirect_uri = str(request.url_for("oidc_callback"))
+        if self.settings.console.public_url:  # behind a proxy: the address the provider has registered
+            redirect_uri = f"{self.settings.console.public_url.rstrip('/')}/oidc/callback"
+        try:
+            return await self.oidc.start(request, redirect_uri)
+        except SignInRefused as exc:
+            return self.signin_page(request, str(exc), status=502)
+
+    async def oidc_callback(self, request: Request) -> Response:
+        if self.oidc is None:
+            return PlainTextResponse(NOT_CONFIGURED, status_code=404)
+        try:
+            person = await self.oidc.finish(request)
+        except SignInRefused as exc:
+            await self.audit(exc.actor, "signin.refused", outcome="refused", reason=exc.reason)
+            return self.signin_page(request, f"Sign-in refused: {exc.reason}.", status=403)
+        if person.role is None:
+            reason = "not in an admitted group or e-mail domain"
+            await self.audit(person.actor, "signin.refused", outcome="refused", reason=reason,
+                             detail={"groups": list(person.groups)})
+            return self.signin_page(request, f"Sign-in refused: {person.name} is {reason}.", status=403)
+        await self.audit(person.actor, "signin", detail={"role": person.role.label, "groups": list(person.groups)})
+        _, cookie = self.sessions.new(person.actor, person.role, person.name, person.groups)
+        return self.signed_in(request, cookie)
 
     async def signout(self, request: Request) -> Response:
+        session = self.session(request)
+        if session is not None:
+            await self.audit(session.actor, "signout")
         prefix = request.scope.get("root_path", "")
         response = RedirectResponse(f"{prefix}/signin", status_code=303)
-        response.delete_cookie(COOKIE, path=f"{prefix}/", httponly=True, samesite="strict")
+        response.delete_cookie(COOKIE, path=f"{prefix}/", httponly=True, samesite="lax")
         return response
 
     async def fleet(self, request: Request, session: Session) -> Response:
@@ -228,7 +312,9 @@ class Console:
         self.store.locate_inside(uuid)
         if self.cancel_task is None:
             return PlainTextResponse("no broker: cancelling needs Redis", status_code=503)
-        await run_in_threadpool(self.cancel_task, uuid)
+        answer = await run_in_threadpool(self.cancel_task, uuid)
+        await run_in_threadpool(lambda: record_audit(self.settings, actor=session.actor, action="task.cancel",
+                                                     target=uuid, source="console", detail={"answer": answer}))
         prefix = request.scope.get("root_path", "")
         return RedirectResponse(f"{prefix}/tasks/{uuid}", status_code=303)
 
@@ -236,9 +322,19 @@ class Console:
 Handler = Callable[[Request, Session], Awaitable[Response]]
 
 
-def guarded(console: Console, handler: Handler, *, page: bool) -> Callable[[Request], Awaitable[Response]]:
-    """``handler`` for signed-in browsers only: a page sends others to the sign-in page, a stream, fragment or
-    form answers 401. A UUID that is not a context's is a 404 page, never a traceback."""
+def refusal(console: Console, request: Request, session: Session, needs: Role, *, page: bool) -> Response:
+    """403 with one line: what the action needs and what the person holds (a page as the error page)."""
+    reason = f"Refused: this needs the {needs.label} role; {session.name or session.actor} is {session.role.label}."
+    if page:
+        return console.page(request, "error.html", {"message": reason, "session": session}, status=403)
+    return PlainTextResponse(reason, status_code=403)
+
+
+def guarded(console: Console, handler: Handler, *, page: bool,
+            needs: Role = Role.VIEWER) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` for signed-in browsers whose role allows ``needs`` only: a page sends others to the sign-in
+    page, a stream, fragment or form answers 401; a role too low answers 403 with one line. A UUID that is not a
+    context's is a 404 page, never a traceback."""
 
     async def endpoint(request: Request) -> Response:
         session = console.session(request)
@@ -246,6 +342,8 @@ def guarded(console: Console, handler: Handler, *, page: bool) -> Callable[[Requ
             if page:
                 return RedirectResponse(f"{request.scope.get('root_path', '')}/signin", status_code=303)
             return PlainTextResponse("sign in first", status_code=401)
+        if not session.may(needs):
+            return refusal(console, request, session, needs, page=page)
         try:
             return await handler(request, session)
         except (ContextNotFoundError, InvalidUUIDError) as exc:
@@ -270,15 +368,21 @@ def create_console(
     routes = [
         Route("/signin", c.signin_form, methods=["GET"]),
         Route("/signin", c.signin, methods=["POST"]),
+        Route("/signin/oidc", c.oidc_start, methods=["GET"]),
+        Route("/oidc/callback", c.oidc_callback, methods=["GET"], name="oidc_callback"),
         Route("/signout", c.signout, methods=["POST"]),
         Route("/", guarded(c, c.fleet, page=True)),
         Route("/fleet/live", guarded(c, c.fleet, page=False)),
         Route("/tasks", guarded(c, c.tasks, page=True)),
         Route("/tasks/{uuid}", guarded(c, c.task, page=True)),
         Route("/tasks/{uuid}/events", guarded(c, c.events, page=False)),
-        Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False), methods=["POST"]),
+        Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False, needs=Role.OPERATOR), methods=["POST"]),
         Route("/evals", guarded(c, c.evals, page=True)),
         Route("/evals/{run}", guarded(c, c.eval_run, page=True)),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    middleware = [Middleware(SecurityHeaders)]
+    if c.oidc is not None:  # Authlib keeps a sign-in's state, nonce and code verifier here until the callback
+        middleware.append(Middleware(SessionMiddleware, secret_key=f"signin\0{c.key}", session_cookie=SIGNIN_COOKIE,
+                                     max_age=SIGNIN_MAX_AGE_S, same_site="lax", https_only=c.https))
+    return Starlette(routes=routes, middleware=middleware)

@@ -16,7 +16,7 @@ REDIS_TIMEOUT_S = 0.5
 
 
 class NoConsoleToken(TasukiError):
-    """Nobody could sign in: neither console.token nor TASUKI_API_TOKEN is set."""
+    """Nobody could sign in: no OpenID Connect provider, and no break-glass token."""
 
 
 def broker_client(url: str) -> redis.Redis:
@@ -31,8 +31,10 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None) 
     from worker.celery import app as celery_app
     from worker.logging import configure_logging
 
-    if settings.console_token() is None:
-        raise NoConsoleToken("no console token: set TASUKI__CONSOLE__TOKEN (or TASUKI_API_TOKEN) to sign in with")
+    if not settings.auth.oidc.configured and not (settings.auth.break_glass and settings.console_token()):
+        from console.app import NOT_CONFIGURED
+
+        raise NoConsoleToken(NOT_CONFIGURED)
     configure_logging()
     client = broker_client(settings.broker.url)
     app = standalone(settings, client, celery_app)

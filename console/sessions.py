@@ -1,5 +1,5 @@
-"""Who may look: sign-in with the console token, a signed expiring session cookie, a CSRF token, and a limit
-on sign-in attempts (SPEC §15). Pure except for the randomness of new session ids."""
+"""Who is looking: a signed expiring session cookie that says who signed in and with which role, a CSRF token,
+and a limit on sign-in attempts (SPEC §15, issue 40). Pure except for the randomness of new session ids."""
 
 from __future__ import annotations
 
@@ -12,16 +12,34 @@ from dataclasses import dataclass, field
 
 from itsdangerous import BadSignature, TimestampSigner, URLSafeTimedSerializer
 
+from worker.roles import Role
+
 COOKIE = "tasuki_console"
 SALT = "tasuki-console-session"
+BREAK_GLASS = "break-glass"  # the actor of a sign-in with the shared console token
+MAX_GROUPS = 64  # a cookie holds about 4 KB: a person in more groups keeps the first ones (teams, display)
 
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in browser: its random id and the CSRF token its forms carry."""
+    """A signed-in browser: who (the audit log's actor), their role and groups, its random id and the CSRF token
+    its forms carry."""
 
     sid: str
     csrf: str
+    actor: str = BREAK_GLASS
+    role: Role = Role.ADMIN
+    name: str = ""
+    groups: tuple[str, ...] = ()
+
+    @property
+    def break_glass(self) -> bool:
+        """Signed in with the shared token rather than as a person."""
+        return self.actor == BREAK_GLASS
+
+    def may(self, needed: Role) -> bool:
+        """Whether this session's role allows what needs ``needed``."""
+        return self.role >= needed
 
 
 def token_matches(given: str, token: str | None) -> bool:
@@ -31,11 +49,17 @@ def token_matches(given: str, token: str | None) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-class Sessions:
-    """Session cookies signed with a key derived from the token: a new token ends every session."""
+def session_key(secret: str | None, token: str | None) -> str:
+    """The key cookies are signed with: TASUKI_CONSOLE_SESSION_SECRET, else one derived from the break-glass token
+    (a new token ends every session), else a random one (sessions end when the console restarts)."""
+    seed = secret or (f"token\0{token}" if token else None) or secrets.token_hex(32)
+    return hashlib.sha256(b"tasuki-console\0" + seed.encode()).hexdigest()
 
-    def __init__(self, token: str | None, lifetime_s: int, clock: Callable[[], float]) -> None:
-        key = hashlib.sha256(b"tasuki-console\0" + (token or secrets.token_hex(32)).encode()).hexdigest()
+
+class Sessions:
+    """Session cookies signed with the console's session key, expiring after ``lifetime_s``."""
+
+    def __init__(self, key: str, lifetime_s: int, clock: Callable[[], float]) -> None:
 
         class Signer(TimestampSigner):  # signs and checks ages on the console's clock, not time.time()
             def get_timestamp(self) -> int:
@@ -44,10 +68,13 @@ class Sessions:
         self.serializer = URLSafeTimedSerializer(key, salt=SALT, signer=Signer)
         self.lifetime_s = lifetime_s
 
-    def new(self) -> tuple[Session, str]:
-        """A fresh session and the cookie value that carries it."""
-        session = Session(secrets.token_urlsafe(16), secrets.token_urlsafe(24))
-        return session, self.serializer.dumps({"sid": session.sid, "csrf": session.csrf})
+    def new(self, actor: str = BREAK_GLASS, role: Role = Role.ADMIN, name: str = "",
+            groups: tuple[str, ...] = ()) -> tuple[Session, str]:
+        """A fresh session for ``actor`` and the cookie value that carries it."""
+        session = Session(secrets.token_urlsafe(16), secrets.token_urlsafe(24), actor, role, name,
+                          groups[:MAX_GROUPS])
+        return session, self.serializer.dumps({"sid": session.sid, "csrf": session.csrf, "actor": actor,
+                                               "role": int(role), "name": name, "groups": list(session.groups)})
 
     def read(self, cookie: str | None) -> Session | None:
         """The session a cookie carries, or None when it is absent, forged or older than the lifetime."""
@@ -57,9 +84,14 @@ class Sessions:
             data = self.serializer.loads(cookie, max_age=self.lifetime_s)
         except BadSignature:  # SignatureExpired is one too
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("sid"), str) or not isinstance(data.get("csrf"), str):
+        fields = ("sid", "csrf", "actor", "name")
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in fields):
             return None
-        return Session(data["sid"], data["csrf"])
+        groups = data.get("groups")
+        if data.get("role") not in {int(r) for r in Role} or not isinstance(groups, list):
+            return None
+        return Session(data["sid"], data["csrf"], data["actor"], Role(data["role"]), data["name"],
+                       tuple(str(g) for g in groups))
 
 
 def csrf_matches(session: Session, given: str | None) -> bool:

@@ -36,7 +36,8 @@ class Console:
 
 @pytest.fixture
 def console(make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[Console]:
-    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__CONSOLE__SESSION_LIFETIME_S": "600",
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true",
+                              "TASUKI__CONSOLE__SESSION_LIFETIME_S": "600",
                               "TASUKI__CONSOLE__SIGNIN_ATTEMPTS_PER_MINUTE": "3"})
     store = ContextStore(tmp_path / "contexts")
     task = running_task(store)
@@ -78,7 +79,7 @@ def test_the_session_cookie_is_secure_only_behind_https(console: Console) -> Non
     plain = console.http.post("/signin", data={"token": TOKEN}, follow_redirects=False).headers["set-cookie"]
     tls = console.http.post("https://testserver/signin", data={"token": TOKEN},
                             follow_redirects=False).headers["set-cookie"]
-    assert {"httponly", "samesite=strict", "max-age=600"} <= {part.strip() for part in plain.lower().split(";")}
+    assert {"httponly", "samesite=lax", "max-age=600"} <= {part.strip() for part in plain.lower().split(";")}
     assert "secure" not in plain.lower()
     assert "secure" in tls.lower()
 
@@ -174,13 +175,27 @@ def test_the_fleets_endings_of_the_day_are_recounted_once_their_count_is_older_t
 
 
 def test_an_empty_console_token_lets_nobody_in(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
-    settings = make_settings({"TASUKI__CONSOLE__TOKEN": ""})
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": "", "TASUKI__AUTH__BREAK_GLASS": "true"})
     assert settings.console_token() is None
     store = ContextStore(tmp_path / "contexts")
     forced = settings.model_copy(update={"console": settings.console.model_copy(update={"token": SecretStr("")})})
     assert forced.console_token() is None
     with TestClient(create_console(forced, store)) as http:
-        assert sign_in(http, "") == 401
+        assert sign_in(http, "") == 403
+
+
+def test_without_a_provider_or_break_glass_the_shared_token_signs_nobody_in_and_the_page_says_what_to_configure(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN})
+    with TestClient(create_console(settings, ContextStore(tmp_path / "contexts"))) as http:
+        page = http.get("/signin").text
+        assert "Sign-in is not configured: set auth.oidc.issuer and auth.oidc.client_id" in page
+        assert 'name="token"' not in page
+        refused = http.post("/signin", data={"token": TOKEN}, follow_redirects=False)
+        assert (refused.status_code, "tasuki_console" in refused.headers.get("set-cookie", "")) == (403, False)
+        assert refused.text.startswith("Sign-in is not configured") and "\n" not in refused.text.strip()
+        assert http.get("/signin/oidc").status_code == 404
 
 
 def test_every_answer_carries_the_security_headers_and_only_static_files_may_be_cached(console: Console) -> None:

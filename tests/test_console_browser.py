@@ -89,6 +89,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         "TASUKI__BROKER__URL": redis_url,
         "TASUKI__CONSOLE__ENABLED": "true",
         "TASUKI__CONSOLE__TOKEN": TOKEN,
+        "TASUKI__AUTH__BREAK_GLASS": "true",
         "TASUKI__CONSOLE__SIGNIN_ATTEMPTS_PER_MINUTE": "100",
     })
     store = ContextStore(root / "contexts")
@@ -155,7 +156,7 @@ def test_sign_in_opens_the_fleet_with_running_tasks_queues_and_alerts(stack: Sta
     expect(page.locator(".error")).to_contain_text("not the console token")
     sign_in(page, stack)
     cookie = next(c for c in page.context.cookies() if c["name"] == "tasuki_console")
-    assert (cookie["httpOnly"], cookie["sameSite"], cookie["expires"] > time.time()) == (True, "Strict", True)
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["expires"] > time.time()) == (True, "Lax", True)
     running = page.locator("table.running tbody tr")
     expect(running).to_have_count(2)
     expect(running.first).to_contain_text("octo/hello")

@@ -64,7 +64,7 @@ def test_metrics_count_builds_restores_and_failures_with_their_durations(
 
 
 def test_the_console_task_page_shows_the_setup_record(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
-    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN})
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true"})
     store = ContextStore(tmp_path / "contexts")
     task = running_task(store)
     task.append_tool(

@@ -20,7 +20,8 @@ UUID_A = "aaaaaaaa-1111-4111-8111-111111111111"
 
 @pytest.fixture
 def http(make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[TestClient]:
-    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__LOCAL__VAR_DIR": str(tmp_path / "var")})
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true",
+                              "TASUKI__LOCAL__VAR_DIR": str(tmp_path / "var")})
     run = RunDir(tmp_path / "var" / "evals" / "nightly")
     run.start({"name": "nightly", "set_hash": "h", "rows": ["r1", "<b>r2</b>"], "profiles": ["big", "small"],
                "attempts": 1, "created_at": "2026-12-06T10:00:00+00:00"})
@@ -64,6 +65,7 @@ def test_an_unknown_run_or_a_path_is_a_404_page(http: TestClient) -> None:
 
 
 def test_the_eval_pages_need_a_session(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
-    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__LOCAL__VAR_DIR": str(tmp_path / "var")})
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true",
+                              "TASUKI__LOCAL__VAR_DIR": str(tmp_path / "var")})
     with TestClient(create_console(settings, ContextStore(tmp_path / "c"))) as client:
         assert client.get("/evals", follow_redirects=False).status_code == 303

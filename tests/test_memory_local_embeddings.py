@@ -68,7 +68,7 @@ def test_memory_at_start_says_which_embedder_recall_used(make_settings: Callable
     memory = {"instruction_files": [], "repository_memory": False, "thread_memory": False, "episodes": ["e1"],
               "tokens": 12, "note": None, "embedder": "all-MiniLM-L6-v2"}
     task.update_state(memory=memory)
-    app = create_console(make_settings({"TASUKI__CONSOLE__TOKEN": "t"}), store,
+    app = create_console(make_settings({"TASUKI__CONSOLE__TOKEN": "t", "TASUKI__AUTH__BREAK_GLASS": "true"}), store,
                          client=broker_client("redis://127.0.0.1:1/0"), cancel=lambda uuid: "", clock=lambda: 1e9)
     with TestClient(app, base_url="http://testserver") as http:
         assert http.post("/signin", data={"token": "t"}, follow_redirects=False).status_code == 303
