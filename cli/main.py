@@ -6,7 +6,8 @@ its arguments; the work happens in the rooms (contexts, worker, scheduler) and t
 
 Exit codes: 0 done; 1 what was asked for does not exist (an unknown UUID, no context store, an
 unreadable file); 2 bad input or configuration (a malformed UUID or date, a bad config value, a usage
-error); 69 Redis does not answer; 70 an unexpected internal error (``--debug`` prints its traceback); 130 interrupted.
+error); 65 the audit log's hash chain is broken (``tasuki audit --verify``); 69 Redis does not answer;
+70 an unexpected internal error (``--debug`` prints its traceback); 130 interrupted.
 Errors are one line on stderr, ``tasuki: error: ...``; never a traceback unless ``--debug`` asks.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import commands, context_requests, evals, fleet, github, memory, outcomes, reading, usage
+from cli import audit, commands, context_requests, evals, fleet, github, memory, outcomes, reading, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -122,6 +123,8 @@ COMMANDS: list[Command] = [
             usage.usage_arguments),
     Command(("outcomes",), "pull/merge requests tasks opened: merged, closed, open; cost per merged, time to merge",
             outcomes.cmd_outcomes, outcomes.outcomes_arguments),
+    Command(("audit",), "who did what: the audit log's events, or --verify of its hash chain", audit.cmd_audit,
+            audit.audit_arguments),
     Command(("usage", "rebuild"), "rebuild today's daily budget counters in Redis from the contexts",
             usage.cmd_usage_rebuild),
     Command(

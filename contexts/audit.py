@@ -10,17 +10,19 @@ is 0700 and the files 0600, since the log names people.  Pure: no Celery, no Red
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from contexts.atomic import open_no_follow, read_json, write_json_atomic
+from contexts.clock import iso
 from contexts.errors import TasukiError
 from contexts.filelocks import file_lock
 from contexts.masking import mask, mask_value
@@ -66,15 +68,43 @@ class Problem:
         return f"line {self.line}: {self.message}"
 
 
+@dataclass(frozen=True)
+class AuditQuery:
+    """Which lines a reader wants: at or after ``since``, by ``actor`` and of ``action`` (``*`` and ``?`` match as
+    in a shell: ``github:*``, ``task.*``), the newest ``limit`` of them (0: all), always printed oldest first."""
+
+    since: datetime | None = None
+    actor: str | None = None
+    action: str | None = None
+    limit: int = 0
+
+    def matches(self, line: Mapping[str, Any]) -> bool:
+        """Whether ``line`` is one of the wanted (``since`` aside: the readers start at it)."""
+        return _like(self.actor, line.get("actor")) and _like(self.action, line.get("action"))
+
+    def needles(self) -> list[bytes]:
+        """Bytes every wanted line holds as written, to skip the others before parsing them."""
+        return [f'"{key}":{json.dumps(value, ensure_ascii=False)}'.encode()
+                for key, value in (("actor", self.actor), ("action", self.action))
+                if value is not None and not _is_pattern(value)]
+
+
+def _is_pattern(value: str) -> bool:
+    return any(c in value for c in "*?[")
+
+
+def _like(wanted: str | None, value: object) -> bool:
+    if wanted is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    return fnmatch.fnmatchcase(value, wanted) if _is_pattern(wanted) else value == wanted
+
+
 def audit_dir(contexts_root: Path) -> Path:
     """The log's directory: ``audit/`` beside the contexts root (as ``memory.db`` is), never inside it, so
     retention and context listing never see it."""
     return Path(contexts_root).parent / AUDIT_DIR
-
-
-def iso(at: datetime) -> str:
-    """``at`` as the log writes it: UTC, microseconds, ``Z`` (so text order is time order)."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def canonical(line: Mapping[str, Any]) -> bytes:
@@ -226,22 +256,60 @@ class AuditLog:
 
     def read_reversed(self) -> Iterator[dict[str, Any]]:
         """Lines newest first, reading blocks from the end (the console's and ``tasuki audit``'s default)."""
+        for raw in self._raw_reversed():
+            if (line := _parse(raw)) is not None:
+                yield line
+
+    def _raw_reversed(self) -> Iterator[bytes]:
         if not self.path.exists():
             return
         with open_no_follow(self.path) as handle:
             fd = handle.fileno()
-            pos = os.fstat(fd).st_size
+            size = os.fstat(fd).st_size
+            pos = _complete_end(fd, size)  # a torn last line (a writer that crashed) is nobody's line yet
             remainder = b""
             while pos > 0:
                 step = min(_BLOCK, pos)
                 pos -= step
                 lines = (os.pread(fd, step, pos) + remainder).split(b"\n")
                 remainder = lines[0]
-                for raw in reversed(lines[1:]):
-                    if raw and (line := _parse(raw)) is not None:
-                        yield line
-            if remainder and (line := _parse(remainder)) is not None:
-                yield line
+                yield from (raw for raw in reversed(lines[1:]) if raw)
+            if remainder:
+                yield remainder
+
+    def select(self, query: AuditQuery) -> Iterator[dict[str, Any]]:
+        """The lines ``query`` wants, oldest first. The newest ``limit`` are found reading from the end, stopping
+        at ``since``; all of them reading forward from ``since`` (bisected); either way a line is parsed only when
+        it holds the query's exact words, so a filter over a million lines costs a scan of bytes."""
+        needles = query.needles()
+        if query.limit > 0:
+            since = iso(query.since) if query.since is not None else None
+            found: list[dict[str, Any]] = []
+            for raw in self._raw_reversed():
+                if since is not None and _raw_at(raw) < since:
+                    break
+                if all(n in raw for n in needles) and (line := _parse(raw)) is not None and query.matches(line):
+                    found.append(line)
+                    if len(found) == query.limit:
+                        break
+            yield from reversed(found)
+            return
+        if not self.path.exists():
+            return
+        with open_no_follow(self.path) as handle:
+            if query.since is not None:
+                fd = handle.fileno()
+                handle.seek(_first_offset_at_or_after(fd, os.fstat(fd).st_size, iso(query.since)))
+            for raw in handle:
+                if (raw.endswith(b"\n") and all(n in raw for n in needles) and (line := _parse(raw)) is not None
+                        and query.matches(line)):
+                    yield line
+
+
+def _raw_at(raw: bytes) -> str:
+    """A line's ``at`` without parsing it (written second, after ``seq``); empty when it is not there."""
+    start = raw.find(b'"at":"')
+    return raw[start + 6 : raw.find(b'"', start + 6)].decode() if start >= 0 else ""
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
@@ -270,6 +338,18 @@ def _first_offset_at_or_after(fd: int, size: int, at: str) -> int:
 
     offset = bisect_left(_Starts(), at)
     return _line_start_at_or_after(fd, offset, size)
+
+
+def _complete_end(fd: int, size: int) -> int:
+    """The end of the last complete line (just after its newline)."""
+    pos = size
+    while pos > 0:
+        start = max(0, pos - 4096)
+        index = os.pread(fd, pos - start, start).rfind(b"\n")
+        if index >= 0:
+            return start + index + 1
+        pos = start
+    return 0
 
 
 def _line_start_at_or_after(fd: int, offset: int, size: int) -> int:

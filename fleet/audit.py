@@ -14,7 +14,8 @@ from typing import Any
 
 from psycopg.types.json import Json
 
-from contexts.audit import Event, Problem, chain, check_chain, iso, next_at
+from contexts.audit import AuditQuery, Event, Problem, chain, check_chain, next_at
+from contexts.clock import iso
 from fleet.store import FleetStore
 
 # pg_advisory_xact_lock's key for "appending to the audit chain": "audit" in ASCII, as a bigint.
@@ -81,6 +82,38 @@ class PostgresAuditLog:
             if len(rows) < _PAGE:
                 return
             before = rows[-1][0]
+
+    def select(self, query: AuditQuery) -> Iterator[dict[str, Any]]:
+        """The rows ``query`` wants, oldest first: exact actor and action compared by the database, patterns here;
+        the newest ``limit`` read newest first, a page at a time, stopping at ``since``."""
+        exact = [(column, value) for column, value in (("actor", query.actor), ("action", query.action))
+                 if value is not None and not any(c in value for c in "*?[")]
+        where = " AND ".join(["at >= %s", *(f"{column} = %s" for column, _ in exact)])
+        values = [iso(query.since) if query.since is not None else "", *(value for _, value in exact)]
+        order = "DESC" if query.limit > 0 else "ASC"
+        bound: int | None = None
+        found: list[dict[str, Any]] = []
+        while True:
+            with self.fleet.reading() as conn:
+                rows = conn.execute(
+                    f"SELECT seq, line FROM tasuki_audit WHERE {where} AND (%s::bigint IS NULL OR "  # noqa: S608
+                    f"seq {'<' if order == 'DESC' else '>'} %s) ORDER BY seq {order} LIMIT %s",
+                    (*values, bound, bound, _PAGE),
+                ).fetchall()
+            for _, line in rows:
+                if not query.matches(line):
+                    continue
+                if query.limit <= 0:
+                    yield line
+                    continue
+                found.append(line)
+                if len(found) == query.limit:
+                    yield from reversed(found)
+                    return
+            if len(rows) < _PAGE:
+                yield from reversed(found)
+                return
+            bound = rows[-1][0]
 
     def verify(self) -> list[Problem]:
         """The rows' chain, position by position in ``seq`` order, and the head against the newest row."""

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from contexts.audit import AuditLog, Event, Problem, audit_dir
+from contexts.audit import AuditLog, AuditQuery, Event, Problem, audit_dir
 from contexts.clock import utc_now
 from contexts.masking import mask, mask_value
 from worker.settings_models import Settings
@@ -37,6 +37,7 @@ class AuditBackend(Protocol):
     def append(self, event: Event) -> dict[str, Any]: ...
     def read(self, *, since: datetime | None = None) -> Iterator[dict[str, Any]]: ...
     def read_reversed(self) -> Iterator[dict[str, Any]]: ...
+    def select(self, query: AuditQuery) -> Iterator[dict[str, Any]]: ...
     def verify(self) -> list[Problem]: ...
 
 
