@@ -1,4 +1,7 @@
-"""The task API under a real uvicorn server: bearer token, submit, look up, cancel (SPEC §8)."""
+"""The task API under a real uvicorn server: bearer token, submit, look up, cancel (SPEC §8).
+
+These tests call it with the legacy shared token, which works only with ``auth.break_glass`` (issue 40); personal
+tokens, roles and the task's user are tests/test_api_tokens.py's."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ pytestmark = pytest.mark.integration
 
 API_TOKEN = "api-token-for-tests"
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+LEGACY = {"TASUKI_API_TOKEN": API_TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true"}
 
 
 @pytest.fixture
@@ -30,7 +34,7 @@ def api(
 ) -> Iterator[IntakeServer]:
     roots = json.dumps([str(tmp_path / "repos")])
     settings = make_settings(
-        {"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN, "TASUKI__API__ALLOWED_REPO_ROOTS": roots}
+        {"TASUKI__BROKER__URL": redis_url, **LEGACY, "TASUKI__API__ALLOWED_REPO_ROOTS": roots}
     )
     with intake_server(settings) as server:
         yield server
@@ -42,12 +46,14 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def test_api_is_disabled_without_a_configured_token(
-    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+@pytest.mark.parametrize("env", [{}, {"TASUKI_API_TOKEN": API_TOKEN}], ids=["no token", "no break-glass"])
+def test_the_legacy_token_is_refused_without_break_glass(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis, env: dict[str, str]
 ) -> None:
-    with intake_server(make_settings({"TASUKI__BROKER__URL": redis_url})) as server, server.client() as client:
-        response = client.post("/api/tasks", json={"repo_path": "/tmp/x", "prompt": "p"}, headers=AUTH)
-    assert response.status_code == 403
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, **env})
+    with intake_server(settings) as server, server.client() as client:
+        response = client.post("/api/tasks", json={"repo": "octo/calc", "prompt": "p"}, headers=AUTH)
+    assert response.status_code == 401
     assert server.queued() == []
 
 
@@ -201,7 +207,7 @@ def test_local_paths_are_refused_over_http_by_default(
     make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     repo = git_repo(tmp_path / "repo")
-    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN})
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, **LEGACY})
     with intake_server(settings) as server, server.client(headers=AUTH) as client:
         response = client.post("/api/tasks", json={"repo_path": str(repo), "prompt": "p"})
         assert response.status_code == 403
@@ -233,8 +239,7 @@ def test_the_queued_celery_message_carries_the_request_masked(api: IntakeServer)
 def test_a_submission_over_its_users_daily_task_cap_is_429_with_retry_after_and_queues_nothing(
     make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
 ) -> None:
-    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI_API_TOKEN": API_TOKEN,
-                              "TASUKI__LIMITS__USER_TASKS": "1"})
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, **LEGACY, "TASUKI__LIMITS__USER_TASKS": "1"})
     with intake_server(settings) as server, server.client(headers=AUTH) as client:
         first = client.post("/api/tasks", json={"repo": "octo/app", "issue": 1, "user": "mona"})
         again = client.post("/api/tasks", json={"repo": "octo/app", "issue": 1, "user": "mona"})  # active: no task

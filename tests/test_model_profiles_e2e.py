@@ -81,7 +81,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
         })
         try:
             stack.start_worker("profiles")
-            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": SECRET, "TASUKI_API_TOKEN": API_TOKEN}
+            env = {**stack.env(), "GITHUB_WEBHOOK_SECRET": SECRET, "TASUKI_API_TOKEN": API_TOKEN,
+                   "TASUKI__AUTH__BREAK_GLASS": "true"}  # the legacy token (personal ones: test_api_tokens.py)
             with intake_server(load_settings(env=env)) as intake:
                 yield Fleet(root, stack, forge, intake, model)
         finally:

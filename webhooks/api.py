@@ -1,8 +1,12 @@
-"""The small task API (SPEC §8): submit, look up and cancel tasks with the bearer token ``TASUKI_API_TOKEN``."""
+"""The small task API (SPEC §8): submit, look up and cancel tasks.
+
+The bearer is a person's API token (issue 40, docs/api-tokens.md): the request acts as the token's owner, with the
+token's role — reading needs viewer, submitting and cancelling operator. A body's ``user`` is never believed: the
+task's user is the token's owner. The legacy shared ``TASUKI_API_TOKEN`` works only with ``auth.break_glass``.
+"""
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
 import uuid as uuid_module
@@ -17,11 +21,14 @@ from contexts import ContextCompletedError, ContextNotFoundError, InvalidUUIDErr
 from contexts.atomic import read_json
 from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
+from webhooks.api_auth import ApiAuth
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
+from worker.api_tokens import BREAK_GLASS, Caller
 from worker.attempt_tasks import describe_group
 from worker.attempts import MAX_ATTEMPTS
 from worker.profiles import PROFILE_KEY, UnknownProfile, check_profile
+from worker.roles import Role
 from worker.settings_models import Settings
 from worker.spend import resets_at
 from worker.submit import Enqueued
@@ -41,6 +48,7 @@ class Submission(BaseModel):
     issue: Annotated[int, Field(gt=0)] | None = None
     prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
     user: Annotated[str, Field(max_length=200)] | None = None
+    """Ignored for a personal token (the task's user is the token's owner); the break-glass token's word only."""
     model: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     """The model profile (``llm.models``) to run with; None: the repository's, else the default."""
     attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)] | None = None
@@ -58,8 +66,11 @@ class Submission(BaseModel):
             raise ValueError("an issue needs repo, not repo_path")
         return self
 
-    def request(self, uuid: str) -> dict[str, Any]:
-        """The ``tasuki.run_task`` request; a prompt-only task gets a task key of its own."""
+    def request(self, uuid: str, caller: Caller | None = None) -> dict[str, Any]:
+        """The ``tasuki.run_task`` request; a prompt-only task gets a task key of its own. A personal token's
+        ``caller`` is the task's user (and team); the break-glass token (or none, in-process) leaves the body's."""
+        if caller is not None and caller is not BREAK_GLASS:
+            return {**self.model_copy(update={"user": caller.user}).request(uuid), "team": caller.team}
         chosen: dict[str, Any] = {"config": {PROFILE_KEY: self.model}} if self.model else {}
         if self.attempts is not None:
             chosen["attempts"] = self.attempts
@@ -94,23 +105,16 @@ def _submitted(enqueued: Enqueued | str) -> JSONResponse:
 
 
 def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRouter:
-    """The ``/api`` routes, guarded by a constant-time bearer-token check; ``blocking`` runs Redis and disk work."""
+    """The ``/api`` routes, each guarded by a personal token of a role high enough (the legacy token only with
+    ``auth.break_glass``); ``blocking`` runs Redis and disk work."""
     router = APIRouter(prefix="/api")
-    secret = settings.secrets.tasuki_api_token
-    token = secret.get_secret_value().encode() if secret else None
-
-    def refused(request: Request) -> JSONResponse | None:
-        if token is None:
-            return _error(403, "the task API is disabled: TASUKI_API_TOKEN is not set")
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1", "replace"), token):
-            return _error(401, "bad or missing bearer token", {"WWW-Authenticate": "Bearer"})
-        return None
+    auth = ApiAuth(settings, blocking)
 
     @router.post("/tasks")
     async def submit(request: Request) -> Response:
-        if (denied := refused(request)) is not None:
-            return denied
+        caller = await auth.allowed(request, Role.OPERATOR)
+        if isinstance(caller, JSONResponse):
+            return caller
         try:
             submission = Submission.model_validate_json(await read_body(request, settings.webhook.max_body_bytes))
         except BodyTooLarge:
@@ -126,7 +130,10 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
         if submission.repo_path is not None and (problem := await blocking(local_path_refusal, submission.repo_path)):
             return problem
         uuid = str(uuid_module.uuid4())
-        return _submitted(await blocking(intake.submit_within_budget, submission.request(uuid), uuid))
+        task = submission.request(uuid, caller)
+        enqueued = await blocking(intake.submit_within_budget, task, uuid)
+        await auth.submitted(caller, submission.user, task, enqueued)
+        return _submitted(enqueued)
 
     def local_path_refusal(repo_path: str) -> JSONResponse | None:
         """A token holder may name only git repositories under ``api.allowed_repo_roots``: never make a worker
@@ -140,34 +147,36 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
             return _error(422, [{"loc": ["repo_path"], "msg": f"{repo_path} is not a git repository"}])
         return None
 
-    def refused_or_uuid(request: Request, uuid: str) -> JSONResponse | str:
-        """The refusal (bad token, malformed UUID) to answer, or the canonical UUID."""
-        if (denied := refused(request)) is not None:
-            return denied
+    async def caller_and_uuid(request: Request, uuid: str, needed: Role) -> JSONResponse | tuple[Caller, str]:
+        """The refusal (bad token, too low a role, malformed UUID) to answer, or the caller and canonical UUID."""
+        caller = await auth.allowed(request, needed)
+        if isinstance(caller, JSONResponse):
+            return caller
         try:
-            return validate_uuid(uuid)
+            return caller, validate_uuid(uuid)
         except InvalidUUIDError as exc:
             return _error(400, str(exc))
 
     @router.get("/tasks/{uuid}")
     async def show(uuid: str, request: Request) -> Response:
-        checked = refused_or_uuid(request, uuid)
+        checked = await caller_and_uuid(request, uuid, Role.VIEWER)
         if isinstance(checked, JSONResponse):
             return checked
-        return await blocking(_describe, intake, checked)
+        return await blocking(_describe, intake, checked[1])
 
     @router.post("/tasks/{uuid}/cancel")
     async def cancel(uuid: str, request: Request) -> Response:
-        checked = refused_or_uuid(request, uuid)
+        checked = await caller_and_uuid(request, uuid, Role.OPERATOR)
         if isinstance(checked, JSONResponse):
             return checked
-        uuid = checked
+        caller, uuid = checked
         try:
             detail = await blocking(intake.cancel, uuid)
         except ContextCompletedError:
             return _error(409, f"task {uuid} is already finished")
         except ContextNotFoundError:
             return _error(404, f"no task {uuid}")
+        await auth.audit(caller, "task.cancel", uuid)
         return JSONResponse({"task_id": uuid, "status": "cancel requested", "detail": detail}, status_code=202)
 
     return router
