@@ -36,6 +36,8 @@ class Meter:
     clock: Callable[[], datetime] = utc_now
     profile: str = ""
     """The task's model profile: a call that names none was made with it."""
+    team: str = ""
+    """The team the task was submitted by (issue 40): its calls' cost counts toward ``limits.team_cost`` too."""
 
     @property
     def limits(self) -> LimitSettings:
@@ -58,7 +60,7 @@ class Meter:
         if self.client is None:
             return
         try:
-            count_usage(self.client(), self.repo, *self.priced(usage), self.clock())
+            count_usage(self.client(), self.repo, *self.priced(usage), self.clock(), self.team)
         except redis.RedisError as exc:
             log.warning("usage not counted in Redis", error=str(exc)[:300])
 

@@ -74,6 +74,7 @@ class TaskRequest:
     repo_url: str | None = None
     issue: dict[str, Any] | None = None
     user: str | None = None
+    team: str | None = None  # the submitter's team (auth.teams, issue 40): its calls' cost counts toward its budget
     config: dict[str, Any] = field(default_factory=dict)
     trigger: dict[str, Any] = field(default_factory=dict)  # how it started: {"kind": "label"|"comment"|"api", ...}
     # A follow-up on a pull/merge request a task opened (SPEC §14): {"kind": "review"|"comment"|"ci"|"retry",

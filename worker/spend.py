@@ -1,5 +1,6 @@
-"""Spend counters in Redis (SPEC §16): per repository and per user per UTC day, and the fleet's totals by kind
-and model for ``/metrics``. One figure for every worker and the intake; the daily keys expire on their own.
+"""Spend counters in Redis (SPEC §16): per repository, per user and per team (issue 40) per UTC day, and the
+fleet's totals by kind and model for ``/metrics``. One figure for every worker and the intake; the daily keys
+expire on their own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ _TAKE_TASK = """
 local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 if used >= tonumber(ARGV[1]) then return 0 end
 redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# The same for a team's day, whose tasks are one field of the team's hash (its cost is the other).
+_TAKE_TEAM_TASK = """
+local used = tonumber(redis.call('HGET', KEYS[1], 'tasks') or '0')
+if used >= tonumber(ARGV[1]) then return 0 end
+redis.call('HINCRBY', KEYS[1], 'tasks', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
@@ -45,13 +55,20 @@ def user_key(day: str, user: str) -> str:
     return f"{SPEND_PREFIX}{day}:user:{user}"
 
 
+def team_key(day: str, team: str) -> str:
+    """Hash of one team's day: ``tasks`` started, ``cost`` of its tasks' model calls."""
+    return f"{SPEND_PREFIX}{day}:team:{team}"
+
+
 def replied_key(day: str, thread: str) -> str:
     """Set once the issue ``thread`` was told it is over budget on ``day``: one reply per issue and day."""
     return f"{SPEND_PREFIX}{day}:replied:{thread}"
 
 
-def count_usage(client: redis.Redis, repo: str, usage: Usage, cost: float | None, now: datetime) -> None:
-    """Add one model call to its repository's day and to the fleet's totals (one round trip)."""
+def count_usage(client: redis.Redis, repo: str, usage: Usage, cost: float | None, now: datetime,
+                team: str = "") -> None:
+    """Add one model call to its repository's day (and its team's, when the task has one) and to the fleet's totals
+    (one round trip)."""
     key = repo_key(day_of(now), repo)
     pipe = client.pipeline(transaction=False)
     pipe.hincrby(key, "tokens", usage.tokens)
@@ -59,6 +76,9 @@ def count_usage(client: redis.Redis, repo: str, usage: Usage, cost: float | None
     if cost is not None:
         pipe.hincrbyfloat(key, "cost", cost)
         pipe.hincrbyfloat(SPEND_TOTALS_KEY, f"cost:{usage.model}", cost)
+        if team:
+            pipe.hincrbyfloat(team_key(day_of(now), team), "cost", cost)
+            pipe.expire(team_key(day_of(now), team), DAY_KEY_TTL_S)
     pipe.expire(key, DAY_KEY_TTL_S)
     pipe.execute()
 
@@ -72,6 +92,21 @@ def repo_spent(client: redis.Redis, repo: str, now: datetime) -> tuple[int, floa
 def take_user_task(client: redis.Redis, user: str, cap: int, now: datetime) -> bool:
     """Count one more task of ``user`` today unless the cap is reached; atomic across intake processes."""
     return bool(client.eval(_TAKE_TASK, 1, user_key(day_of(now), user), cap, DAY_KEY_TTL_S))
+
+
+def team_cost(client: redis.Redis, team: str, now: datetime) -> float:
+    """USD of ``team``'s tasks so far today."""
+    return float(client.hget(team_key(day_of(now), team), "cost") or 0.0)
+
+
+def take_team_task(client: redis.Redis, team: str, cap: int, now: datetime) -> bool:
+    """Count one more task of ``team`` today unless its cap is reached; atomic across intake processes."""
+    return bool(client.eval(_TAKE_TEAM_TASK, 1, team_key(day_of(now), team), cap, DAY_KEY_TTL_S))
+
+
+def give_back_team_task(client: redis.Redis, team: str, now: datetime) -> None:
+    """Undo :func:`take_team_task` for a trigger that started nothing."""
+    client.hincrby(team_key(day_of(now), team), "tasks", -1)
 
 
 def give_back_user_task(client: redis.Redis, user: str, now: datetime) -> None:

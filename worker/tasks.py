@@ -98,7 +98,8 @@ def run_task(self: Task, uuid: str, request: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:  # the contexts root cannot even be made: no context, but a visible failure
             result = cannot_start(uuid, reporter or LocalReporter(parsed), on_finish, s.contexts.base_dir, exc)
             raise TaskEnded(mask(f"failed: {result['error']}")) from None
-        meter = Meter(s, repo_of(parsed.task_key), redis_client, profile=str(config.get(PROFILE_KEY) or ""))
+        meter = Meter(s, repo_of(parsed.task_key), redis_client, profile=str(config.get(PROFILE_KEY) or ""),
+                      team=parsed.team or "")
         try:
             result = TaskRun(
                 uuid=uuid,
@@ -267,7 +268,8 @@ def compress_through_queue(ctx: Context) -> None:
     s = settings()
     policy = s.compression.policy()
     meter = Meter(s, repo_of(ctx.metadata["task_key"]), redis_client,
-                  profile=str(ctx.metadata["config"].get(PROFILE_KEY) or ""))
+                  profile=str(ctx.metadata["config"].get(PROFILE_KEY) or ""),
+                  team=str((ctx.metadata.get("request") or {}).get("team") or ""))
     used: list[Usage] = []  # the summary request's usage, recorded once its summary is on disk
 
     def inline(previous: str | None, span: list[dict[str, Any]], waited_ms: int) -> Summarized:
