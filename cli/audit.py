@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,25 @@ EXIT_BROKEN_CHAIN = 65  # EX_DATAERR of sysexits.h: the log is there but a line 
 DEFAULT_LIMIT = 100
 _RELATIVE = re.compile(r"(\d+)\s*([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def cli_actor() -> str:
+    """Who runs this command, as the audit log names them: ``cli:<unix user>`` (the uid when it has no name)."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # a container's uid without a passwd entry or $USER
+        return f"cli:uid-{os.getuid()}"
+
+
+def record_cli(settings: Settings, action: str, target: str, *, outcome: str = "ok", reason: str = "",
+               detail: dict[str, Any] | None = None) -> None:
+    """Record what this command did (or was refused) in the audit log, as the person at the terminal."""
+    from worker.audit import record_audit
+
+    record_audit(settings, actor=cli_actor(), action=action, target=target, outcome=outcome, reason=reason,
+                 source="cli", detail=detail)
 
 
 def audit_arguments(parser: argparse.ArgumentParser) -> None:

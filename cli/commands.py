@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.audit import record_cli
 from cli.common import out
 from contexts.errors import TasukiError
 from worker.attempts import MAX_ATTEMPTS
@@ -119,7 +120,14 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         request["config"] = {PROFILE_KEY: check_profile(settings, args.model)}  # an unknown one: one line, exit 1
     if getattr(args, "attempts", None):
         request["attempts"] = args.attempts
-    queued = enqueue(app, redis_client(), settings, request)
+    key = request["task_key"]
+    try:
+        queued = enqueue(app, redis_client(), settings, request)
+    except TasukiError as exc:  # a budget or admission refusal: who tried is kept too
+        record_cli(settings, "task.submit", "", outcome="refused", reason=str(exc), detail={"task_key": key})
+        raise
+    record_cli(settings, "task.submit", queued.uuid,
+               detail={"task_key": key, "user": request.get("user"), "already_active": queued.already_active})
     if queued.already_active:
         out(f"{queued.uuid} (a task for this issue is already queued or running)")
     else:
@@ -178,7 +186,13 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     from worker.runtime import context_store, redis_client
     from worker.submit import request_cancel
 
-    out(request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid))
+    try:
+        done = request_cancel(app, redis_client(), context_store(settings, index=False), args.uuid)
+    except TasukiError as exc:  # an unknown or finished task: the attempt is recorded as refused
+        record_cli(settings, "task.cancel", args.uuid, outcome="refused", reason=str(exc))
+        raise
+    record_cli(settings, "task.cancel", args.uuid, detail={"result": done})
+    out(done)
     return 0
 
 

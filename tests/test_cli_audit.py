@@ -3,6 +3,7 @@ reordered line with exit code 65 — through the installed command, in a process
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import redis
 
 from contexts.audit import AuditLog, Event, audit_dir
 from tests.helpers.cli_process import ok, one_line_error
@@ -20,14 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 NOW = datetime.now(UTC)
 
 
-def tasuki(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def tasuki(base: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     """Run ``tasuki ARGS`` against the contexts root ``base`` from an empty directory."""
     script = Path(sys.executable).with_name("tasuki")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
     (base.parent / "empty.yaml").write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
     env |= {"TASUKI_CONFIG": str(base.parent / "empty.yaml"), "TASUKI__CONTEXTS__BASE_DIR": str(base),
-            "PYTHONPATH": str(REPO)}
+            "PYTHONPATH": str(REPO), **extra}
     return subprocess.run([*command, *args], capture_output=True, text=True, env=env, cwd=base.parent,
                           timeout=120, check=False)
 
@@ -102,3 +104,24 @@ def test_bad_input_is_one_line_and_exit_2(base: Path) -> None:
 def test_an_empty_log_lists_nothing_and_verifies(tmp_path: Path) -> None:
     assert ok(tasuki(tmp_path / "contexts", "audit")) == ""
     assert "intact" in ok(tasuki(tmp_path / "contexts", "audit", "--verify"))
+
+
+def test_submit_and_cancel_are_recorded_as_the_unix_user(tmp_path: Path, redis_url: str,
+                                                         redis_client: redis.Redis) -> None:
+    base = tmp_path / "contexts"
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = {"TASUKI__BROKER__URL": redis_url}
+    uuid = ok(tasuki(base, "submit", "--repo-path", str(repo), "--prompt", "Do the thing.", **env)).split()[0]
+    ok(tasuki(base, "cancel", uuid, **env))
+    unknown = "00000000-0000-4000-8000-000000000000"
+    one_line_error(tasuki(base, "cancel", unknown, **env), 1)
+
+    events = [json.loads(x) for x in ok(tasuki(base, "audit", "--json")).splitlines()]
+    user = f"cli:{getpass.getuser()}"
+    assert [(e["actor"], e["action"], e["target"], e["outcome"], e["source"]) for e in events] == [
+        (user, "task.submit", uuid, "ok", "cli"), (user, "task.cancel", uuid, "ok", "cli"),
+        (user, "task.cancel", unknown, "refused", "cli")]
+    assert events[0]["detail"]["task_key"]["task_source"] == "local"
+    assert "no such task" in events[2]["reason"]
+    assert redis_client.exists(f"tasuki:cancel:{uuid}")
