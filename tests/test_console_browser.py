@@ -122,6 +122,8 @@ def sign_in(page: Page, stack: Stack) -> None:
     page.fill("#token", TOKEN)
     page.click("button[type=submit]")
     expect(page.locator("h1")).to_have_text("Fleet")
+    expect(page.locator("#break-glass")).to_contain_text("break-glass token")  # every page says so
+    expect(page.locator("#who")).to_have_text("break-glass · admin")
 
 
 def screenshot(page: Page, name: str, tmp_path: Path) -> None:
