@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +19,7 @@ import redis
 
 from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, TokenStore, hash_secret
 from contexts.clock import utc_now
+from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.intake_server import IntakeServer, intake_server
 from worker.api_tokens import issue_token, token_store
 from worker.audit import audit_log
@@ -245,3 +249,31 @@ def test_a_team_over_its_daily_cost_is_refused(
             fine = client.post("/api/tasks", json={"repo": "octo/app", "issue": 2})
     assert (over.status_code, fine.status_code) == (429, 202)
     assert "team blue cost $2.5000 today; limits.team_cost is $2.5000" in over.json()["reason"]
+
+
+# -- tasuki token ----------------------------------------------------------------------------------
+
+
+def test_tasuki_token_makes_lists_and_revokes_with_the_secret_printed_once(tmp_path: Path) -> None:
+    base = tmp_path / "contexts"
+    config = tmp_path / "empty-config.yaml"
+    config.touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASUKI")}
+    env.update({"TASUKI_CONFIG": str(config), "TASUKI__CONTEXTS__BASE_DIR": str(base)})
+
+    def tasuki(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "token", *args], capture_output=True, text=True,
+                              env=env, cwd=Path(__file__).resolve().parents[1], timeout=60, check=False)
+
+    secret, note = ok(tasuki("create", "ci@example.com", "--role", "viewer", "--group", "g-blue")).splitlines()
+    listed = json.loads(ok(tasuki("list", "--json")))
+    store = TokenStore.beside(base)
+    assert store.lookup(secret, utc_now()) is not None
+    assert listed["id"] in note
+    assert (listed["owner"], listed["role"], listed["groups"], listed["status"]) == (
+        "ci@example.com", "viewer", ["g-blue"], "active")
+    assert secret not in json.dumps(listed)
+    assert "auth.token_max_days" in one_line_error(tasuki("create", "x", "--days", "91"), 2)
+    assert ok(tasuki("revoke", listed["id"])).startswith("revoked")
+    assert store.lookup(secret, utc_now()) is None
+    assert "no token nope" in one_line_error(tasuki("revoke", "nope"), 2)
