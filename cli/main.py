@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import audit, commands, context_requests, evals, fleet, github, memory, outcomes, reading, usage
+from cli import audit, commands, context_requests, evals, fleet, github, memory, outcomes, reading, tokens, usage
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -65,6 +65,7 @@ GROUPS: dict[tuple[str, ...], str] = {
     ("github",): "GitHub: the App manifest",
     ("fleet",): "many hosts: the fleet's store in PostgreSQL (fleet.store)",
     ("eval",): "evals: run task sets through the fleet, report resolve rate, cost and time",
+    ("token",): "personal API tokens: make, list, revoke (the console's API tokens page, on the host)",
 }
 
 COMMANDS: list[Command] = [
@@ -125,6 +126,11 @@ COMMANDS: list[Command] = [
             outcomes.cmd_outcomes, outcomes.outcomes_arguments),
     Command(("audit",), "who did what: the audit log's events, or --verify of its hash chain", audit.cmd_audit,
             audit.audit_arguments),
+    Command(("token", "create"), "make a personal API token; its secret is printed once", tokens.cmd_token_create,
+            tokens.create_arguments),
+    Command(("token", "list"), "personal API tokens, newest first (never their secrets)", tokens.cmd_token_list,
+            tokens.list_arguments),
+    Command(("token", "revoke"), "revoke a personal API token", tokens.cmd_token_revoke, tokens.revoke_arguments),
     Command(("usage", "rebuild"), "rebuild today's daily budget counters in Redis from the contexts",
             usage.cmd_usage_rebuild),
     Command(
