@@ -36,7 +36,9 @@ ENDED = "5d7c2a31-8f0e-4d4b-9a51-2b8e3f9c0a11"
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
     made = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
-                          "GITHUB_WEBHOOK_SECRET": SECRET})
+                          "GITHUB_WEBHOOK_SECRET": SECRET,
+                          "TASUKI__PERMISSIONS__CHECK": "false",  # admission here; permissions: test_forge_permissions
+                          })
     monkeypatch.setattr(settings_module, "_current", made)  # the worker's process settings, for this test
     return made
 

@@ -147,7 +147,9 @@ def test_labels_of_the_wrong_shape_are_no_trigger() -> None:
 @pytest.fixture
 def intake(make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis) -> Iterator[IntakeServer]:
     env = {"TASUKI__BROKER__URL": redis_url, "TASUKI__GITEA__LABELS__TRIGGER": "coding agent",
-           "GITEA_WEBHOOK_SECRET": SECRET}
+           "GITEA_WEBHOOK_SECRET": SECRET,
+           "TASUKI__PERMISSIONS__CHECK": "false",  # admission here; permissions: test_forge_permissions
+           }
     with intake_server(make_settings(env)) as server:
         yield server
 

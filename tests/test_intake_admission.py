@@ -40,7 +40,9 @@ REQUEST = {"task_key": {"task_source": "github", "owner": "o", "repo": "r", "tas
 @pytest.fixture
 def settings(make_settings: Callable[..., Settings], redis_url: str) -> Settings:
     return make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
-                          "GITHUB_WEBHOOK_SECRET": SECRET})
+                          "GITHUB_WEBHOOK_SECRET": SECRET,
+                          "TASUKI__PERMISSIONS__CHECK": "false",  # admission here; permissions: test_forge_permissions
+                          })
 
 
 @pytest.fixture

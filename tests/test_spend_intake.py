@@ -37,6 +37,7 @@ STARTUP_S = 30.0
 def intake_env(redis_url: str, **limits: int) -> dict[str, str]:
     env = {
         "TASUKI__BROKER__URL": redis_url,
+        "TASUKI__PERMISSIONS__CHECK": "false",  # admission here; permissions: test_forge_permissions
         "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
         "GITHUB_WEBHOOK_SECRET": SECRET,
     }

@@ -32,6 +32,7 @@ ACTIVE_KEY = ACTIVE_PREFIX + "github/Codertocat/Hello-World/issue/1"
 def intake_env(redis_url: str, gitlab_secret: str = GITLAB_TOKEN) -> dict[str, str]:
     return {
         "TASUKI__BROKER__URL": redis_url,
+        "TASUKI__PERMISSIONS__CHECK": "false",  # admission here; permissions: test_forge_permissions
         "TASUKI__WEBHOOK__MAX_BODY_BYTES": str(MAX_BODY),
         "TASUKI__GITHUB__LABELS__TRIGGER": "bug",
         "TASUKI__GITHUB__LABELS__PROCESSING": "bug",

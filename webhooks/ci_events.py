@@ -24,6 +24,8 @@ class CIFailure:
     repo: str
     branch: str
     ci: dict[str, Any] = field(default_factory=dict)
+    actor: str = ""  # who pushed the commit the run ran on (whose permission the fix task rests on)
+    actor_id: int | None = None  # GitLab's user id of the actor (its members API names people by number)
 
 
 def github_ci(event: str, payload: dict[str, Any]) -> CIFailure | str | None:
@@ -41,7 +43,9 @@ def github_ci(event: str, payload: dict[str, Any]) -> CIFailure | str | None:
     if not owner or not repo or not branch or run_id is None:
         return f"{event} without repository, branch or id"
     ci = {"run_id": run_id} if event == "workflow_run" else {"check_suite_id": run_id}
-    return CIFailure("github", owner, repo, branch, {**ci, "event": event, "sha": text(get(run, "head_sha"))})
+    actor = (text(get(run, "triggering_actor", "login")) or text(get(run, "actor", "login"))
+             or text(get(payload, "sender", "login")))
+    return CIFailure("github", owner, repo, branch, {**ci, "event": event, "sha": text(get(run, "head_sha"))}, actor)
 
 
 def gitlab_ci(payload: dict[str, Any]) -> CIFailure | str | None:
@@ -58,4 +62,5 @@ def gitlab_ci(payload: dict[str, Any]) -> CIFailure | str | None:
         return "pipeline without project, branch or id"
     owner, repo = path.rsplit("/", 1)
     return CIFailure("gitlab", owner, repo, branch, {"pipeline_id": pipeline, "event": "pipeline",
-                                                     "sha": text(get(attributes, "sha"))})
+                                                     "sha": text(get(attributes, "sha"))},
+                     text(get(payload, "user", "username")), number(get(payload, "user", "id")))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhooks.ci_events import CIFailure, github_ci, gitlab_ci
+from webhooks.membership_events import MembershipChanged, github_membership, gitlab_membership
 from webhooks.payload import get as _get
 from webhooks.payload import number as _number
 from webhooks.payload import text as _text
@@ -88,7 +89,7 @@ class Ignore:
     reason: str
 
 
-Action = Trigger | Cancel | Note | Command | CIFailure | PullEnded | Ignore
+Action = Trigger | Cancel | Note | Command | CIFailure | PullEnded | MembershipChanged | Ignore
 
 
 def live_lines(body: str) -> list[str]:
@@ -200,7 +201,8 @@ def _forge_fact(ci: CIFailure | str | None, ended: PullEnded | None) -> Action |
 
 def github_action(event: str, payload: dict[str, Any], cfg: GitHubSettings) -> Action:
     """The action of a GitHub event (``X-GitHub-Event``) and its payload."""
-    fact = _forge_fact(github_ci(event, payload), github_pull_ended(event, payload))
+    fact = _forge_fact(github_ci(event, payload), github_pull_ended(event, payload)) or github_membership(event,
+                                                                                                         payload)
     if fact is not None:
         return fact
     sender = _text(_get(payload, "sender", "login"))
@@ -329,7 +331,7 @@ def _label_titles(labels: Any) -> set[str]:
 
 def gitlab_action(payload: dict[str, Any], cfg: GitLabSettings) -> Action:
     """The action of a GitLab event payload (``object_kind`` says which; the header only names it)."""
-    fact = _forge_fact(gitlab_ci(payload), gitlab_pull_ended(payload))
+    fact = _forge_fact(gitlab_ci(payload), gitlab_pull_ended(payload)) or gitlab_membership(payload)
     if fact is not None:
         return fact
     user = _text(_get(payload, "user", "username"))

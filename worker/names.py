@@ -56,3 +56,6 @@ MERGE_WAITING_PREFIX: Final = "tasuki:merge-waiting:"  # + repository key, hash:
 MERGE_RUNNING_PREFIX: Final = "tasuki:merge-running:"  # + repository key, SET NX EX by the merge job that runs
 SPEND_TOTALS_KEY: Final = "tasuki:spend-totals"  # hash: tokens:{kind}:{model} and cost:{model} since start (/metrics)
 RATE_LIMIT_PREFIX: Final = "tasuki:rate-limit:"  # + model profile, sorted set: requests admitted in the window
+PERMISSION_PREFIX: Final = "tasuki:permission:"  # + source:owner/repo:person, the person's level there (cached)
+REFUSED_PREFIX: Final = "tasuki:refused:"  # + source:owner/repo:item:person, SET NX: a refusal is answered once
+HELD_TRIGGERS_KEY: Final = "tasuki:held-triggers"  # sorted set: deliveries whose permission the forge could not say

@@ -145,8 +145,15 @@ class FakeForge:
         self.bot_login = bot_login
         self.items: dict[tuple[str, str, int], FakeItem] = {}
         self.changes: list[FakeChange] = []
-        self.members: dict[int, int] = {}  # GitLab user id -> access level
-        self.permissions: dict[str, str] = {}  # Gitea login -> repository permission (owner, admin, write, read)
+        # The published examples' senders own their repositories (GitLab's root, user 1; Gitea's unknwon of gogits),
+        # as on the forges the examples came from; a test changes them to try another permission.
+        self.members: dict[int, int] = {1: 50}  # GitLab user id -> access level
+        self.permissions: dict[str, str] = {"unknwon": "owner"}  # Gitea login -> permission (owner, admin, write, read)
+        # GitHub login -> role (admin, maintain, write, triage, read); a repository's owner is its admin, as on GitHub
+        self.roles: dict[str, str] = {}
+        self.usernames: dict[str, int] = {}  # GitLab username -> user id (GET /users?username=)
+        # A suspended forge: the status every permission lookup answers (503, or 403 for a suspended installation)
+        self.permission_fault: int | None = None
         self.repo_labels: dict[tuple[str, str], dict[str, int]] = {}  # Gitea: a repository's labels, name -> id
         self.review_comments: list[FakeReviewComment] = []
         self.discussion_replies: dict[str, list[str]] = {}  # GitLab discussion id -> reply bodies
@@ -324,6 +331,19 @@ class FakeForge:
             return self._github_pull(method, owner, repo, int(rest[1]), rest[2:], data)
         return self._github_actions(method, owner, repo, rest)
 
+    def _github_permission(self, owner: str, login: str) -> tuple[int, Any]:
+        """``role_name`` and the folded ``permission`` (maintain is write, triage is read), as GitHub answers."""
+        self._permission_fault()
+        role = self.roles.get(login) or ("admin" if login == owner else None)
+        if role is None:
+            raise ForgeError(404, f"{login} is not a user")
+        folded = {"maintain": "write", "triage": "read"}.get(role, role)
+        return 200, {"permission": folded, "role_name": role, "user": {"login": login}}
+
+    def _permission_fault(self) -> None:
+        if self.permission_fault is not None:
+            raise ForgeError(self.permission_fault, "scripted: the forge cannot say (suspended)")
+
     def _github_pulls(self, method: str, owner: str, repo: str, query: dict[str, str], data: Any
                       ) -> tuple[int, Any]:
         if method == "GET":
@@ -353,6 +373,8 @@ class FakeForge:
     def _github_actions(self, method: str, owner: str, repo: str, rest: list[str]) -> tuple[int, Any]:
         if method != "GET":
             raise ForgeError(404, "Not Found")
+        if len(rest) == 3 and rest[0] == "collaborators" and rest[2] == "permission":
+            return self._github_permission(owner, rest[1])
         self._refuse_ci(rest[-1] == "logs")
         if len(rest) == 4 and rest[:2] == ["actions", "runs"] and rest[3] == "jobs":
             jobs = self.runs.get(int(rest[2]), [])
@@ -408,6 +430,7 @@ class FakeForge:
             return 200, {"id": 7, "path_with_namespace": parts[1], "http_url_to_repo": self.git_url(owner, repo),
                          "default_branch": self._default_branch(owner, repo)}
         if rest[:2] == ["members", "all"] and len(rest) == 3:
+            self._permission_fault()
             level = self.members.get(int(rest[2]))
             if level is None:
                 raise ForgeError(404, "404 Not found")
@@ -432,6 +455,11 @@ class FakeForge:
         if len(rest) == 3 and rest[0] == "jobs" and rest[2] == "trace" and method == "GET":
             raise RawAnswer(Raw(200, self._job(int(rest[1])).log.encode(), {"Content-Type": "text/plain"}))
         raise ForgeError(404, "404 Not Found")
+
+    def gitlab_users(self, username: str) -> tuple[int, Any]:
+        self._permission_fault()
+        found = self.usernames.get(username)
+        return 200, [{"id": found, "username": username}] if found is not None else []
 
     def _gitlab_item(self, method: str, item: FakeItem, rest: list[str], data: Any) -> tuple[int, Any]:
         if not rest and method in ("GET", "PUT"):
@@ -487,6 +515,7 @@ class FakeForge:
         if rest[:1] == ["pulls"]:
             return self._gitea_pulls(method, owner, repo, rest[1:], data)
         if len(rest) == 3 and rest[0] == "collaborators" and rest[2] == "permission" and method == "GET":
+            self._permission_fault()
             permission = self.permissions.get(rest[1])
             if permission is None:
                 raise ForgeError(404, "user does not exist")
@@ -658,6 +687,8 @@ def _handler_for(forge: FakeForge) -> type[BaseHTTPRequestHandler]:
                 with forge.lock:
                     if parts[:2] == ["api", "v3"]:
                         status, answer = forge.github(self.command, parts[2:], query, data)
+                    elif parts[:3] == ["api", "v4", "users"] and self.command == "GET":
+                        status, answer = forge.gitlab_users(query.get("username", ""))
                     elif parts[:2] == ["api", "v4"]:
                         status, answer = forge.gitlab(self.command, parts[2:], query, data)
                     elif parts[:2] == ["api", "v1"]:

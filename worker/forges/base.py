@@ -18,6 +18,7 @@ import structlog
 
 from contexts.errors import TasukiError
 from contexts.masking import mask
+from worker.permissions import Level, PermissionUnknown, Person
 
 log = structlog.get_logger(__name__)
 
@@ -104,6 +105,18 @@ class ForgeRefused(ForgeError):
 
 
 REFUSED_STATUSES = frozenset({401, 403, 404})
+PERMISSION_RETRIES = 1  # a lookup the forge does not answer at once is held and asked again later (the intake's)
+
+
+def asked_permission(http: ForgeHTTP, path: str, params: Mapping[str, Any] | None = None) -> Any:
+    """The JSON of a permission lookup; None when the forge says the person is not there (404); raises
+    :class:`PermissionUnknown` for anything else that is not an answer (5xx, timeout, 401/403 of a suspended
+    installation or a refused token): never read as "no permission", never as "allowed"."""
+    try:
+        response = http.request("GET", path, params=params, missing_ok=True, retries=PERMISSION_RETRIES)
+        return None if response.status_code == 404 else response.json()
+    except (ForgeError, ValueError) as exc:
+        raise PermissionUnknown(f"the forge did not say: {mask(str(exc))[:200]}") from None
 
 
 @dataclass(frozen=True)
@@ -212,6 +225,11 @@ class Forge(Protocol):
         """Whether the user who triggered the task may start one on this repository."""
         ...
 
+    def permission(self, owner: str, repo: str, person: Person) -> Level:
+        """``person``'s permission on the repository on Tasuki's scale (none when not a member); raises
+        :class:`~worker.permissions.PermissionUnknown` when the forge cannot say."""
+        ...
+
     def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
         """The line comments of one submitted review (GitHub); GitLab's notes come with their webhook."""
         ...
@@ -287,14 +305,17 @@ class ForgeHTTP:
     def request(
         self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None,
         missing_ok: bool = False, follow_redirects: bool = False, answered: Collection[int] = (),
+        retries: int | None = None,
     ) -> httpx.Response:
         """One call; raises :class:`ForgeError` on a final failure (a 404 too, unless ``missing_ok``; a status in
-        ``answered`` is the caller's to read)."""
+        ``answered`` is the caller's to read). ``retries``: fewer than the client's, for a caller that retries
+        later itself (the intake's permission lookups hold the delivery instead)."""
+        tries = self.retries if retries is None else retries
         # A POST that reached the server may have taken effect: retry it only when it surely did not.
         retry_on = RETRY_STATUSES if method != "POST" else frozenset({429})
         retry_errors = httpx.TransportError if method != "POST" else httpx.ConnectError
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        for attempt in range(tries + 1):
+            last = attempt == tries
             try:
                 response = self.client.request(method, path.lstrip("/"), params=params, json=json,
                                                follow_redirects=follow_redirects)

@@ -18,9 +18,11 @@ from worker.forges.base import (
     ForgeHTTP,
     ItemRef,
     ReviewComment,
+    asked_permission,
     basic_auth_env,
 )
 from worker.forges.repos_api import ReposAPI
+from worker.permissions import Level, Person, gitea_level
 
 DEFAULT_PERMISSIONS = ("owner", "admin", "write")
 DRAFT_PREFIX = "WIP: "  # a work-in-progress pull request (Gitea's and Forgejo's way of a draft)
@@ -106,6 +108,13 @@ class GiteaForge(ReposAPI):
         path = f"{self._repo(ref.owner, ref.repo)}/collaborators/{quote(user, safe='')}/permission"
         response = self.http.request("GET", path, missing_ok=True)
         return response.status_code == 200 and response.json().get("permission") in self.allowed_permissions
+
+    def permission(self, owner: str, repo: str, person: Person) -> Level:
+        """``GET /repos/{owner}/{repo}/collaborators/{user}/permission`` (the call :meth:`allows` makes); an unknown
+        user (404) has none."""
+        path = f"{self._repo(owner, repo)}/collaborators/{quote(person.login, safe='')}/permission"
+        answer = asked_permission(self.http, path)
+        return gitea_level(answer.get("permission")) if isinstance(answer, dict) else Level.NONE
 
     def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
         """None: Gitea's review webhooks are not follow-up triggers (their payload names no review id)."""

@@ -18,11 +18,13 @@ from worker.forges.base import (
     LiveGitEnv,
     ReviewComment,
     StaticToken,
+    asked_permission,
     basic_auth_env,
     log_tail,
     unreadable,
 )
 from worker.forges.repos_api import ReposAPI
+from worker.permissions import Level, Person, github_level
 
 API_VERSION = "2022-11-28"
 HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION, "User-Agent": "tasuki"}
@@ -84,6 +86,13 @@ class GitHubForge(ReposAPI):
     def allows(self, ref: ItemRef, trigger: Mapping[str, Any]) -> bool:
         """Always: the intake already checked the comment's ``author_association`` (labels need triage rights)."""
         return True
+
+    def permission(self, owner: str, repo: str, person: Person) -> Level:
+        """``GET /repos/{owner}/{repo}/collaborators/{user}/permission`` (its ``role_name``, else ``permission``);
+        an unknown user (404) has none."""
+        path = f"{self._repo(owner, repo)}/collaborators/{quote(person.login, safe='')}/permission"
+        answer = asked_permission(self.http, path)
+        return github_level(answer) if isinstance(answer, dict) else Level.NONE
 
     def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
         """``GET /repos/{owner}/{repo}/pulls/{number}/reviews/{review_id}/comments``."""

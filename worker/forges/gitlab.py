@@ -17,10 +17,12 @@ from worker.forges.base import (
     ItemRef,
     Repository,
     ReviewComment,
+    asked_permission,
     basic_auth_env,
     log_tail,
     unreadable,
 )
+from worker.permissions import Level, Person, gitlab_level
 
 DRAFT_PREFIX = "Draft: "  # a merge request whose title starts so is a draft (GitLab's "Draft merge requests")
 DEVELOPER_ACCESS = 30  # GitLab's access level that may push branches; lower roles may not start a task by a note
@@ -112,6 +114,19 @@ class GitLabForge:
         path = f"{self._project(ref.owner, ref.repo)}/members/all/{user_id}"
         response = self.http.request("GET", path, missing_ok=True)
         return response.status_code == 200 and int(response.json().get("access_level", 0)) >= DEVELOPER_ACCESS
+
+    def permission(self, owner: str, repo: str, person: Person) -> Level:
+        """``GET /projects/:id/members/all/:user_id`` (inherited memberships too); a person named only by username is
+        found first (``GET /users?username=``). Not a member (404), or no such user: none."""
+        user_id = person.user_id
+        if user_id is None:
+            found = asked_permission(self.http, "users", {"username": person.login})
+            first = found[0] if isinstance(found, list) and found and isinstance(found[0], dict) else {}
+            user_id = first.get("id") if isinstance(first.get("id"), int) else None
+            if user_id is None:
+                return Level.NONE
+        answer = asked_permission(self.http, f"{self._project(owner, repo)}/members/all/{int(user_id)}")
+        return gitlab_level(answer.get("access_level")) if isinstance(answer, dict) else Level.NONE
 
     def review_comments(self, ref: ItemRef, review_id: int) -> list[ReviewComment]:
         """None to fetch: a GitLab note's webhook carries its text and position."""
