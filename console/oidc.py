@@ -9,7 +9,10 @@ its own, ``tasuki_signin``); the console's own session cookie is made only once 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -27,6 +30,20 @@ from worker.settings_models import Settings
 SIGNIN_COOKIE = "tasuki_signin"
 SIGNIN_MAX_AGE_S = 600  # the time a person has at the provider's page
 log = structlog.get_logger(__name__)
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """HTTP failures of Authlib's client: it runs on httpx2 where that is installed, else on httpx."""
+    modules: list[ModuleType] = [httpx]
+    with contextlib.suppress(ImportError):
+        modules.append(importlib.import_module("httpx2"))
+    return tuple(module.HTTPError for module in modules)
+
+
+TRANSPORT_ERRORS = _transport_errors()
+UNREACHABLE: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, AuthlibBaseError, ValueError, KeyError)
+NO_EXCHANGE: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, ValueError, KeyError)
+NO_USERINFO: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, AuthlibBaseError, ValueError)
 
 
 class SignInRefused(TasukiError):
@@ -91,7 +108,7 @@ class OIDCSignIn:
         """The redirect to the provider's authorization endpoint (state, nonce and code challenge made here)."""
         try:
             response: Response = await self.client.authorize_redirect(request, redirect_uri)
-        except (httpx.HTTPError, AuthlibBaseError, ValueError, KeyError) as exc:
+        except UNREACHABLE as exc:
             raise SignInRefused(f"the provider at {self.issuer} cannot be reached: {type(exc).__name__}") from None
         return response
 
@@ -106,7 +123,7 @@ class OIDCSignIn:
             raise SignInRefused(_why(exc)) from None
         except JoseError as exc:  # the ID token's signature or claims
             raise SignInRefused(f"the ID token is not valid ({exc.error})") from None
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+        except NO_EXCHANGE as exc:
             raise SignInRefused(f"the provider did not answer the code exchange: {type(exc).__name__}") from None
         claims = dict(token.get("userinfo") or {})
         if not claims:
@@ -125,7 +142,7 @@ class OIDCSignIn:
             return {}
         try:
             info = dict(await self.client.userinfo(token=token))
-        except (httpx.HTTPError, AuthlibBaseError, ValueError) as exc:
+        except NO_USERINFO as exc:
             raise SignInRefused(f"the provider's userinfo did not answer: {type(exc).__name__}") from None
         if info.get("sub") != claims.get("sub"):  # OIDC Core 5.3.2: otherwise it must not be used
             raise SignInRefused("the provider's userinfo is another person's")

@@ -194,7 +194,8 @@ def test_without_a_provider_or_break_glass_the_shared_token_signs_nobody_in_and_
         assert 'name="token"' not in page
         refused = http.post("/signin", data={"token": TOKEN}, follow_redirects=False)
         assert (refused.status_code, "tasuki_console" in refused.headers.get("set-cookie", "")) == (403, False)
-        assert refused.text.startswith("Sign-in is not configured") and "\n" not in refused.text.strip()
+        assert refused.text.startswith("Sign-in is not configured")
+        assert "\n" not in refused.text.strip()
         assert http.get("/signin/oidc").status_code == 404
 
 
@@ -235,3 +236,25 @@ def test_heartbeat_ages_on_the_fleet_page_are_judged_by_redis_clock_not_this_hos
     [row] = [r for r in fleet.running if r.uuid == ctx.uuid]
     assert row.heartbeat_age_s is not None
     assert row.heartbeat_age_s < 60  # by this host's clock it would be 120 s
+
+
+def test_the_session_cookie_is_secure_when_the_public_url_is_https(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = make_settings({"TASUKI__CONSOLE__TOKEN": TOKEN, "TASUKI__AUTH__BREAK_GLASS": "true",
+                              "TASUKI__CONSOLE__PUBLIC_URL": "https://tasuki.example.com/console"})
+    with TestClient(create_console(settings, ContextStore(tmp_path / "contexts"))) as http:
+        cookie = http.post("/signin", data={"token": TOKEN}, follow_redirects=False).headers["set-cookie"]
+    assert {"secure", "httponly", "samesite=lax"} <= {part.strip() for part in cookie.lower().split(";")}
+
+
+def test_a_provider_that_cannot_be_reached_is_one_line_on_the_sign_in_page(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = make_settings({"TASUKI__AUTH__OIDC__ISSUER": "http://127.0.0.1:1/realms/x",
+                              "TASUKI__AUTH__OIDC__CLIENT_ID": "tasuki"})
+    with TestClient(create_console(settings, ContextStore(tmp_path / "contexts"))) as http:
+        assert 'id="signin-oidc"' in http.get("/signin").text
+        answer = http.get("/signin/oidc", follow_redirects=False)
+    assert answer.status_code == 502
+    assert "the provider at http://127.0.0.1:1/realms/x cannot be reached: ConnectError" in answer.text
