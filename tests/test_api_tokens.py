@@ -19,10 +19,13 @@ import redis
 
 from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, TokenStore, hash_secret
 from contexts.clock import utc_now
+from contexts.usage import Usage
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.intake_server import IntakeServer, intake_server
+from webhooks.budget import over_budget
 from worker.api_tokens import issue_token, token_store
 from worker.audit import audit_log
+from worker.metering import Meter
 from worker.roles import Role
 from worker.settings_models import Settings
 from worker.spend import day_of, team_key, user_key
@@ -250,6 +253,22 @@ def test_a_team_over_its_daily_cost_is_refused(
     assert (over.status_code, fine.status_code) == (429, 202)
     assert "team blue cost $2.5000 today; limits.team_cost is $2.5000" in over.json()["reason"]
 
+
+
+@pytestmark_http
+def test_the_worker_counts_a_teams_priced_calls_toward_its_daily_cost(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url,
+                              "TASUKI__PRICING": json.dumps({"priced": {"input": 1_000_000, "output": 0}})})
+    now = utc_now()
+    Meter(settings, "github/octo/app", lambda: redis_client, clock=lambda: now, team="blue").count(
+        Usage("agent", "priced", 3))  # three tokens at a dollar each
+    Meter(settings, "github/octo/app", lambda: redis_client, clock=lambda: now).count(Usage("agent", "priced", 5))
+    assert redis_client.hget(team_key(day_of(now), "blue"), "cost") == "3"
+    assert over_budget(settings.limits.model_copy(update={"team_cost": 3.0}), redis_client,
+                       {"task_source": "github", "owner": "octo", "repo": "app"}, "ann", now, "blue") == (
+        "team blue cost $3.0000 today; limits.team_cost is $3.0000")
 
 # -- tasuki token ----------------------------------------------------------------------------------
 
