@@ -12,6 +12,7 @@ from pathlib import Path
 from bench import (
     bench_app_tokens,
     bench_appends,
+    bench_audit,
     bench_caching,
     bench_compose_failover,
     bench_compression,
@@ -84,6 +85,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "reading": bench_reading.run,  # issue 38 §2: tokens to find and read a function, search + windows vs whole file
     "eval": bench_eval.run,  # issue 39: 20 eval rows on 1, 2 and 4 workers; the harness's time per row vs the agent's
     "eval-mine": bench_eval_mine.run,  # issue 39: tasuki eval mine on itsdangerous: rows found, kept, time per row
+    "audit": bench_audit.run,  # issue 40: tasuki audit at 1,000,000 lines vs 1,000 (newest, --since, filters, verify)
 }
 
 

@@ -117,6 +117,23 @@ def line_hash(line: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical({k: v for k, v in line.items() if k != "hash"})).hexdigest()
 
 
+_HASH_TAIL = len(',"hash":""}') + 64
+
+
+def encode(line: Mapping[str, Any]) -> bytes:
+    """The line as the file holds it: its canonical bytes with the hash last, so that a verifier hashes the bytes
+    it read instead of encoding each line again (at a million lines, that is most of the work)."""
+    body = canonical({k: v for k, v in line.items() if k != "hash"})
+    return body[:-1] + b',"hash":"' + str(line["hash"]).encode() + b'"}'
+
+
+def raw_hash_matches(raw: bytes) -> bool:
+    """Whether a line as read (newline stripped) is canonical and its bytes hash to the hash it ends with."""
+    if len(raw) <= _HASH_TAIL or raw[-_HASH_TAIL : -_HASH_TAIL + 9] != b',"hash":"' or not raw.endswith(b'"}'):
+        return False
+    return hashlib.sha256(raw[:-_HASH_TAIL] + b"}").hexdigest().encode() == raw[-66:-2]
+
+
 def chain(event: Event, *, seq: int, prev: str, at: str) -> dict[str, Any]:
     """The stored line for ``event`` after a line with ``prev`` as hash. Text is masked here, before any
     backend sees it; the actor and action stay as they are, since naming who did what is the log's point."""
@@ -144,16 +161,17 @@ def next_at(event_at: datetime, last_at: str | None) -> str:
     return last_at if last_at is not None and last_at > at else at
 
 
-def check_chain(lines: Iterator[tuple[int, Mapping[str, Any] | None]]) -> Iterator[Problem]:
-    """Problems in a sequence of (position, line or None for unreadable) — shared by the file and database
-    verifiers. Stops at the first break: every later line's ``prev`` is suspect after it."""
+def check_chain(lines: Iterator[tuple[int, Mapping[str, Any] | None, bool]]) -> Iterator[Problem]:
+    """Problems in a sequence of (position, line or None for unreadable, whether its hash was already checked on
+    its bytes) — shared by the file and database verifiers. Stops at the first break: every later line's ``prev``
+    is suspect after it."""
     prev, expected_seq = GENESIS, 1
-    for number, line in lines:
+    for number, line, hashed in lines:
         if line is None:
             yield Problem(number, None, "not a JSON object (altered)")
             return
         seq = line.get("seq")
-        if line.get("hash") != line_hash(line):
+        if not hashed and line.get("hash") != line_hash(line):
             yield Problem(number, seq, f"seq {seq}: hash does not match its content (altered)")
             return
         if seq != expected_seq or line.get("prev") != prev:
@@ -182,7 +200,7 @@ class AuditLog:
                 seq = int(last["seq"]) + 1 if last else 1
                 line = chain(event, seq=seq, prev=last["hash"] if last else GENESIS,
                              at=next_at(event.at, last["at"] if last else None))
-                data = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+                data = encode(line) + b"\n"
                 if os.write(fd, data) != len(data):
                     raise AuditError(f"{self.path}: short write")
                 os.fsync(fd)
@@ -210,15 +228,16 @@ class AuditLog:
         parsed: dict[str, Any] = json.loads(chunk.rsplit(b"\n", 1)[-1])
         return parsed
 
-    def lines(self) -> Iterator[tuple[int, dict[str, Any] | None]]:
-        """(line number, parsed line or None when unreadable), oldest first; a torn last line is left out."""
+    def lines(self) -> Iterator[tuple[int, dict[str, Any] | None, bool]]:
+        """(line number, parsed line or None when unreadable, whether its bytes hash to its hash), oldest first; a
+        torn last line is left out."""
         if not self.path.exists():
             return
         with open_no_follow(self.path) as handle:
             for number, raw in enumerate(handle, 1):
                 if not raw.endswith(b"\n"):
                     return
-                yield number, _parse(raw)
+                yield number, _parse(raw), raw_hash_matches(raw[:-1])
 
     def verify(self) -> list[Problem]:
         """Every line chained to the one before, numbered without gaps, and the newest matching ``head``."""

@@ -117,7 +117,7 @@ class PostgresAuditLog:
 
     def verify(self) -> list[Problem]:
         """The rows' chain, position by position in ``seq`` order, and the head against the newest row."""
-        problems = list(check_chain(enumerate(self.read(), 1)))
+        problems = list(check_chain((n, line, False) for n, line in enumerate(self.read(), 1)))
         if problems:
             return problems
         with self.fleet.reading() as conn:

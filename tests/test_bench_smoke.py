@@ -113,6 +113,14 @@ def test_quick_outcomes_benchmark_prints_its_ratios(tmp_path: Path) -> None:
         assert re.search(rf"^outcomes: {name} at 500 threads .* at 100: \d+\.\d\d$", run.stdout, re.M), run.stdout
 
 
+def test_quick_audit_benchmark_prints_its_ratios(tmp_path: Path) -> None:
+    run = quick_run("audit", tmp_path, 300)
+    for name in ("newest 100", r"--since \(50 lines\)", "--actor --action", "--verify"):
+        assert re.search(rf"^audit: {name} at 20,000 lines .* at 1,000: \d+\.\d\d$", run.stdout, re.M), run.stdout
+    assert re.search(r"^audit newest 100, 20,000 vs 1,000 +\d+\.\d\d +<= 2 +(PASS|MISS)$", run.stdout, re.M)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.timeout(120)
 def test_quick_run_of_the_app_token_benchmark_prints_its_figures(tmp_path: Path) -> None:
     run = quick_run("app-tokens", tmp_path)
