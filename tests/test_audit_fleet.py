@@ -123,3 +123,16 @@ def test_hosts_appending_at_once_keep_one_chain(fleet_dsn: str) -> None:
     finally:
         for store in stores:
             store.close()
+
+
+def test_select_filters_in_the_database_as_the_file_does(fleet: FleetStore) -> None:
+    from contexts.audit import AuditQuery
+
+    log = PostgresAuditLog(fleet)
+    _fill(log, 12)
+    assert [line["seq"] for line in log.select(AuditQuery(limit=3))] == [10, 11, 12]
+    assert [line["seq"] for line in log.select(AuditQuery(actor="github:user3"))] == [4]
+    assert [line["seq"] for line in log.select(AuditQuery(actor="github:user1*", limit=2))] == [11, 12]
+    assert [line["seq"] for line in log.select(AuditQuery(since=T0 + timedelta(minutes=9), action="trigger.*"))] == [
+        10, 11, 12]
+    assert list(log.select(AuditQuery(action="signin"))) == []
