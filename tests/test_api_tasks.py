@@ -119,6 +119,14 @@ def test_invalid_submissions_are_422_and_enqueue_nothing(api: IntakeServer, body
     assert api.queued() == []
 
 
+def test_a_repo_path_holding_a_nul_byte_is_422_not_a_server_error(api: IntakeServer) -> None:
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": "/srv/calc\u0000/../etc", "prompt": "p"})
+    assert response.status_code == 422
+    assert "NUL byte" in response.text
+    assert api.queued() == []
+
+
 def test_unparsable_submission_is_422(api: IntakeServer) -> None:
     with api.client(headers=AUTH) as client:
         assert client.post("/api/tasks", content=b"{nope").status_code == 422

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import jwt
@@ -272,6 +273,27 @@ def test_git_pushes_hours_apart_use_the_token_valid_at_each_push_and_the_bots_id
     authors = set(git(bare, "log", "--format=%an <%ae>|%cn", "tasuki/1-app", "-3").splitlines())
     assert authors == {f"{SLUG}[bot] <{world.app.bot_user_id}+{SLUG}[bot]@users.noreply.github.com>|{SLUG}[bot]"}
     assert "ghs_" not in (checkout.path / ".git" / "config").read_text()  # the token never lands in a URL
+
+
+def test_a_bot_user_the_forge_does_not_show_falls_back_and_is_said_once(world: World) -> None:
+    world.app.bot_user_visible = False  # GET /users/{slug}[bot]: 404
+    client, _ = world.client()
+    env = client.git_env(world.forge.git_url(OWNER, REPO))
+    checkout = Checkout(world.tmp / "work", world.forge.git_url(OWNER, REPO), "tasuki/1-nobot", git_env=env)
+    with capture_logs() as logs:
+        checkout.prepare(fresh=True)
+        for turn in range(2):
+            (checkout.path / "notes.txt").write_text(f"turn {turn}\n")
+            checkout.commit(f"turn {turn}")
+        checkout.push()
+    client.close()
+    bare = world.forge.git_root / OWNER / f"{REPO}.git"
+    authors = set(git(bare, "log", "--format=%an <%ae>", "tasuki/1-nobot", "-2").splitlines())
+    assert authors == {f"{SLUG}[bot] <{SLUG}[bot]@users.noreply.github.com>"}
+    said = [e for e in logs if "bot user could not be looked up" in e["event"]]
+    assert len(said) == 1
+    assert "HTTP 404" in said[0]["error"]
+    assert len([r for r in world.forge.requests if unquote(r["path"]).endswith(f"/users/{SLUG}[bot]")]) == 1
 
 
 def test_a_repository_submitted_by_hand_finds_its_installation(world: World) -> None:

@@ -58,6 +58,8 @@ class Submission(BaseModel):
     def _one_target(self) -> Submission:
         if (self.repo is None) == (self.repo_path is None):
             raise ValueError("give exactly one of repo (OWNER/NAME) and repo_path")
+        if self.repo_path is not None and "\x00" in self.repo_path:  # no path holds one (the OS refuses it)
+            raise ValueError("repo_path must not contain a NUL byte")
         if self.repo_path is not None and not PurePosixPath(self.repo_path).is_absolute():
             raise ValueError("repo_path must be an absolute path")
         if self.issue is None and not self.prompt.strip():

@@ -72,6 +72,7 @@ class FakeApp:
     private_key: str  # the App owner's copy: tests hand it to Tasuki through GITHUB_APP_PRIVATE_KEY
     token_lifetime_s: float = 3600.0
     bot_user_id: int = 41898282
+    bot_user_visible: bool = True  # False: GET /users/{slug}[bot] answers 404 (an Enterprise without the bot user)
     clock: Callable[[], float] = time.time
     installations: dict[int, FakeInstallation] = field(default_factory=dict)
     issued: list[IssuedFake] = field(default_factory=list)
@@ -183,7 +184,7 @@ class FakeApp:
         if issued is None:
             self.refuse(path, "Bad credentials")
             return 401, {"message": "Bad credentials"}
-        if parts == ["users", self.bot_login] and method == "GET":
+        if parts == ["users", self.bot_login] and method == "GET" and self.bot_user_visible:
             return 200, {"id": self.bot_user_id, "login": self.bot_login, "type": "Bot"}
         if parts[:1] == ["repos"] and len(parts) >= 3 and \
                 (parts[1], parts[2]) not in self.installations[issued.installation].repos:

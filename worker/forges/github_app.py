@@ -105,16 +105,31 @@ class GitHubApp:
             if self._identity is not None:
                 return self._identity
         slug = str(self._as_app("GET", "app", "the App itself")["slug"])
-        response = self._http.get(f"users/{quote(slug + '[bot]', safe='')}",
-                                  headers={"Authorization": f"Bearer {token}"})
-        if response.status_code >= 400:
-            raise ForgeError(f"GET /users/{slug}[bot]: HTTP {response.status_code}: {mask(response.text)[:200]}")
-        name, email = f"{slug}[bot]", bot_email(int(response.json()["id"]), slug)
+        user_id, lasting = self._bot_user_id(slug, token)
+        name = f"{slug}[bot]"
+        email = bot_email(user_id, slug) if user_id is not None else f"{name}@users.noreply.github.com"
         identity = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
                     "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
-        with self._lock:
-            self._identity = identity
+        if lasting:
+            with self._lock:
+                self._identity = identity
         return identity
+
+    def _bot_user_id(self, slug: str, token: str) -> tuple[int | None, bool]:
+        """The bot user's id (``GET /users/{slug}[bot]``) and whether the answer lasts. It only decorates the commit
+        e-mail: a lookup that fails never fails the task. A 404 (GitHub Enterprise without the bot user, a token
+        that may not see it) lasts: the address without the id is kept, and said once per process."""
+        path = f"users/{quote(slug + '[bot]', safe='')}"
+        try:
+            response = self._http.get(path, headers={"Authorization": f"Bearer {token}"})
+            if response.status_code < 400:
+                return int(response.json()["id"]), True
+            problem, lasting = f"HTTP {response.status_code}: {mask(response.text)[:200]}", response.status_code == 404
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            problem, lasting = f"{type(exc).__name__}: {mask(str(exc))[:200]}", False
+        log.warning("the App's bot user could not be looked up; commits carry its address without the user id",
+                    path=f"/{path}", error=problem)
+        return None, lasting
 
 
 class InstallationCredential:
