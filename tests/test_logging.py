@@ -83,6 +83,36 @@ def test_stdlib_loggers_such_as_celerys_come_out_as_the_same_json_masked() -> No
     assert (line["logger"], line["level"], line["uuid"]) == ("celery.worker.strategy", "warning", "u-1")
 
 
+def test_a_task_ending_tasuki_handled_is_one_line_without_a_traceback() -> None:
+    # Celery's own tracer, as in the worker: a task raising one of its ``throws`` is logged "raised expected" with the
+    # traceback in the record's ``data`` extra; an unexpected error keeps its traceback.
+    lines, raw = run_logging("""
+        from celery import Celery
+        from worker.tasks import TaskEnded
+        configure_logging(json=True)
+        app = Celery("t", broker="memory://", backend="cache+memory://")
+
+        @app.task(name="t.handled", throws=(TaskEnded,))
+        def handled():
+            raise TaskEnded("cannot create the context /srv/contexts/running/x: [Errno 30] Read-only file system")
+
+        @app.task(name="t.broken")
+        def broken():
+            raise KeyError("a bug")
+
+        handled.apply()
+        broken.apply()
+    """)
+    expected = [line for line in lines if "raised expected" in line["event"]]
+    assert len(expected) == 1
+    assert "Read-only file system" in expected[0]["event"]
+    assert "traceback" not in expected[0]["data"]
+    assert "exception" not in expected[0]
+    assert raw.count("Traceback") >= 1  # the unexpected one keeps it
+    [unexpected] = [line for line in lines if "raised unexpected" in line["event"]]
+    assert "Traceback" in unexpected["data"]["traceback"]
+
+
 def test_configuring_twice_still_writes_each_line_once() -> None:
     lines, _ = run_logging("""
         configure_logging(json=True)

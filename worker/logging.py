@@ -16,7 +16,7 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 
 from contexts.masking import mask_value
 
-__all__ = ["configure_logging", "mask_secrets"]
+__all__ = ["configure_logging", "expected_without_traceback", "mask_secrets"]
 
 _HANDLER_NAME = "tasuki"
 
@@ -24,6 +24,15 @@ _HANDLER_NAME = "tasuki"
 def mask_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
     """Mask tokens, keys and URL credentials in every value of the event (tracebacks included)."""
     return {key: mask_value(value) for key, value in event_dict.items()}
+
+
+def expected_without_traceback(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Celery's line for a task that raised one of its ``throws`` (an ending Tasuki handled, such as a contexts root
+    it cannot write) is one line: the traceback Celery puts in its ``data`` extra is left out (issue 40)."""
+    data = event_dict.get("data")
+    if isinstance(data, dict) and data.get("description") == "raised expected" and "traceback" in data:
+        event_dict["data"] = {key: value for key, value in data.items() if key != "traceback"}
+    return event_dict
 
 
 def _shared_processors() -> list[Processor]:
@@ -65,7 +74,7 @@ def configure_logging(level: str | int = "INFO", json: bool | None = None) -> No
     as_json = not sys.stderr.isatty() if json is None else json
     # The stdlib side is rebuilt on each call: replacing our one handler lets a re-call change level or format.
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*_shared_processors(), structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[*_shared_processors(), structlog.stdlib.ExtraAdder(), expected_without_traceback],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             # Tracebacks become text before masking: exception messages can carry tokens too.
