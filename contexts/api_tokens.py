@@ -13,12 +13,12 @@ import hashlib
 import hmac
 import json
 import secrets
-import sqlite3
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol
 
 from contexts.errors import TasukiError
 from contexts.sqlite_files import create_private, immediate, open_wal
@@ -83,16 +83,50 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest()
 
 
-def _time(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, UTC)
+def new_token(owner: str, role: str, groups: Collection[str], name: str, expires_at: datetime,
+              now: datetime) -> tuple[ApiToken, str]:
+    """A token not yet stored and its secret; TokenError for one without an owner or already expired."""
+    if not owner:
+        raise TokenError("a token needs an owner")
+    if expires_at <= now:
+        raise TokenError("a token must expire after it is made")
+    token = ApiToken(secrets.token_hex(8), owner, name.strip()[:100] or "token", role, tuple(sorted(set(groups))),
+                     now, expires_at)
+    return token, new_secret()
 
 
-def _token(row: sqlite3.Row | tuple[object, ...]) -> ApiToken:
+def row_of(token: ApiToken, secret: str) -> tuple[object, ...]:
+    """The stored row of a new token: the columns of both stores, the secret's hash in its place."""
+    return (token.id, hash_secret(secret), token.owner, token.name, token.role, json.dumps(token.groups),
+            token.created_at.timestamp(), token.expires_at.timestamp())
+
+
+def token_of(row: Sequence[Any]) -> ApiToken:
+    """A token from its stored row (id, hash, owner, name, role, groups, created, expires, revoked)."""
     id_, _hash, owner, name, role, groups, created, expires, revoked = row
-    return ApiToken(str(id_), str(owner), str(name), str(role), tuple(json.loads(str(groups))),
-                    datetime.fromtimestamp(float(created), UTC),  # type: ignore[arg-type]
-                    datetime.fromtimestamp(float(expires), UTC),  # type: ignore[arg-type]
-                    _time(None if revoked is None else float(revoked)))  # type: ignore[arg-type]
+    decoded = json.loads(groups) if isinstance(groups, str) else groups  # PostgreSQL's json comes decoded
+    return ApiToken(str(id_), str(owner), str(name), str(role), tuple(decoded),
+                    datetime.fromtimestamp(float(created), UTC), datetime.fromtimestamp(float(expires), UTC),
+                    None if revoked is None else datetime.fromtimestamp(float(revoked), UTC))
+
+
+def live_match(row: Sequence[Any] | None, wanted: str, now: datetime) -> ApiToken | None:
+    """The row a hash lookup found, if its hash is the wanted one (compared in constant time) and it is live."""
+    if row is None or not hmac.compare_digest(str(row[1]).encode(), wanted.encode()):
+        return None
+    token = token_of(row)
+    return token if token.live(now) else None
+
+
+class Tokens(Protocol):
+    """Where personal tokens are kept: this file on one host, PostgreSQL in a fleet (fleet/api_tokens.py)."""
+
+    def create(self, owner: str, role: str, groups: Collection[str], name: str, expires_at: datetime,
+               now: datetime) -> tuple[ApiToken, str]: ...
+    def lookup(self, secret: str, now: datetime) -> ApiToken | None: ...
+    def get(self, token_id: str) -> ApiToken | None: ...
+    def revoke(self, token_id: str, now: datetime) -> ApiToken: ...
+    def list(self, owner: str | None = None) -> list[ApiToken]: ...
 
 
 class TokenStore:
@@ -121,18 +155,9 @@ class TokenStore:
     def create(self, owner: str, role: str, groups: Collection[str], name: str, expires_at: datetime,
                now: datetime) -> tuple[ApiToken, str]:
         """A new token and its secret, which is nowhere else: the caller shows it once and forgets it."""
-        if not owner:
-            raise TokenError("a token needs an owner")
-        if expires_at <= now:
-            raise TokenError("a token must expire after it is made")
-        secret, token_id = new_secret(), secrets.token_hex(8)
-        token = ApiToken(token_id, owner, name.strip()[:100] or "token", role, tuple(sorted(set(groups))), now,
-                         expires_at)
+        token, secret = new_token(owner, role, groups, name, expires_at, now)
         with self._lock, immediate(self._db):
-            self._db.execute(
-                "INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                (token.id, hash_secret(secret), token.owner, token.name, token.role, json.dumps(token.groups),
-                 now.timestamp(), expires_at.timestamp()))
+            self._db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)", row_of(token, secret))
         return token, secret
 
     def lookup(self, secret: str, now: datetime) -> ApiToken | None:
@@ -142,16 +167,13 @@ class TokenStore:
         wanted = hash_secret(secret)
         with self._lock:
             row = self._db.execute("SELECT * FROM tokens WHERE hash = ?", (wanted,)).fetchone()
-        if row is None or not hmac.compare_digest(str(row[1]).encode(), wanted.encode()):
-            return None
-        token = _token(row)
-        return token if token.live(now) else None
+        return live_match(row, wanted, now)
 
     def get(self, token_id: str) -> ApiToken | None:
         """The token ``token_id``, live or not."""
         with self._lock:
             row = self._db.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
-        return None if row is None else _token(row)
+        return None if row is None else token_of(row)
 
     def revoke(self, token_id: str, now: datetime) -> ApiToken:
         """Revoke ``token_id`` from ``now`` on (revoking twice keeps the first time); TokenError if there is none."""
@@ -161,7 +183,7 @@ class TokenStore:
             row = self._db.execute("SELECT * FROM tokens WHERE id = ?", (token_id,)).fetchone()
         if row is None:
             raise TokenError(f"no token {token_id}")
-        return _token(row)
+        return token_of(row)
 
     def list(self, owner: str | None = None) -> list[ApiToken]:
         """Every token (``owner``: only that person's), newest first."""
@@ -170,4 +192,4 @@ class TokenStore:
             query, args = query + " WHERE owner = ?", (owner,)  # type: ignore[assignment]
         with self._lock:
             rows = self._db.execute(query + " ORDER BY created_at DESC, id", args).fetchall()
-        return [_token(row) for row in rows]
+        return [token_of(row) for row in rows]

@@ -230,6 +230,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TRIGGER tasuki_audit_append_only BEFORE UPDATE OR DELETE ON tasuki_audit
             FOR EACH ROW EXECUTE FUNCTION tasuki_audit_append_only()""",
     ),
+    # 8: personal API tokens (issue 40, fleet/api_tokens.py): contexts/api_tokens.py's rows, one set for the fleet so
+    # a token made in one host's console works at every intake; the secret's SHA-256 only, found by its unique index.
+    (
+        """CREATE TABLE tasuki_api_tokens (
+            id         text PRIMARY KEY,
+            hash       text NOT NULL UNIQUE,
+            owner      text NOT NULL,
+            name       text NOT NULL,
+            role       text NOT NULL,
+            groups     json NOT NULL,
+            created_at double precision NOT NULL,
+            expires_at double precision NOT NULL,
+            revoked_at double precision
+        )""",
+        "CREATE INDEX tasuki_api_tokens_owner ON tasuki_api_tokens (owner)",
+    ),
 )
 
 LATEST = len(MIGRATIONS)

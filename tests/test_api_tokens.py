@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, TokenStore, hash_secret
+from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, Tokens, TokenStore, hash_secret
 from contexts.clock import utc_now
 from contexts.usage import Usage
 from tests.helpers.cli_process import ok, one_line_error
@@ -79,17 +79,59 @@ def test_a_token_is_shown_once_and_stored_only_as_its_hash(tmp_path: Path) -> No
     assert hash_secret(secret).encode() in on_disk  # what is kept instead
 
 
-def test_unknown_expired_and_revoked_tokens_are_not_found(tmp_path: Path) -> None:
-    store, now = TokenStore.beside(tmp_path), utc_now()
-    token, secret = store.create("alice", "viewer", [], "t", now + timedelta(hours=1), now)
-    assert store.lookup(secret + "x", now) is None
-    assert store.lookup(secret.removeprefix(PREFIX), now) is None
-    assert store.lookup(secret, now + timedelta(hours=1)) is None  # expired
-    store.revoke(token.id, now)
-    assert store.lookup(secret, now) is None
-    assert store.get(token.id).status(now) == "revoked"  # type: ignore[union-attr]
+@pytest.fixture(params=["sqlite", "postgresql"])
+def tokens(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tokens]:
+    """Each store behind the one contract: the file of one host, the fleet's PostgreSQL."""
+    if request.param == "sqlite":
+        store = TokenStore.beside(tmp_path)
+        yield store
+        store.close()
+        return
+    from fleet.api_tokens import PostgresTokens
+    from fleet.store import FleetStore
+
+    with FleetStore(request.getfixturevalue("fleet_dsn")) as fleet:
+        yield PostgresTokens(fleet)
+
+
+def test_unknown_expired_and_revoked_tokens_are_not_found(tokens: Tokens) -> None:
+    now = utc_now()
+    token, secret = tokens.create("alice", "viewer", ["g-b", "g-a", "g-a"], "t", now + timedelta(hours=1), now)
+    other, _ = tokens.create("bob", "operator", [], "u", now + timedelta(days=1), now + timedelta(seconds=1))
+    assert tokens.lookup(secret, now) == token
+    assert token.groups == ("g-a", "g-b")
+    assert tokens.lookup(secret + "x", now) is None
+    assert tokens.lookup(secret.removeprefix(PREFIX), now) is None
+    assert tokens.lookup(secret, now + timedelta(hours=1)) is None  # expired
+    assert [t.id for t in tokens.list()] == [other.id, token.id]
+    assert tokens.list("alice") == [token]
+    tokens.revoke(token.id, now)
+    tokens.revoke(token.id, now + timedelta(minutes=5))  # the first revocation's time stays
+    assert tokens.lookup(secret, now) is None
+    revoked = tokens.get(token.id)
+    assert revoked is not None
+    assert revoked.status(now) == "revoked"
+    assert revoked.revoked_at is not None
+    assert abs((revoked.revoked_at - now).total_seconds()) < 0.001  # not the second revocation's time
     with pytest.raises(TokenError):
-        store.revoke("nope", now)
+        tokens.revoke("nope", now)
+
+
+def test_the_fleets_store_keeps_only_the_secrets_hash(
+    make_settings: Callable[..., Settings], fleet_dsn: str
+) -> None:
+    from fleet.api_tokens import PostgresTokens
+    from fleet.store import FleetStore
+
+    settings = make_settings({"TASUKI__FLEET__STORE": fleet_dsn})
+    assert isinstance(token_store(settings), PostgresTokens)  # fleet.store set: every intake knows every token
+    with FleetStore(fleet_dsn) as fleet:
+        _, secret = PostgresTokens(fleet).create("alice", "admin", [], "t", utc_now() + timedelta(days=1), utc_now())
+        with fleet.connection() as conn:
+            rows = conn.execute("SELECT * FROM tasuki_api_tokens").fetchall()
+    stored = json.dumps([list(map(str, row)) for row in rows])
+    assert secret.removeprefix(PREFIX) not in stored
+    assert hash_secret(secret) in stored
 
 
 def test_a_token_cannot_outrank_its_owner_or_outlive_the_maximum(make_settings: Callable[..., Settings]) -> None:

@@ -9,17 +9,24 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from contexts.api_tokens import ApiToken, TokenError, TokenStore
+from contexts.api_tokens import ApiToken, TokenError, Tokens, TokenStore
 from worker.roles import Role, team_of
 from worker.settings_models import Settings
+from worker.stores import fleet_store
 
 _STORES: dict[Path, TokenStore] = {}
 _STORES_LOCK = threading.Lock()
 
 
-def token_store(settings: Settings) -> TokenStore:
-    """The token store beside the configured contexts root, opened once per process."""
+def token_store(settings: Settings) -> Tokens:
+    """Where tokens are kept: the fleet's PostgreSQL when ``fleet.store`` is set (every intake knows every token),
+    else the file beside the configured contexts root, opened once per process."""
+    if urlsplit(settings.fleet.store or "").scheme in ("postgresql", "postgres"):
+        from fleet.api_tokens import PostgresTokens  # fleet mode only: one host never loads the driver
+
+        return PostgresTokens(fleet_store(settings))
     path = Path(settings.contexts.base_dir).absolute()
     with _STORES_LOCK:
         if path not in _STORES:
@@ -35,7 +42,7 @@ def role_named(name: str) -> Role:
         raise TokenError(f"no role {name!r}: viewer, operator or admin") from None
 
 
-def issue_token(settings: Settings, store: TokenStore, *, owner: str, owner_role: Role, groups: Collection[str],
+def issue_token(settings: Settings, store: Tokens, *, owner: str, owner_role: Role, groups: Collection[str],
                 role: Role, expires_days: int, name: str, now: datetime) -> tuple[ApiToken, str]:
     """A token for ``owner`` (who holds ``owner_role`` now) and its secret, shown once: its role at most the
     owner's, its life at most ``auth.token_max_days``. ``groups`` are kept with it for its team's budgets."""
