@@ -298,6 +298,32 @@ def test_a_team_over_its_daily_cost_is_refused(
 
 
 @pytestmark_http
+def test_anyone_reads_their_own_budget_and_only_an_admin_every_teams(
+    make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
+) -> None:
+    settings = make_settings({"TASUKI__BROKER__URL": redis_url, "TASUKI__AUTH__TEAMS": TEAMS,
+                              "TASUKI__LIMITS__TEAM_TASKS": "3", "TASUKI__LIMITS__USER_TASKS": "2"})
+    ann, vic = make_token(settings, "ann", groups=("g-blue",)), make_token(settings, "vic", role=Role.VIEWER)
+    ada = make_token(settings, "ada", role=Role.ADMIN, groups=("g-red",))
+    with intake_server(settings) as server:
+        with server.client(headers=bearer(ann)) as client:
+            assert client.post("/api/tasks", json={"repo": "octo/app", "issue": 1}).status_code == 202
+            own = client.get("/api/budget").json()
+            refused = client.get("/api/budgets")
+        with server.client(headers=bearer(vic)) as client:
+            viewer = client.get("/api/budget").json()
+        with server.client(headers=bearer(ada)) as client:
+            every = client.get("/api/budgets")
+    assert own["user"] == {"name": "ann", "tasks": 1, "tasks_cap": 2}
+    assert own["team"] == {"name": "blue", "tasks": 1, "tasks_cap": 3, "cost": 0.0, "cost_cap": None}
+    assert (viewer["user"]["tasks"], viewer["team"]) == (0, None)
+    assert refused.status_code == 403
+    assert every.status_code == 200
+    assert [(t["name"], t["tasks"]) for t in every.json()["teams"]] == [("blue", 1), ("red", 0)]
+    assert every.json()["limits"]["team_tasks"] == 3
+
+
+@pytestmark_http
 def test_the_worker_counts_a_teams_priced_calls_toward_its_daily_cost(
     make_settings: Callable[..., Settings], redis_url: str, redis_client: redis.Redis
 ) -> None:

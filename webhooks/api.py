@@ -22,6 +22,7 @@ from contexts.atomic import read_json
 from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
 from webhooks.api_auth import ApiAuth
+from webhooks.api_budgets import budget_routes
 from webhooks.body import BodyTooLarge, read_body
 from webhooks.intake import Blocking, Intake
 from worker.api_tokens import BREAK_GLASS, Caller
@@ -111,6 +112,7 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
     ``auth.break_glass``); ``blocking`` runs Redis and disk work."""
     router = APIRouter(prefix="/api")
     auth = ApiAuth(settings, blocking)
+    router.include_router(budget_routes(settings, intake.client, blocking, auth))  # GET /api/budget(s)
 
     @router.post("/tasks")
     async def submit(request: Request) -> Response:

@@ -94,6 +94,17 @@ def take_user_task(client: redis.Redis, user: str, cap: int, now: datetime) -> b
     return bool(client.eval(_TAKE_TASK, 1, user_key(day_of(now), user), cap, DAY_KEY_TTL_S))
 
 
+def user_tasks_today(client: redis.Redis, user: str, now: datetime) -> int:
+    """Tasks ``user`` started so far today."""
+    return int(client.get(user_key(day_of(now), user)) or 0)
+
+
+def team_spent(client: redis.Redis, team: str, now: datetime) -> tuple[int, float]:
+    """Tasks started and USD spent by ``team`` so far today."""
+    values = client.hmget(team_key(day_of(now), team), ["tasks", "cost"])
+    return int(values[0] or 0), float(values[1] or 0.0)
+
+
 def team_cost(client: redis.Redis, team: str, now: datetime) -> float:
     """USD of ``team``'s tasks so far today."""
     return float(client.hget(team_key(day_of(now), team), "cost") or 0.0)
