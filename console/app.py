@@ -117,7 +117,7 @@ class Console:
         self.token = settings.console_token() if settings.auth.break_glass else None
         secret = settings.secrets.tasuki_console_session_secret
         self.key = session_key(secret.get_secret_value() if secret else None, self.token)
-        self.sessions = Sessions(self.key, settings.console.session_lifetime_s, clock)
+        self.sessions = Sessions(self.key, settings.console.session_lifetime_s, clock, break_glass=self.token)
         self.oidc = OIDCSignIn(settings) if settings.auth.oidc.configured else None
         self.https = (settings.console.public_url or "").startswith("https://")
         self.limiter = SignInLimiter(settings.console.signin_attempts_per_minute)

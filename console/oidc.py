@@ -95,6 +95,9 @@ class OIDCSignIn:
         assert oidc.issuer is not None  # noqa: S101 - built only when configured
         self.settings = settings
         self.issuer = oidc.issuer.rstrip("/")
+        if settings.secrets.tasuki_console_session_secret is None:
+            log.warning("secret not set", variable="TASUKI_CONSOLE_SESSION_SECRET",
+                        consequence="console sessions end when it restarts and hold on one process only")
         secret = settings.secrets.oidc_client_secret
         scopes = ["openid", *(s for s in oidc.scopes if s != "openid")]
         client_kwargs: dict[str, Any] = {"scope": " ".join(scopes), "code_challenge_method": "S256"}

@@ -57,9 +57,14 @@ def session_key(secret: str | None, token: str | None) -> str:
 
 
 class Sessions:
-    """Session cookies signed with the console's session key, expiring after ``lifetime_s``."""
+    """Session cookies signed with the console's session key, expiring after ``lifetime_s``. A break-glass session
+    holds only while break-glass is on with the token it was made with (turning it off, or a new token, ends it)."""
 
-    def __init__(self, key: str, lifetime_s: int, clock: Callable[[], float]) -> None:
+    def __init__(self, key: str, lifetime_s: int, clock: Callable[[], float], *,
+                 break_glass: str | None = None) -> None:
+        # Keyed with the session key: the cookie (readable, only signed) never lets a weak token be guessed offline.
+        self.token_mark = (hmac.new(key.encode(), b"break-glass\0" + break_glass.encode(), hashlib.sha256).hexdigest()
+                           if break_glass else None)
 
         class Signer(TimestampSigner):  # signs and checks ages on the console's clock, not time.time()
             def get_timestamp(self) -> int:
@@ -73,8 +78,11 @@ class Sessions:
         """A fresh session for ``actor`` and the cookie value that carries it."""
         session = Session(secrets.token_urlsafe(16), secrets.token_urlsafe(24), actor, role, name,
                           groups[:MAX_GROUPS])
-        return session, self.serializer.dumps({"sid": session.sid, "csrf": session.csrf, "actor": actor,
-                                               "role": int(role), "name": name, "groups": list(session.groups)})
+        data = {"sid": session.sid, "csrf": session.csrf, "actor": actor, "role": int(role), "name": name,
+                "groups": list(session.groups)}
+        if session.break_glass:
+            data["token_mark"] = self.token_mark or ""
+        return session, self.serializer.dumps(data)
 
     def read(self, cookie: str | None) -> Session | None:
         """The session a cookie carries, or None when it is absent, forged or older than the lifetime."""
@@ -89,6 +97,8 @@ class Sessions:
             return None
         groups = data.get("groups")
         if data.get("role") not in {int(r) for r in Role} or not isinstance(groups, list):
+            return None
+        if data["actor"] == BREAK_GLASS and (self.token_mark is None or data.get("token_mark") != self.token_mark):
             return None
         return Session(data["sid"], data["csrf"], data["actor"], Role(data["role"]), data["name"],
                        tuple(str(g) for g in groups))

@@ -258,3 +258,19 @@ def test_a_provider_that_cannot_be_reached_is_one_line_on_the_sign_in_page(
         answer = http.get("/signin/oidc", follow_redirects=False)
     assert answer.status_code == 502
     assert "the provider at http://127.0.0.1:1/realms/x cannot be reached: ConnectError" in answer.text
+
+
+def test_a_break_glass_session_ends_when_break_glass_is_turned_off_or_its_token_changes(
+    make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    store = ContextStore(tmp_path / "contexts")
+    env = {"TASUKI_CONSOLE_SESSION_SECRET": "one-secret-for-every-console-below", "TASUKI__CONSOLE__TOKEN": TOKEN,
+           "TASUKI__AUTH__BREAK_GLASS": "true"}
+    with TestClient(create_console(make_settings(env), store)) as http:
+        assert sign_in(http) == 303
+        cookie = http.cookies["tasuki_console"]
+    for changed in ({"TASUKI__AUTH__BREAK_GLASS": "false"}, {"TASUKI__CONSOLE__TOKEN": "a-new-token"}, {}):
+        with TestClient(create_console(make_settings({**env, **changed}), store),
+                        cookies={"tasuki_console": cookie}) as http:
+            answer = http.get("/tasks", follow_redirects=False)
+            assert answer.status_code == (200 if not changed else 303), changed
