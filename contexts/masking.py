@@ -25,6 +25,8 @@ _GIT_TOKEN = re.compile(
 )
 _GITLAB_RUNNER_REGISTRATION = re.compile(r"GR1348941(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
 _OPENAI = re.compile(r"sk-(?:[A-Za-z0-9_-]|%5[Ff]){16,}")
+# Tasuki's own personal API tokens (contexts/api_tokens.py): ``tsk_`` and 32 random bytes, URL-safe (43 characters).
+_TASUKI_TOKEN = re.compile(rf"tsk{_U}(?:[A-Za-z0-9_-]|%5[Ff]){{40,}}")
 # `Authorization: Basic ...`, `"authorization": "Bearer ..."`, `-H 'Authorization: token ...'`, JSON-escaped
 # quotes and query strings (`?authorization=Bearer%20...`) included: the credential after an optional scheme.
 _AUTH_SCHEMES = ("basic", "bearer", "token", "digest", "negotiate", "ntlm", "dpop", "apikey", "bot", "ssws",
@@ -134,6 +136,8 @@ def mask(text: str) -> str:
         text = _OPENAI.sub(_openai_key, text)
     if "_" in text or "-" in text or "%" in text:
         text = _GIT_TOKEN.sub(_git_token, text)
+    if "tsk" in text:
+        text = _TASUKI_TOKEN.sub(lambda m: m.group() if _inside_word(m) else "[TASUKI_TOKEN]", text)
     if "GR1348941" in text:
         text = _GITLAB_RUNNER_REGISTRATION.sub(_git_token, text)
     if "thorization" in text or "THORIZATION" in text:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import redis
 
-from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, Tokens, TokenStore, hash_secret
+from contexts.api_tokens import PREFIX, TOKENS_FILE, TokenError, Tokens, TokenStore, hash_secret, new_secret
 from contexts.clock import utc_now
+from contexts.masking import mask
 from contexts.usage import Usage
 from tests.helpers.cli_process import ok, one_line_error
 from tests.helpers.intake_server import IntakeServer, intake_server
@@ -92,6 +93,14 @@ def tokens(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tokens]:
 
     with FleetStore(request.getfixturevalue("fleet_dsn")) as fleet:
         yield PostgresTokens(fleet)
+
+
+def test_a_token_pasted_anywhere_is_masked_before_it_reaches_a_file_or_a_log() -> None:
+    secret = new_secret()
+    for text in (f"curl -H 'X-Key: {secret}'", f'{{"token": "{secret}"}}', f"see {secret.replace('_', '%5F', 1)}"):
+        assert secret.removeprefix(PREFIX) not in mask(text)
+        assert "[TASUKI_TOKEN]" in mask(text)
+    assert mask("the tsk_short file") == "the tsk_short file"
 
 
 def test_unknown_expired_and_revoked_tokens_are_not_found(tokens: Tokens) -> None:
