@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -99,6 +100,7 @@ def run(scratch: Path, *, quick: bool = False) -> list[Result]:
     size = (audit_dir(scratch / f"log-{big}" / "contexts") / AUDIT_FILE).stat().st_size
     print(f"audit: wrote {SMALL:,} and {big:,} lines ({size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s",
           flush=True)
+    os.sync()  # the written file's pages go to disk now, not in the background during the first view's timing
     views: list[tuple[str, Callable[[Settings, datetime], dict[str, object]], float | None, int]] = [
         ("newest 100", lambda s, t: {}, TARGET, 21),
         ("--since (50 lines)", lambda s, t: {"since": t.isoformat(), "limit": 0}, TARGET, 21),
