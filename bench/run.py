@@ -34,6 +34,7 @@ from bench import (
     bench_metrics,
     bench_monitor,
     bench_outcomes,
+    bench_permissions,
     bench_prompt,
     bench_reading,
     bench_recall,
@@ -86,6 +87,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "eval": bench_eval.run,  # issue 39: 20 eval rows on 1, 2 and 4 workers; the harness's time per row vs the agent's
     "eval-mine": bench_eval_mine.run,  # issue 39: tasuki eval mine on itsdangerous: rows found, kept, time per row
     "audit": bench_audit.run,  # issue 40: tasuki audit at 1,000,000 lines vs 1,000 (newest, --since, filters, verify)
+    "permissions": bench_permissions.run,  # issue 40: trigger admission with the permission cache warm/cold vs none
 }
 
 

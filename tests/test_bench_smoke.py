@@ -121,6 +121,14 @@ def test_quick_audit_benchmark_prints_its_ratios(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_quick_permissions_benchmark_prints_its_ratios(tmp_path: Path) -> None:
+    run = quick_run("permissions", tmp_path, 300)
+    for name in ("warm", r"warm \+ audit", "cold"):
+        assert re.search(rf"^permissions: {name} vs today: \d+\.\d\d$", run.stdout, re.M), run.stdout
+    assert re.search(r"^trigger admission, warm vs today +\d+\.\d\d +<= 1.2 +(PASS|MISS)$", run.stdout, re.M)
+    assert re.search(r"^permissions: .* \d+ lookups reached the forge$", run.stdout, re.M), run.stdout
+
+
 @pytest.mark.timeout(120)
 def test_quick_run_of_the_app_token_benchmark_prints_its_figures(tmp_path: Path) -> None:
     run = quick_run("app-tokens", tmp_path)
