@@ -239,9 +239,23 @@ class AuditLog:
                     return
                 yield number, _parse(raw), raw_hash_matches(raw[:-1])
 
+    def _links(self) -> Iterator[tuple[int, Mapping[str, Any] | None, bool]]:
+        """:meth:`lines` for the verifier: a line whose bytes hash to its hash is canonical JSON as the writer made
+        it, so its ``seq`` and ``prev`` are read off the bytes without parsing it (half the verifier's time)."""
+        if not self.path.exists():
+            return
+        with open_no_follow(self.path) as handle:
+            for number, raw in enumerate(handle, 1):
+                if not raw.endswith(b"\n"):
+                    return
+                if raw_hash_matches(raw[:-1]) and (link := _link(raw[:-1])) is not None:
+                    yield number, link, True
+                else:
+                    yield number, _parse(raw), False
+
     def verify(self) -> list[Problem]:
         """Every line chained to the one before, numbered without gaps, and the newest matching ``head``."""
-        problems = list(check_chain(self.lines()))
+        problems = list(check_chain(self._links()))
         if problems:
             return problems
         head = read_json(self.head_path) if self.head_path.exists() else None
@@ -323,6 +337,22 @@ class AuditLog:
                 if (raw.endswith(b"\n") and all(n in raw for n in needles) and (line := _parse(raw)) is not None
                         and query.matches(line)):
                     yield line
+
+
+def _link(raw: bytes) -> dict[str, Any] | None:
+    """``seq``, ``prev`` and ``hash`` of a canonical line. Sorted keys put the top-level ``prev`` and ``seq`` after
+    ``detail`` (whose keys could be named so too), and a string value holds no bare quote: the last occurrences are
+    the line's own."""
+    prev_at, seq_at = raw.rfind(b',"prev":"'), raw.rfind(b',"seq":')
+    if prev_at < 0 or seq_at < prev_at:
+        return None
+    prev = raw[prev_at + 9 : prev_at + 73]
+    end = seq_at + 7
+    while end < len(raw) and raw[end : end + 1].isdigit():
+        end += 1
+    if raw[prev_at + 73 : prev_at + 74] != b'"' or end == seq_at + 7 or raw[end : end + 1] not in (b",", b"}"):
+        return None
+    return {"seq": int(raw[seq_at + 7 : end]), "prev": prev.decode(), "hash": raw[-66:-2].decode()}
 
 
 def _raw_at(raw: bytes) -> str:

@@ -192,3 +192,13 @@ def test_every_action_is_recorded_even_one_outside_the_list(make_settings: Calla
     settings = make_settings()
     record_audit(settings, actor="cli:x", action=action, now=T0)
     assert [line["action"] for line in audit_log(settings).read()] == [action]
+
+
+def test_a_detail_with_keys_named_seq_and_prev_does_not_confuse_the_verifier(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit")
+    for _ in range(3):
+        log.append(Event(at=T0, actor="cli:x", action="setting.change",
+                         detail={"prev": "f" * 64, "seq": 99, "reason": ',"seq":7,"prev":"' + "e" * 64 + '"'}))
+    assert log.verify() == []
+    _rewrite(log.path, lambda ls: [ls[0], ls[2]])
+    assert [p.line for p in log.verify()] == [2]
