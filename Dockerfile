@@ -43,9 +43,9 @@ RUN python -m venv /app/venv
 ENV PATH=/app/venv/bin:$PATH
 # Dependencies first, from pyproject.toml and empty packages, so that a code change does not reinstall them.
 COPY pyproject.toml README.md ./
-RUN for package in contexts memory fleet sandbox agent worker scheduler webhooks console cli replay; do mkdir "$package" && touch "$package/__init__.py"; done \
+RUN for package in contexts memory fleet sandbox agent worker evals scheduler webhooks console cli replay; do mkdir "$package" && touch "$package/__init__.py"; done \
     && pip install ".[flower]" \
-    && rm -rf contexts memory fleet sandbox agent worker scheduler webhooks console cli replay build ./*.egg-info
+    && rm -rf contexts memory fleet sandbox agent worker evals scheduler webhooks console cli replay build ./*.egg-info
 COPY contexts ./contexts
 COPY memory ./memory
 COPY fleet ./fleet
