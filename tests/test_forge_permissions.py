@@ -25,6 +25,9 @@ from tests.helpers.fake_forge import FakeForge
 from tests.helpers.intake_server import IntakeServer, intake_server
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import Stack, fix_calc_trajectory, make_buggy_repo
+from webhooks.ci_events import CIFailure, github_ci, gitlab_ci
+from webhooks.membership_events import MembershipChanged, github_membership, gitlab_membership
+from webhooks.permission_gate import subject_of
 from worker.forges import GiteaForge, GitHubForge, GitLabForge
 from worker.names import ACTIVE_PREFIX, HELD_TRIGGERS_KEY, KEY_PREFIX
 from worker.permissions import Level, PermissionUnknown, Person, cache_key, github_level, gitlab_level, minimum
@@ -57,6 +60,37 @@ def test_a_repository_may_ask_more_than_the_default_minimum() -> None:
     settings = PermissionSettings(minimum="write", repositories={"Octo/Secret": "admin"})
     assert minimum(settings, "octo", "secret") == Level.ADMIN
     assert minimum(settings, "octo", "open") == Level.WRITE
+
+
+def test_membership_events_name_whose_permissions_to_drop() -> None:
+    organization = {"organization": {"login": "octo-org"}}
+    assert github_membership("member", {"repository": {"owner": {"login": "octo"}}, "member": {"login": "ann"}}) == \
+        MembershipChanged("github", "octo", "ann")
+    assert github_membership("membership", {**organization, "member": {"login": "bob"}}) == \
+        MembershipChanged("github", "octo-org", "bob")
+    assert github_membership("organization", {**organization, "membership": {"user": {"login": "cy"}}}) == \
+        MembershipChanged("github", "octo-org", "cy")
+    assert github_membership("team", organization) == MembershipChanged("github", "octo-org", "")
+    assert github_membership("issues", organization) is None
+    system_hook = {"event_name": "user_remove_from_team", "project_path_with_namespace": "grp/sub/proj",
+                   "user_username": "dee"}
+    assert gitlab_membership(system_hook) == MembershipChanged("gitlab", "grp/sub", "dee")
+    assert gitlab_membership({"event_name": "user_create", "user_username": "dee"}) is None
+
+
+def test_a_ci_follow_up_rests_on_the_pusher() -> None:
+    run = load_payload("github/workflow_run.completed.json")
+    run["workflow_run"]["conclusion"] = "failure"  # the published example succeeded
+    failure = github_ci("workflow_run", run)
+    assert isinstance(failure, CIFailure)
+    subject = subject_of(failure)
+    assert subject is not None
+    assert (subject.kind, subject.item, subject.person.login) == ("ci", "", "Codertocat")
+    hook = load_payload("gitlab/pipeline_hook.json")
+    hook["object_attributes"]["status"] = "failed"
+    pipeline = gitlab_ci(hook)
+    assert isinstance(pipeline, CIFailure)
+    assert (pipeline.actor, pipeline.actor_id) == ("user1", 42)
 
 
 # -- each forge's lookup over HTTP --------------------------------------------------------------------

@@ -220,7 +220,9 @@ class PermissionGate:
 
     def start_retries(self, redeliver: Redeliver) -> None:
         """Check held deliveries again while this intake runs (started with its first delivery)."""
-        if self._sweeper is None or self._sweeper.done():
+        running = self._sweeper is not None and not self._sweeper.done() and \
+            self._sweeper.get_loop() is asyncio.get_running_loop()  # a test client may run each request on a loop
+        if not running:
             self._sweeper = asyncio.ensure_future(self._sweep(redeliver))
 
     async def _sweep(self, redeliver: Redeliver) -> None:
