@@ -20,6 +20,8 @@ from tests.helpers.fake_github_app import FakeApp
 from tests.helpers.intake_server import IntakeServer, intake_server
 from tests.helpers.model_server import model_server
 from tests.helpers.stack import Stack, git, make_buggy_repo
+from webhooks.events import Trigger, github_action
+from webhooks.followups import new_task_request
 from worker.forges.app_tokens import SUSPENDED
 from worker.settings import load_settings
 
@@ -55,15 +57,22 @@ class AppFleet:
     app: FakeApp
     intake: IntakeServer
 
-    def label(self, repo: str, number: int, installation: int) -> str:
-        """Label issue ``number`` of ``repo`` through the App's webhook; the task's UUID."""
+    def labeled(self, repo: str, number: int, installation: int) -> dict[str, Any]:
+        """The App's ``issues.labeled`` webhook for issue ``number`` of ``repo`` (the issue made on the forge)."""
         self.forge.add_item(OWNER, repo, number, f"Issue {number}", "Write notes.", labels=["bug"])
         payload = load_payload("github/issues.labeled.json")
         payload["issue"]["number"] = number
         payload["repository"]["name"] = repo
         payload["installation"] = {"id": installation, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uNDI="}
+        return payload
+
+    def post(self, payload: dict[str, Any]) -> httpx.Response:
         body, headers = github_delivery("issues", payload, SECRET)
-        response = httpx.post(self.intake.url + "/webhooks/github", content=body, headers=headers, timeout=10)
+        return httpx.post(self.intake.url + "/webhooks/github", content=body, headers=headers, timeout=10)
+
+    def label(self, repo: str, number: int, installation: int) -> str:
+        """Label issue ``number`` of ``repo`` through the App's webhook; the task's UUID."""
+        response = self.post(self.labeled(repo, number, installation))
         assert response.status_code == 202, response.text
         return str(response.json()["task_id"])
 
@@ -123,7 +132,14 @@ def test_a_task_that_outlives_two_tokens_still_pushes_opens_its_pull_request_and
 
 
 def test_a_suspended_installation_fails_its_task_in_one_named_log_line(fleet: AppFleet) -> None:
-    task_id = fleet.label(OTHER, 2, SUSPENDED_INSTALLATION)
+    payload = fleet.labeled(OTHER, 2, SUSPENDED_INSTALLATION)
+    # The intake cannot learn the sender's permission without a token: held, nothing queued (fail closed).
+    held = fleet.post(payload)
+    assert (held.status_code, held.json()["status"]) == (202, "held"), held.text
+    # A task that reaches a worker all the same (sent as the intake would have sent it) fails in one line.
+    action = github_action("issues", payload, load_settings(env=fleet.stack.env()).github)
+    assert isinstance(action, Trigger)
+    task_id = fleet.stack.send(new_task_request(action))
     state = fleet.stack.wait_finished(task_id)
     assert state["status"] == "failed"
     assert SUSPENDED in state["error"]
