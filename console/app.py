@@ -33,6 +33,8 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from console import views
+from console.audit import NEEDED_ROLE as AUDIT_ROLE
+from console.audit import AuditPage
 from console.evals import read_run, read_runs
 from console.fleet import RecentEndings, read_fleet
 from console.live import POLL_S, Seen, follow
@@ -49,6 +51,7 @@ from console.sessions import (
     token_matches,
 )
 from console.tasklist import Filters, read_page
+from console.tokens import TokenPages
 from contexts.errors import ContextNotFoundError, InvalidUUIDError, TasukiError
 from contexts.store import ContextStore
 from evals.rundir import EvalError
@@ -365,6 +368,7 @@ def create_console(
 ) -> Starlette:
     """The console app; mount it under ``/console``. ``client`` None: no broker (the fleet says so)."""
     c = Console(settings, store, client, cancel, workers, clock)
+    tokens = TokenPages(c)  # personal API tokens (console/tokens.py)
     routes = [
         Route("/signin", c.signin_form, methods=["GET"]),
         Route("/signin", c.signin, methods=["POST"]),
@@ -379,6 +383,11 @@ def create_console(
         Route("/tasks/{uuid}/cancel", guarded(c, c.cancel, page=False, needs=Role.OPERATOR), methods=["POST"]),
         Route("/evals", guarded(c, c.evals, page=True)),
         Route("/evals/{run}", guarded(c, c.eval_run, page=True)),
+        Route("/audit", guarded(c, AuditPage(c).list, page=True, needs=AUDIT_ROLE)),
+        Route("/tokens", guarded(c, tokens.list, page=True, needs=Role.OPERATOR), methods=["GET"]),
+        Route("/tokens", guarded(c, tokens.create, page=True, needs=Role.OPERATOR), methods=["POST"]),
+        Route("/tokens/{token_id}/revoke", guarded(c, tokens.revoke, page=False, needs=Role.OPERATOR),
+              methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     middleware = [Middleware(SecurityHeaders)]

@@ -26,10 +26,13 @@ from webhooks.budget import not_started, over_budget, reply_text, should_reply
 from webhooks.ci_events import CIFailure
 from webhooks.events import Action, Cancel, Command, Ignore, Note, Trigger
 from webhooks.followups import Followups, inbox_entry, may_continue_thread, new_task_request
+from webhooks.membership_events import MembershipChanged
 from webhooks.outcome_intake import PullOutcomes
+from webhooks.permission_gate import PermissionGate
 from webhooks.pull_events import PullEnded
 from worker.admission import Admissions
 from worker.names import ACTIVE_PREFIX, DELIVERY_PREFIX, TASK_PREFIX
+from worker.permissions import PermissionUnknown
 from worker.profiles import UnknownProfile, check_profile
 from worker.settings_models import Settings
 from worker.stores import open_store
@@ -85,6 +88,7 @@ class Intake:
         self._store: ContextStore | None = None
         self.followups = Followups(settings, client, celery_app)
         self.outcomes = PullOutcomes(settings, client, celery_app, self.followups, lambda: self.store)
+        self.gate = PermissionGate(settings, client, async_client, blocking, self.followups.reply)
 
     @property
     def store(self) -> ContextStore:
@@ -95,11 +99,30 @@ class Intake:
 
     # -- webhooks --------------------------------------------------------------------------------
 
-    async def deliver(self, source: str, delivery_id: str, action: Action) -> Answer:
-        """Act on one verified delivery, at most once per delivery id."""
+    async def deliver(self, source: str, delivery_id: str, action: Action, tries: int = 0) -> Answer:
+        """Act on one verified delivery, at most once per delivery id, if its person may (webhooks/permission_gate.py;
+        ``tries``: the checks a held delivery has had)."""
         if isinstance(action, Ignore):
             return Answer(200, {"status": "ignored", "reason": action.reason}, "ignored")
+        if isinstance(action, MembershipChanged):
+            dropped = await self.blocking(self.gate.membership, action.source, action.owner, action.login)
+            return Answer(200, {"status": "permissions dropped", "dropped": dropped}, "membership")
         key = delivery_key(source, delivery_id)
+        if isinstance(action, PullEnded):  # a fact, whoever brought it about
+            return await self._admitted(key, action)
+        self.gate.start_retries(self.deliver)
+        try:
+            verdict = await self.gate.judge(action)
+        except PermissionUnknown as exc:  # fail closed, and check again later
+            return Answer(*await self.blocking(self.gate.hold, key, source, delivery_id, action, tries, str(exc)))
+        if not verdict.admitted:
+            return Answer(*await self.blocking(self.gate.refuse, key, action, verdict))
+        answer = await self._admitted(key, action)
+        if answer.outcome != "duplicate":
+            self.gate.admitted(verdict)
+        return answer
+
+    async def _admitted(self, key: str, action: Trigger | Cancel | Note | Command | CIFailure | PullEnded) -> Answer:
         # Daily budgets (SPEC §16) read and take Redis counters first: with any set, triggers go the blocking way.
         budgets = self.settings.limits.per_day
         if (isinstance(action, Trigger) and not may_continue_thread(action.task_key) and not budgets
@@ -277,15 +300,17 @@ class Intake:
     def submit_within_budget(self, request: dict[str, Any], uuid: str | None = None) -> Enqueued | str:
         """:meth:`submit` held to the daily budgets of the request's repository and user (SPEC §16), for triggers and
         the task API alike: the submission, or why nothing was queued. A task key already active starts nothing,
-        so no budget is checked or taken for it."""
+        so no budget is checked or taken for it. A request's ``team`` (the API's and console's people, issue 40)
+        is held to its team's budgets too."""
         user, now, active = request.get("user") or "", utc_now(), self._active(request)
-        why = None if active else over_budget(self.settings.limits, self.client, request["task_key"], user, now)
+        team = request.get("team") or ""
+        why = None if active else over_budget(self.settings.limits, self.client, request["task_key"], user, now, team)
         if why is not None:
-            log.info("over budget", task_key=task_key_id(request["task_key"]), user=user, reason=why)
+            log.info("over budget", task_key=task_key_id(request["task_key"]), user=user, team=team, reason=why)
             return why
         enqueued = self.submit(request, uuid)
         if enqueued.already_active and not active:  # became active since: the user's task taken is given back
-            not_started(self.settings.limits, self.client, user, now)
+            not_started(self.settings.limits, self.client, user, now, team)
         return enqueued
 
     def queued_task_key(self, uuid: str) -> dict[str, str] | None:

@@ -263,6 +263,30 @@ class GiteaSettings(Section):
 
 
 
+PermissionLevel = Literal["none", "read", "triage", "write", "maintain", "admin"]
+"""One scale for every forge's repository permission (worker/permissions.py maps each forge's onto it)."""
+
+
+class PermissionSettings(Section):
+    check: bool = True
+    """Check every trigger's person against the forge's real repository permission (false: trust any author the
+    payload allows, as before issue 40; only for a forge whose every commenter may run code)."""
+    minimum: PermissionLevel = "write"
+    """The least permission (none < read < triage < write < maintain < admin) whose holder's label, comment,
+    review, /tasuki command or push may start or steer a task."""
+    repositories: Annotated[dict[Name, PermissionLevel], AfterValidator(HashableDict)] = Field(
+        default_factory=HashableDict)
+    """``{owner/name: level}``: a repository's own minimum (owner/name compared without case)."""
+    cache_s: Annotated[int, Field(ge=0)] = 300
+    """Seconds a person's permission is kept in Redis (dropped sooner on member, membership, organization events)."""
+    timeout_s: PositiveFloat = 10.0
+    """Seconds the intake waits for the forge's answer; no answer holds the delivery for a retry."""
+    retry_s: PositiveFloat = 30.0
+    """Seconds before a held delivery is checked again (doubling each time)."""
+    retries: Annotated[int, Field(ge=0)] = 6
+    """Checks again of a held delivery before it is refused for good (fail closed)."""
+
+
 class FollowupSettings(Section):
     max_ci_fixes: Annotated[int, Field(ge=0)] = 2
     """CI-fix tasks in a row per pull/merge request; a person's review or `/tasuki autofix on` resets the count."""
@@ -365,11 +389,18 @@ class LimitSettings(Section):
     """USD one repository's tasks may cost per UTC day; then its triggers get over_budget. null: no limit."""
     user_tasks: PositiveInt | None = None
     """Tasks one user may start per UTC day; then the user's triggers get over_budget. null: no limit."""
+    team_tasks: PositiveInt | None = None
+    """Tasks one team (auth.teams, from the person's groups) may start per UTC day through the API or the console;
+    then its people's submissions get over_budget. null: no limit."""
+    team_cost: PositiveFloat | None = None
+    """USD one team's tasks may cost per UTC day (priced calls only); then its people's submissions get
+    over_budget. null: no limit."""
 
     @property
     def per_day(self) -> bool:
         """Whether any daily cap is set (the intake checks Redis only then)."""
-        return any(v is not None for v in (self.repo_tokens, self.repo_cost, self.user_tasks))
+        caps = (self.repo_tokens, self.repo_cost, self.user_tasks, self.team_tasks, self.team_cost)
+        return any(v is not None for v in caps)
 class ConsoleSettings(Section):
     enabled: bool = False
     """Serve the operators' console under /console/ (tasuki up and the demo turn it on, bound to 127.0.0.1)."""
@@ -446,6 +477,8 @@ class Settings(Section):
     """MCP servers whose tools the agent gets: the operator's, and those a repository declares."""
     environments: EnvironmentsSettings = EnvironmentsSettings()
     """Each repository's environment: declared, set up once, restored for every task (SPEC §17)."""
+    permissions: PermissionSettings = PermissionSettings()
+    """Who may start or steer a task: each trigger's person checked against the forge (docs/permissions.md)."""
     followups: FollowupSettings = FollowupSettings()
     """Follow-up tasks on a pull/merge request a task opened: reviews, CI failures (SPEC §14)."""
     attempts: AttemptsSettings = AttemptsSettings()
@@ -513,7 +546,7 @@ class Settings(Section):
         # A cost cap of the operator's where no configured model has a price could never be reached: every cost
         # would be "no prices configured". The default task_cost (also as config.yaml writes it out) is no such
         # promise: it applies where a price is known.
-        for name in ("task_cost", "repo_cost"):
+        for name in ("task_cost", "repo_cost", "team_cost"):
             value = getattr(self.limits, name)
             default = LimitSettings.model_fields[name].default
             if value is not None and value != default and not self.prices_known():
