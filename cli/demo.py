@@ -78,6 +78,7 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         raise TasukiError("the demo needs git on PATH (e.g. `apt install git`); everything else it brings itself")
     demo_dir = settings.local.var_dir / "demo"
     demo_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    say(data_line(settings))
     stopping = threading.Event()  # Ctrl-C, even where it came in ignored (a background job, a test's child)
     with ExitStack() as stack:
         stack.enter_context(stop_on_signals(stopping))
@@ -134,6 +135,12 @@ def run_demo(settings: Settings, say: Callable[[str], None], *, force_replay: bo
         if state.get("status") != "completed":
             return 1
         return _second_task(settings, say, broker, repo, store, alive=alive)
+
+
+def data_line(settings: Settings) -> str:
+    """The one line that says where Tasuki's own files go (local.data_dir), printed by demo and up."""
+    return (f"data:    {settings.local.data_dir} (local.data_dir): var/ {settings.local.var_dir}, contexts "
+            f"{settings.contexts.base_dir}")
 
 
 def launcher() -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 from cli.console_access import console_access
+from cli.demo import data_line
 from cli.embedded import EmbeddedRedis, record_broker, redis_answers
 from cli.services import (
     TASK_QUEUES,
@@ -20,6 +21,8 @@ from cli.services import (
     until_one_exits,
     worker_processes,
 )
+from contexts.errors import TasukiError
+from contexts.masking import mask
 from worker.settings_models import Settings
 
 
@@ -38,15 +41,22 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
     stopping = threading.Event()
     with ExitStack() as stack, stop_on_signals(stopping):
         overrides: dict[str, str] = {}
-        if redis_answers(settings.broker.url):
-            tell(f"broker:     Redis at {settings.broker.url}")
+        tell(data_line(settings).replace("data:    ", "data:       ", 1))
+        if settings.source.sets("broker", "url"):
+            shown = mask(settings.broker.url)
+            if not redis_answers(settings.broker.url):
+                raise TasukiError(f"the configured broker.url {shown} does not answer; start that Redis, or unset "
+                                  "broker.url and TASUKI__BROKER__URL for an embedded one")
+            tell(f"broker:     the configured Redis at {shown} (broker.url)")
         else:
+            # Nobody chose a broker: an embedded one of this data directory's own, never whatever Redis happens to
+            # answer on localhost:6379 (on a shared machine, someone else's).
             embedded = EmbeddedRedis(var_dir / "redis").start()
             stack.callback(embedded.stop)
             stack.enter_context(record_broker(var_dir, embedded.url))
             overrides["TASUKI__BROKER__URL"] = embedded.url
-            tell(f"broker:     embedded Redis at {embedded.url} (data in {embedded.data_dir}; other tasuki "
-                 f"commands with this configuration find it)")
+            tell(f"broker:     embedded Redis at {embedded.url} (no broker.url configured; data in "
+                 f"{embedded.data_dir}; other tasuki commands with this configuration find it)")
         if webhook:
             access = console_access(settings, host)
             overrides.update({"TASUKI__CONSOLE__ENABLED": "true", "TASUKI__WEBHOOK__HOST": host, **access.env})

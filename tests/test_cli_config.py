@@ -238,7 +238,8 @@ def test_without_a_config_file_a_command_says_which_defaults_and_directory_it_us
     )
     notes = [line for line in done.stderr.splitlines() if "defaults" in line]
     assert len(notes) == 1
-    assert str(tmp_path) in notes[0]
+    assert f"relative paths under {REPO_ROOT} " in notes[0]  # beside the checkout, not the working directory
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_celery_with_a_bad_configuration_prints_one_line_and_exits_2(tmp_path: Path) -> None:

@@ -105,14 +105,23 @@ def test_demo_fixes_the_failing_test_shows_compression_and_a_second_task_that_re
     assert used["embedder"] == ("all-MiniLM-L6-v2" if local_available() else None)
 
 
-def test_demo_model_replay_forces_the_replay_model_even_with_an_api_key(tmp_path: Path) -> None:
-    env = cli_env(tmp_path, TASUKI__BROKER__URL="redis://127.0.0.1:9/0", OPENAI_API_KEY="sk-test-not-a-real-key-000000")
-    done = tasuki(["demo", "--model", "replay"], env, tmp_path)
+def test_demo_model_replay_forces_the_replay_model_and_run_elsewhere_leaves_nothing_there(tmp_path: Path) -> None:
+    # No configuration file and no path settings: every file goes under the data directory, none where it was run.
+    env = {k: v for k, v in cli_env(tmp_path).items() if not k.startswith("TASUKI")}
+    env.update(TASUKI__LOCAL__DATA_DIR=str(tmp_path / "data"), TASUKI__BROKER__URL="redis://127.0.0.1:9/0",
+               OPENAI_API_KEY="sk-test-not-a-real-key-000000")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = tasuki(["demo", "--model", "replay"], env, elsewhere)
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Tasuki's replay model" in done.stdout
     assert "(--model replay)" in done.stdout
     assert "Status: completed" in done.stdout
+    assert list(elsewhere.iterdir()) == []
+    assert done.stdout.count(f"data:    {tmp_path / 'data'} (local.data_dir)") == 1
+    assert (tmp_path / "data" / "var" / "demo" / "worker.log").is_file()
+    assert len(list((tmp_path / "data" / "logs" / "contexts" / "completed").iterdir())) == 2
 
 
 def test_demo_with_an_api_key_says_which_model_it_uses_and_how_to_force_the_replay_model(tmp_path: Path) -> None:
@@ -291,8 +300,7 @@ class Up:
 
 def up_env(tmp_path: Path, port: int) -> dict[str, str]:
     return cli_env(
-        tmp_path,
-        TASUKI__BROKER__URL="redis://127.0.0.1:9/0",  # the discard port: nothing answers, so up embeds one
+        tmp_path,  # no broker.url: up embeds its own Redis even when one answers on localhost:6379
         TASUKI__WEBHOOK__PORT=str(port),  # the host is up's own default, 127.0.0.1: the tests check it
         TASUKI__LOCAL__VAR_DIR=str(tmp_path / "var"),
     )
@@ -317,6 +325,8 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
         assert _signs_in(console.group(1), Path(console.group(2)).read_text())  # up serves the console, token kept
         if (outside := _non_loopback_address()) is not None:  # the intake and its console: this machine only
             assert not _listens(outside, port)
+        assert re.search(r"broker: +embedded Redis at \S+ \(no broker.url configured", "".join(up.lines))
+        assert f"data:       {tmp_path} (local.data_dir)" in "".join(up.lines)  # the config file's directory
         recorded = tmp_path / "var" / "embedded-redis.url"
         assert recorded.read_text().strip() == broker
         assert oct(recorded.stat().st_mode & 0o777) == "0o600"
@@ -404,6 +414,20 @@ def test_other_commands_find_the_embedded_redis_of_a_running_up(tmp_path: Path) 
         up.process.send_signal(signal.SIGTERM)
         up.process.wait(timeout=120)
         up.kill()
+
+
+def test_up_with_a_configured_broker_that_does_not_answer_says_so_in_one_line(tmp_path: Path) -> None:
+    env = up_env(tmp_path, free_port())
+    env["TASUKI__BROKER__URL"] = "redis://127.0.0.1:9/0"  # chosen explicitly: up never replaces it with its own
+
+    done = tasuki(["up"], env, tmp_path, timeout=60)
+
+    assert done.returncode != 0
+    assert done.stderr.splitlines()[-1] == (
+        "tasuki: error: the configured broker.url redis://127.0.0.1:9/0 does not answer; start that Redis, or unset "
+        "broker.url and TASUKI__BROKER__URL for an embedded one")
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "var" / "redis").exists()
 
 
 def test_up_says_which_service_died_with_its_exit_code_and_last_lines(tmp_path: Path) -> None:

@@ -18,8 +18,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def defaults_under(root: Path, file: Path | None = None) -> Settings:
-    """The model's defaults with their relative paths under ``root``, as the loader resolves them."""
-    return resolve_paths(Settings(), root, env_root=root, from_env=set()).with_source(ConfigSource(file, root))
+    """The model's defaults with their relative paths under ``root`` (the data directory), as the loader resolves
+    them."""
+    plain = Settings()
+    settings = plain.model_copy(update={"local": plain.local.model_copy(update={"data_dir": root})})
+    return resolve_paths(settings, root, env_root=root, from_env=set()).with_source(ConfigSource(file, root))
 
 
 def write_config(tmp_path: Path, text: str) -> Path:
@@ -162,7 +165,7 @@ def test_config_path_comes_from_the_argument_then_tasuki_config_then_the_working
     assert load_settings(env=env).agent.max_steps == 2
     assert load_settings(env={}).agent.max_steps == 3
     (tmp_path / "config.yaml").unlink()
-    assert load_settings(env={}) == defaults_under(tmp_path)
+    assert load_settings(env={}) == defaults_under(ROOT)  # no file: beside the checkout, not the working directory
 
 
 def test_an_explicit_env_mapping_ignores_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,12 +332,48 @@ def test_relative_paths_from_the_environment_resolve_against_the_working_directo
     assert s.contexts.workspaces_dir == tmp_path / "deploy" / "var" / "workspaces"
 
 
-def test_without_a_config_file_paths_resolve_against_the_working_directory_and_say_so(tmp_path: Path) -> None:
+def test_without_a_config_file_paths_resolve_beside_the_checkout_never_the_working_directory(tmp_path: Path) -> None:
     s = load_settings(env={}, cwd=tmp_path)
-    assert s.contexts.base_dir == tmp_path / "logs" / "contexts"
+    assert s.local.data_dir == ROOT  # the checkout holding the ./tasuki launcher
+    assert s.contexts.base_dir == ROOT / "logs" / "contexts"
+    assert s.local.var_dir == ROOT / "var"
     assert s.source.file is None
-    assert str(tmp_path) in s.source.describe()
+    assert str(ROOT) in s.source.describe()
     assert "defaults" in s.source.describe()
+
+
+def test_an_installed_package_keeps_its_files_under_xdg_data_home(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.settings
+
+    monkeypatch.setattr(worker.settings, "CHECKOUT", tmp_path / "site-packages")  # no launcher beside it
+    s = load_settings(env={"XDG_DATA_HOME": str(tmp_path / "xdg")}, cwd=tmp_path)
+    assert s.local.data_dir == tmp_path / "xdg" / "tasuki"
+    assert s.contexts.git_cache_dir == tmp_path / "xdg" / "tasuki" / "var" / "git-cache"
+    s = load_settings(env={"HOME": str(tmp_path / "home")}, cwd=tmp_path)
+    assert s.local.var_dir == tmp_path / "home" / ".local" / "share" / "tasuki" / "var"
+
+
+def test_local_data_dir_moves_every_default_path_but_not_the_ones_chosen(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "etc", "local: {data_dir: /srv/tasuki}\ncontexts: {base_dir: ctx}\n")
+    s = load_settings(config, env={"TASUKI__CONTEXTS__WORKSPACES_DIR": "ws"}, cwd=tmp_path)
+    assert s.local.data_dir == Path("/srv/tasuki")
+    assert s.local.var_dir == Path("/srv/tasuki/var")
+    assert s.contexts.git_cache_dir == Path("/srv/tasuki/var/git-cache")
+    assert s.contexts.base_dir == tmp_path / "etc" / "ctx"  # chosen in the file: under the file's directory
+    assert s.contexts.workspaces_dir == tmp_path / "ws"  # chosen in the environment: under the working directory
+    s = load_settings(env={"TASUKI__LOCAL__DATA_DIR": "data"}, cwd=tmp_path)
+    assert s.contexts.base_dir == tmp_path / "data" / "logs" / "contexts"
+
+
+def test_a_broker_counts_as_configured_only_when_chosen(tmp_path: Path) -> None:
+    assert not load_settings(env={}, cwd=tmp_path).source.sets("broker", "url")
+    reference = load_settings(ROOT / "config.yaml", env={})  # the default written out is no choice
+    assert not reference.source.sets("broker", "url")
+    chosen = write_config(tmp_path, "broker: {url: 'redis://127.0.0.1:6380/0'}\n")
+    assert load_settings(chosen, env={}).source.sets("broker", "url")
+    assert load_settings(env={"TASUKI__BROKER__URL": "redis://localhost:6379/0"}, cwd=tmp_path).source.sets(
+        "broker", "url")
 
 
 def test_a_relative_config_argument_is_taken_from_the_working_directory(tmp_path: Path) -> None:

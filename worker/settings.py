@@ -82,8 +82,12 @@ def load_settings(
         settings = Settings.model_validate(recursive_merge(data, overrides))
     except ValidationError as exc:
         raise ConfigError("\n".join(_describe(error, origins) for error in _one_per_problem(exc.errors()))) from None
-    source = ConfigSource(path, path.parent if path is not None else here)
-    settings = resolve_paths(settings, source.root, env_root=here, from_env=set(origins))
+    configured = frozenset(set(origins) | _chosen_in_file(data, settings))
+    data_dir = _data_dir(settings.local.data_dir, path, here, environ, from_env=("local", "data_dir") in origins)
+    source = ConfigSource(path, path.parent if path is not None else data_dir, configured)
+    settings = settings.model_copy(update={"local": settings.local.model_copy(update={"data_dir": data_dir})})
+    settings = resolve_paths(settings, source.root, env_root=here, from_env=set(origins), default_root=data_dir,
+                             configured=configured)
     found = {name.lower(): environ[name] for name in SECRET_VARIABLES if environ.get(name)}
     if environ.get(PRIVATE_KEY_PATH_ENV) and "github_app_private_key" not in found:
         found["github_app_private_key"] = _read_secret_file(environ[PRIVATE_KEY_PATH_ENV], PRIVATE_KEY_PATH_ENV)
@@ -123,18 +127,69 @@ def install_settings(settings: Settings) -> None:
         os.environ[CONFIG_ENV] = str(settings.source.file)
 
 
-def resolve_paths(model: M, root: Path, *, env_root: Path, from_env: set[KeyPath], at: KeyPath = ()) -> M:
+CHECKOUT = Path(__file__).resolve().parents[1]
+LAUNCHER = "tasuki"  # the checkout's launcher script, beside pyproject.toml
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """Where Tasuki keeps its own files when nothing says: beside the checkout it runs from (the directory of the
+    ``tasuki`` launcher), else ``$XDG_DATA_HOME/tasuki`` (``~/.local/share/tasuki``) for an installed package."""
+    if (CHECKOUT / LAUNCHER).is_file() and (CHECKOUT / "pyproject.toml").is_file():
+        return CHECKOUT
+    xdg = environ.get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path(environ.get("HOME") or Path.home()) / ".local/share"
+    return base / "tasuki"
+
+
+def _data_dir(chosen: Path | None, file: Path | None, here: Path, environ: Mapping[str, str], *,
+              from_env: bool) -> Path:
+    """``local.data_dir`` made absolute: as chosen (under the working directory from the environment, the file's
+    directory from the file), else the configuration file's directory, else :func:`default_data_dir`."""
+    if chosen is not None:
+        return (here if from_env or file is None else file.parent) / chosen
+    return file.parent if file is not None else default_data_dir(environ)
+
+
+def _chosen_in_file(data: Mapping[str, Any], settings: Settings) -> set[KeyPath]:
+    """The keys the file sets to something other than the built-in default."""
+    defaults = Settings()
+    chosen: set[KeyPath] = set()
+
+    def walk(node: Mapping[str, Any], at: KeyPath) -> None:
+        for name, value in node.items():
+            key = (*at, str(name))
+            if isinstance(value, Mapping) and _model_at(key) is not None and _field_at(key) is not None:
+                walk(value, key)
+            elif _value_at(settings, key) != _value_at(defaults, key):
+                chosen.add(key)
+
+    walk(data, ())
+    return chosen
+
+
+def _value_at(model: BaseModel, key: KeyPath) -> object:
+    value: object = model
+    for part in key:
+        value = getattr(value, part, None)
+    return value
+
+
+def resolve_paths(model: M, root: Path, *, env_root: Path, from_env: set[KeyPath], at: KeyPath = (),
+                  default_root: Path | None = None, configured: frozenset[KeyPath] | None = None) -> M:
     """``model`` with every relative ``Path`` value made absolute: under ``env_root`` when an environment
-    variable set it, else under ``root``."""
+    variable set it, under ``default_root`` (the data directory) when nobody chose it, else under ``root``."""
     updates: dict[str, Any] = {}
     for name in type(model).model_fields:
         value, key = getattr(model, name), (*at, name)
         if isinstance(value, BaseModel):
-            section = resolve_paths(value, root, env_root=env_root, from_env=from_env, at=key)
+            section = resolve_paths(value, root, env_root=env_root, from_env=from_env, at=key,
+                                    default_root=default_root, configured=configured)
             if section is not value:
                 updates[name] = section
         elif _paths(value):
+            chosen = configured is None or any(key[:n] in configured for n in range(1, len(key) + 1))
             base = env_root if any(key[:n] in from_env for n in range(1, len(key) + 1)) else root
+            base = base if chosen or default_root is None else default_root
             paths = tuple(base / v for v in _paths(value))  # an absolute path stays as it is
             updates[name] = paths if isinstance(value, tuple) else paths[0]
     return model.model_copy(update=updates) if updates else model

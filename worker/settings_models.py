@@ -49,12 +49,19 @@ class ConfigSource(NamedTuple):
 
     file: Path | None
     root: Path
+    configured: frozenset[tuple[str, ...]] = frozenset()
+    """The keys the file or an environment variable set (a value equal to the built-in default written in the file,
+    as the reference config.yaml does, does not count)."""
 
     def describe(self) -> str:
         """One line for a person: which file, or which defaults and which directory."""
         if self.file is not None:
             return f"configuration {self.file}"
         return f"no configuration file: built-in defaults, relative paths under {self.root}"
+
+    def sets(self, *key: str) -> bool:
+        """Whether the operator chose this key (or a section around it) rather than leaving the default."""
+        return any(key[:n] in self.configured for n in range(1, len(key) + 1))
 
 
 class BrokerSettings(Section):
@@ -312,6 +319,10 @@ class AttemptsSettings(Section):
 
 
 class LocalSettings(Section):
+    data_dir: Path | None = None
+    """Where every default relative path (var/, logs/contexts, workspaces, git cache, evals) resolves; null: the
+    configuration file's directory, else beside the checkout, else $XDG_DATA_HOME/tasuki — never the working
+    directory."""
     var_dir: Path = Path("var")
     """This machine's own files: the embedded Redis of up and demo (and its URL), the beat schedule, the demo."""
 
