@@ -14,19 +14,28 @@ toolchain it offers (``TOOLCHAINS``; the apt layer comes before the code's, so a
 Run as a module to build everything ahead of the tests (``.ci/run`` does, while the rest of the suite runs):
 
     python -m tests.helpers.docker_host
+
+What the tests start or build here — dockerd when none answered, each image that was missing — is recorded in
+:data:`OWNED`; ``python -m tests.helpers.docker_host clean`` (run by ``./tasuki test`` and ``.ci/run`` at the end)
+removes those images and stops that dockerd, and nothing else: images that were there before and a dockerd that
+was already running stay, and so does a dockerd that still runs containers. ``TASUKI_KEEP_DOCKER=1`` keeps everything
+(the next run then builds nothing); ``TASUKI_KEEP_DOCKER=images`` keeps the images on disk but stops dockerd.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -47,6 +56,9 @@ DOCKERD_LOG = Path(tempfile.gettempdir()) / "tasuki-dockerd.log"
 START_TIMEOUT_S = 60.0
 COMPOSE_SUITE = "trixie"  # the first Debian release with Compose v2
 COMPOSE_CACHE = Path(tempfile.gettempdir()) / "tasuki-compose-v2"
+OWNED = Path(tempfile.gettempdir()) / f"tasuki-docker-owned-{PROJECT_IMAGE.rpartition('-')[2]}.json"
+KEEP_ENV = "TASUKI_KEEP_DOCKER"
+STOP_TIMEOUT_S = 60.0
 PGSERVER_VERSION = "0.1.4"  # pyproject.toml's test extra: the PostgreSQL the fleet tests run on the host
 
 # Stand-ins for the registry images the project's Dockerfile and compose file name.
@@ -176,10 +188,11 @@ def _start_dockerd() -> None:
     if os.geteuid() != 0:
         raise DockerUnavailable("no Docker engine answers and only root can start dockerd here")
     log = DOCKERD_LOG.open("ab")
-    subprocess.Popen(
+    started = subprocess.Popen(
         [dockerd, "--bridge=none", "--iptables=false", "--ip6tables=false"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
+    _record(dockerd=started.pid)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if _answers():
@@ -277,15 +290,89 @@ def build_images(engine: Engine, *, project: bool = True) -> None:
     with FileLock(str(BUILD_LOCK), timeout=1800):  # .ci/run's early build and the test fixture share the work
         missing = [tag for tag in STANDINS if not _has_image(engine, tag)]
         if missing and not _has_image(engine, BASE_IMAGE):
+            _record(image=BASE_IMAGE)  # before the build: a build cut short leaves nothing unrecorded
             _base_image(engine)
         for tag in missing:
+            _record(image=tag)
             _build(engine, tag, STANDINS[tag], STANDIN_FILES.get(tag))
         if project:
+            if not _has_image(engine, PROJECT_IMAGE):
+                _record(image=PROJECT_IMAGE)
             engine.docker("build", "--network", "host", "--build-arg", f"TOOLCHAINS={TOOLCHAINS}", "-t", PROJECT_IMAGE,
                           str(REPO_ROOT), timeout_s=1800)
 
 
+def _owned() -> dict[str, Any]:
+    try:
+        data = json.loads(OWNED.read_text())
+    except (OSError, ValueError):
+        return {"dockerd": None, "images": []}
+    return data if isinstance(data, dict) else {"dockerd": None, "images": []}
+
+
+def _record(*, dockerd: int | None = None, image: str | None = None) -> None:
+    """Add a dockerd this run started or an image it builds to :data:`OWNED` (shared by the build and the tests)."""
+    with FileLock(str(OWNED) + ".lock", timeout=60):
+        owned = _owned()
+        if dockerd is not None:
+            owned["dockerd"] = dockerd
+        if image is not None and image not in owned["images"]:
+            owned["images"].append(image)
+        OWNED.write_text(json.dumps(owned))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def clean_up(environ: dict[str, str] | None = None) -> list[str]:
+    """Remove the images the tests built and stop the dockerd they started (:data:`OWNED`), unless
+    ``TASUKI_KEEP_DOCKER=1``; returns what was done, one line each."""
+    env = os.environ if environ is None else environ
+    owned = _owned()
+    pid, images = owned.get("dockerd"), list(owned.get("images") or [])
+    if pid is None and not images:
+        return []
+    keep = env.get(KEEP_ENV, "")
+    if keep not in ("", "0", "images"):
+        return [f"kept (as {KEEP_ENV} asks): " + ", ".join([*images, *([f"dockerd pid {pid}"] if pid else [])])]
+    said: list[str] = []
+    if keep == "images":  # built once per machine (CI's way): kept on disk for the next run's dockerd
+        said.append(f"kept the images (as {KEEP_ENV}=images asks): {', '.join(images) or 'none'}")
+    elif images and _answers():
+        for tag in reversed(images):  # the project image and the stand-ins before the base they are built on
+            if run(["docker", "image", "rm", "-f", tag], timeout_s=300, check=False).returncode == 0:
+                said.append(f"removed the image {tag}")
+    running = run(["docker", "ps", "-q"], timeout_s=60, check=False).stdout.split() if _answers() else []
+    if isinstance(pid, int) and _alive(pid) and running:  # another run's containers (two checkouts on one machine)
+        said.append(f"left the dockerd the tests started (pid {pid}) running: {len(running)} containers still use it")
+    elif isinstance(pid, int) and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)  # dockerd stops its containers first; there is no event to wait on
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        said.append(f"stopped the dockerd the tests started (pid {pid})")
+    OWNED.unlink(missing_ok=True)
+    return said
+
+
 def main() -> int:
+    if sys.argv[1:] == ["clean"]:
+        for line in clean_up():
+            print(f"docker: {line}")
+        return 0
     try:
         engine = docker_engine()
         build_images(engine)
