@@ -79,11 +79,21 @@ def attempt_count(text: str) -> int:
     return int(text)
 
 
+def is_git_repository(path: Path) -> bool:
+    """A work tree (its ``.git``) or a bare repository (``HEAD``, ``objects/`` and ``refs/`` at its top), told
+    from the layout alone: no git runs under a configuration the repository controls."""
+    if (path / ".git").exists():
+        return True
+    return (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir()
+
+
 def build_request(args: argparse.Namespace) -> dict[str, object]:
     """The ``run_task`` request for the command line's arguments."""
     if args.repo_path:
-        path = Path(args.repo_path).absolute()
-        if not (path / ".git").exists():
+        # Its resolved real path is its identity: `../x`, its absolute path and a symlink to it are one repository
+        # (one environment, one snapshot, one operator entry).
+        path = Path(args.repo_path).resolve()
+        if not is_git_repository(path):
             raise TasukiError(f"--repo-path {path} is not a git repository")
         if not args.prompt:
             raise TasukiError("a local task needs --prompt")
@@ -165,7 +175,7 @@ def outcome_lines(state: dict[str, object], repo_path: str | None) -> list[str]:
     result = state.get("result")
     if isinstance(result, dict):
         if result.get("branch"):
-            where = f" in {Path(repo_path).absolute()}" if repo_path else ""
+            where = f" in {Path(repo_path).resolve()}" if repo_path else ""
             lines.append(f"branch: {result['branch']}{where}")
         if result.get("pull_request_url"):
             lines.append(f"pull request: {result['pull_request_url']}")

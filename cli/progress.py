@@ -1,11 +1,14 @@
-"""Live progress of one task for ``tasuki submit --wait`` and ``tasuki demo``: status, step, tokens."""
+"""Live progress of one task for ``tasuki submit --wait`` and ``tasuki demo``: its environment as it is set up (and a
+failed setup's last lines), then status, step, tokens."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from cli.environment_view import environment_line, failure_tail, setup_record
 from contexts import ContextStore
 from contexts.names import FINAL_STATUSES
 from contexts.state import read_state
@@ -25,12 +28,30 @@ def progress_line(state: dict[str, Any]) -> str:
 
 def current_state(store: ContextStore, uuid: str) -> dict[str, Any] | None:
     """The task's state wherever its context is now, or ``None`` while it is still queued."""
+    located = _located_state(store, uuid)
+    return located[1] if located else None
+
+
+def _located_state(store: ContextStore, uuid: str) -> tuple[Path, dict[str, Any]] | None:
     for directory in (store.running_path(uuid), store.completed_path(uuid)):
         try:
-            return read_state(directory)
+            return directory, read_state(directory)
         except (FileNotFoundError, ValueError):
             continue
     return None
+
+
+def environment_lines(directory: Path, state: dict[str, Any]) -> list[str]:
+    """``environment  built in 3.2 s (declared by ...)``; a failed setup's last lines below its line."""
+    line = environment_line(state.get("environment"))
+    if not line:
+        return []
+    lines = [f"{'environment':<12} {line}"]
+    if (state.get("environment") or {}).get("outcome") == "failed":
+        tail = failure_tail(setup_record(directory))
+        if tail:
+            lines += ["             its last lines:", *(f"             | {text}" for text in tail)]
+    return lines
 
 
 def watch(
@@ -46,14 +67,21 @@ def watch(
     its worker ended it when the context could not be finished (``stopped``: a full disk)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = ""
+    last_environment = ""
     said_queued = False
     while deadline is None or time.monotonic() < deadline:
-        state = current_state(store, uuid)
-        if state is None:
+        located = _located_state(store, uuid)
+        if located is None:
             if not said_queued:
                 say("queued       waiting for a worker")
                 said_queued = True
         else:
+            directory, state = located
+            environment = environment_lines(directory, state)
+            if environment and environment[0] != last_environment:
+                for text in environment:
+                    say(text)
+                last_environment = environment[0]
             line = progress_line(state)
             if line != last:
                 say(line)

@@ -77,6 +77,7 @@ def show_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
     """001 §9.1's viewer of one context, running, completed or gzipped."""
     from cli import viewer
+    from cli.environment_view import setup_record
     from contexts.clock import utc_now
     from contexts.queries import readable, show_context
 
@@ -90,12 +91,13 @@ def cmd_context_show(args: argparse.Namespace, settings: Settings) -> int:
             detail = show_context(store, args.uuid, limit=limit)
         except (ValueError, KeyError) as exc:  # a damaged metadata.json or state.json: bad data, not a bug
             raise CorruptRecordError(f"context {args.uuid} cannot be read: {type(exc).__name__}: {exc}") from exc
+        setup = setup_record(store.locate(args.uuid))  # where the environment came from, a failed setup's lines
     if args.json:
         out(viewer.to_json(viewer.detail_json(detail)))
         return EXIT_OK
     width = terminal_width()
     flags = {"all_messages": args.messages, "all_summaries": args.summaries, "show_tools": args.tools}
-    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=settings.prices_known(), **flags))
+    out(viewer.format_detail(detail, now=utc_now(), width=width, priced=settings.prices_known(), setup=setup, **flags))
     if args.follow and detail.summary.status not in FINAL_STATUSES:
         if not here:
             note(FOLLOWING_ELSEWHERE)

@@ -7,12 +7,14 @@ repository's tools produced, and an escape sequence in them must not reach the o
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, date, datetime
 from typing import Any
 
+from cli.environment_view import environment_line, failure_tail
 from contexts import jsonl
 from contexts.clock import parse_iso
 from contexts.errors import ContextNotFoundError
@@ -67,8 +69,13 @@ def format_time(moment: datetime | str | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "-"
 
 
-def repository(task_key: Mapping[str, str]) -> str:
-    """``github/notfolder/coding_agent``."""
+def repository(task_key: Mapping[str, str], metadata: Mapping[str, Any] | None = None) -> str:
+    """``github/notfolder/coding_agent``; a local task's repository is its path (``metadata.json``'s request keeps
+    it), not ``local/local/NAME``."""
+    if task_key.get("task_source") == "local":
+        request = (metadata or {}).get("request")
+        path = request.get("repo_path") if isinstance(request, Mapping) else None
+        return safe(f"{path} (local)" if path else f"local {task_key.get('repo', '?')}")
     return safe(f"{task_key.get('task_source', '?')}/{task_key.get('owner', '?')}/{task_key.get('repo', '?')}")
 
 
@@ -224,9 +231,11 @@ def format_detail(
     all_summaries: bool = False,
     show_tools: bool = False,
     priced: bool = False,
+    setup: Mapping[str, Any] | None = None,
 ) -> str:
-    """The viewer: header, statistics (``priced``: a price table is configured), the newest messages and the
-    summaries (all of them, in full, on request)."""
+    """The viewer: header (with the environment, and ``setup``'s last lines when it failed: its ``tools.jsonl``
+    record), statistics (``priced``: a price table is configured), the newest messages and the summaries (all of
+    them, in full, on request)."""
     item = detail.summary
     duration = format_duration(item.duration_s)
     if item.duration_s is None and item.started_at is not None:
@@ -234,7 +243,7 @@ def format_detail(
     lines = [
         f"Task UUID: {item.uuid}",
         f"Status: {safe(item.status)}",
-        f"Repository: {repository(item.task_key)}",
+        f"Repository: {repository(item.task_key, detail.metadata)}",
         f"Task: {task_label(item.task_key)}",
         f"Model: {model_label(detail.metadata.get('config'))}",
         f"Started: {format_time(item.started_at)}",
@@ -242,6 +251,7 @@ def format_detail(
         f"Duration: {duration}",
         f"Attempt: {item.attempt}",
         f"Worker: {safe(item.worker or '-')}",
+        *environment_detail(detail.state.get("environment"), setup, width),
         clip(f"Error: {safe(first_line(item.error or '') or '-')}", width),
         "",
         "Statistics:",
@@ -271,6 +281,26 @@ def format_detail(
     return "\n".join(lines)
 
 
+def environment_detail(environment: Any, setup: Mapping[str, Any] | None, width: int) -> list[str]:
+    """``Environment: built in 3.2 s (declared by ...) at 2026-...``; a failed setup's last lines under it."""
+    line = environment_line(environment)
+    if not line:
+        return ["Environment: -"]
+    when = f" at {format_time(setup['timestamp'])}" if setup and setup.get("timestamp") else ""
+    lines = wrapped(safe(f"Environment: {line}{when}"), width)
+    tail = failure_tail(setup)
+    if tail:
+        lines.append("  Setup's last lines:")
+        lines += [clip(safe(f"    | {text}"), width) for text in tail]
+    return lines
+
+
+def wrapped(text: str, width: int) -> list[str]:
+    """``text`` on as many lines as it takes (continuations indented), where ``clip`` would cut what it says."""
+    return textwrap.wrap(text, max(width, 40), subsequent_indent="    ", break_long_words=False,
+                         break_on_hyphens=False) or [""]
+
+
 def egress_lines(refused: Any, width: int) -> list[str]:
     """The hosts the egress proxy refused this task (``state.json.egress_refused``), one line each, with why."""
     if not isinstance(refused, list) or not refused:
@@ -290,11 +320,11 @@ def memory_lines(used: Any, width: int) -> list[str]:
         return []
     files = ", ".join(str(f) for f in used.get("instruction_files") or []) or "none"
     episodes = used.get("episodes") or []
-    lines = [clip(safe(
+    lines = wrapped(safe(
         f"  Memory: instruction files {files}; repository memory {'yes' if used.get('repository_memory') else 'no'}; "
         f"thread memory {'yes' if used.get('thread_memory') else 'no'}; {len(episodes)} recalled episode(s) "
         f"{' '.join(str(e)[:8] for e in episodes)}; {int(used.get('tokens') or 0):,} tokens; recall "
-        f"{'with ' + str(used['embedder']) if used.get('embedder') else 'BM25 only'}"), width)]
+        f"{'with ' + str(used['embedder']) if used.get('embedder') else 'BM25 only'}"), width)
     if used.get("note"):
         lines.append(clip(safe(f"  Memory note: {first_line(str(used['note']))}"), width))
     return lines

@@ -17,7 +17,7 @@ EPISODE_TEXT_MAX_CHARS = 8000  # what is indexed and embedded of one episode; th
 def repository_key(task_key: dict[str, Any], repo_path: str | None = None) -> str:
     """The repository a task works on: ``source:owner/name``, or a local repository's absolute path."""
     if task_key.get("task_source") == "local" and repo_path:
-        return str(Path(repo_path).absolute())
+        return str(Path(repo_path).resolve())  # its real path: two spellings of one repository are one
     return f"{task_key['task_source']}:{task_key['owner']}/{task_key['repo']}"
 
 
@@ -26,7 +26,7 @@ def parse_repository(text: str, source: str = "github") -> str:
     if text.startswith(("github:", "gitlab:", "gitea:")):
         return text
     if text.startswith(("/", ".", "~")) or Path(text).is_dir():
-        return str(Path(text).expanduser().absolute())
+        return str(Path(text).expanduser().resolve())
     return f"{source}:{text}"
 
 

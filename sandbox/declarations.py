@@ -49,7 +49,7 @@ def find_declaration(checkout: Path, repository: str, settings: EnvironmentsSett
     own = _read(checkout, TASUKI_SETUP)
     if own is not None:
         return _script_file(TASUKI_SETUP, own)
-    operator = settings.repositories.get(repository)
+    operator = settings.for_repository(repository)
     if operator is not None and operator.setup is not None:
         name = f"environments.repositories[{repository}]"
         return Declaration(source=name, steps=(SetupStep(name=name, script=operator.setup),))

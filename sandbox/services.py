@@ -74,7 +74,7 @@ def declared_services(checkout: Path, repository: str, settings: EnvironmentsSet
         raise ServicesError(f"{SERVICES_FILE}: a symbolic link; services are declared in a file of the repository")
     if path.is_file():
         return parse_services(path.read_text(encoding="utf-8", errors="replace"), SERVICES_FILE)
-    configured = settings.repositories.get(repository)
+    configured = settings.for_repository(repository)
     return dict(configured.services) if configured is not None else {}
 
 

@@ -131,3 +131,15 @@ class EnvironmentsSettings(Section):
     """Paths never committed nor pushed, beside the repository's .gitignore and what a setup created."""
     max_file_bytes: PositiveInt = 5 * 1024 * 1024
     """A file larger than this is never committed nor pushed."""
+
+    def for_repository(self, repository: str) -> RepositoryEnvironment | None:
+        """The operator's entry for ``repository`` (``owner/repo``, or a local repository's resolved real path): a
+        key written as a path matches by its own resolved path, so ``../x``, a symlink and the absolute path name one
+        repository."""
+        entry = self.repositories.get(repository)
+        if entry is not None or not repository.startswith("/"):
+            return entry
+        for key, configured in self.repositories.items():
+            if key.startswith(("/", "~")) and str(Path(key).expanduser().resolve()) == repository:
+                return configured
+        return None

@@ -104,6 +104,7 @@ class EnvironmentReport:
             "exit_code": self.exit_code,
             "line": self.line,
             "created": list(self.created[:MAX_PATHS_IN_STATE]),
+            "snapshot": self.snapshot,  # why none was kept or used ("" otherwise): the CLI shows it
         }
 
 
@@ -539,9 +540,10 @@ def _empty(home: Path) -> None:
 def repository_of(task_key: dict[str, str], repo_path: str | None,
                   environment: Mapping[str, Any] | None = None) -> str:
     """The repository an environment belongs to: the one an eval task's ``environment`` names (its rows share one
-    environment, though each has a bare remote of its own), else a local task's path, else ``owner/repo``."""
+    environment, though each has a bare remote of its own), else a local task's resolved real path (two spellings of
+    one repository are one environment), else ``owner/repo``."""
     if environment and environment.get("repository"):
         return str(environment["repository"])
     if repo_path:
-        return str(Path(repo_path).absolute())
+        return str(Path(repo_path).resolve())
     return f"{task_key.get('owner')}/{task_key.get('repo')}"

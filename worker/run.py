@@ -101,7 +101,7 @@ class TaskRequest:
     def remote(self) -> str:
         """Where the repository is cloned from and the task branch pushed to."""
         if self.repo_path:
-            return str(Path(self.repo_path).absolute())
+            return str(Path(self.repo_path).resolve())  # its real path: one mirror for every spelling of it
         if self.repo_url:
             return self.repo_url
         raise TasukiError("task request has neither repo_path nor repo_url")
