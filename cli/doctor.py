@@ -180,8 +180,8 @@ def check_forge(settings: Settings, forge: str) -> Check:
     api = str(roots[forge]).rstrip("/")
     fix = f"put a valid token in {forge.upper()}_TOKEN (the env file) and check {forge}.api_url"
     try:
-        if forge == "github" and settings.github.auth == "app":
-            return _check_github_app(settings, api)
+        if forge in APP_CHECKS and settings.github.auth == "app":
+            return APP_CHECKS[forge](settings, api)
         client = make_forge(forge, settings)
         http = client.http  # type: ignore[attr-defined]
         response = http.request("GET", "user", missing_ok=True, retries=0)
@@ -208,8 +208,13 @@ def _check_github_app(settings: Settings, api: str) -> Check:
     return Check("forge github", True, f"{api} accepted App {app_id} ({answer.get('slug', '?')})")
 
 
+APP_CHECKS: dict[str, Callable[[Settings, str], Check]] = {"github": _check_github_app}
+"""The forges reached as an App, and the check of the App's own credential."""
+
+
 def check_sandbox(settings: Settings) -> Check:
     """The configured sandbox runs ``true`` (bubblewrap in its namespaces)."""
+    from sandbox.jail import backend as backend_kind
     from sandbox.jail import make_sandbox
 
     backend = settings.sandbox.backend
@@ -219,7 +224,7 @@ def check_sandbox(settings: Settings) -> Check:
         return Check("sandbox", False, f"{backend} cannot run a command here: {_first(exc)}",
                      "install bubblewrap and socat, allow unprivileged user namespaces, or set "
                      "sandbox.backend: none (trusted models only)")
-    if backend == "none":
+    if not backend_kind(backend).confines:
         return Check("sandbox", True, "backend none: agent commands run unsandboxed on this host")
     return Check("sandbox", True, f"{backend} runs `true` (network {settings.sandbox.network})")
 

@@ -34,6 +34,13 @@ SECRET_ENV = {"github": "GITHUB_WEBHOOK_SECRET", "gitlab": "GITLAB_WEBHOOK_SECRE
 DEFAULT_API = {"github": "https://api.github.com", "gitlab": "https://gitlab.com/api/v4",
                "gitea": "https://gitea.com/api/v1"}
 ENV_FILE = "tasuki.env"
+APP_MANIFEST = {"github": "tasuki github app-manifest"}
+"""The forges with an App to authenticate as, and the command printing the manifest that creates it."""
+
+
+def uses_app(a: Answers) -> bool:
+    """Whether the forge is reached as an App (its private key) rather than with a token."""
+    return a.forge in APP_MANIFEST and a.auth == "app"
 
 
 def init_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,8 +107,8 @@ def gather(args: argparse.Namespace) -> Answers:
     ask = Asker(args.yes)
     a = Answers()
     a.forge = ask(args.forge, "Forge", "local", FORGES)
-    if a.forge == "github":
-        a.auth = ask(args.auth, "GitHub authentication", "token", ("token", "app"))
+    if a.forge in APP_MANIFEST:
+        a.auth = ask(args.auth, f"{a.forge} authentication", "token", ("token", "app"))
     if a.forge != "local":
         a.api_url = ask(args.api_url, f"{a.forge} API root", DEFAULT_API[a.forge])
     a.provider = ask(args.model_provider, "Model provider", "openai", PROVIDERS)
@@ -122,7 +129,7 @@ def gather_secrets(a: Answers, ask: Asker) -> dict[str, str]:
     ``ps`` and the shell's history)."""
     found: dict[str, str] = {}
     wanted = [a.api_key_env] if a.api_key_env else []
-    if a.forge in TOKEN_ENV and not (a.forge == "github" and a.auth == "app"):
+    if a.forge in TOKEN_ENV and not uses_app(a):
         wanted.append(TOKEN_ENV[a.forge])
     for name in wanted:
         value = os.environ.get(name) or ask(None, f"{name} (empty: set it later in {ENV_FILE})", "")
@@ -156,12 +163,11 @@ def render_config(a: Answers) -> str:
     lines.append("")
     if a.forge in DEFAULT_API and a.api_url and a.api_url != DEFAULT_API[a.forge]:
         lines += [f"{a.forge}:", f"  api_url: {q(a.api_url)}    # the forge's REST API root"]
-        if a.forge == "github" and a.auth == "app":
+        if uses_app(a):
             lines.append("  auth: app    # a GitHub App: set app_id once it exists (tasuki github app-manifest)")
         lines.append("")
-    elif a.forge == "github" and a.auth == "app":
-        lines += ["github:", "  auth: app    # a GitHub App: set app_id once it exists (tasuki github app-manifest)",
-                  ""]
+    elif uses_app(a):
+        lines += [f"{a.forge}:", "  auth: app    # an App: set app_id once it exists (tasuki github app-manifest)", ""]
     lines += ["sandbox:", f"  network: {a.network}    # the agent's network: full | allowlist | none", ""]
     if a.store != "none":
         lines += ["fleet:", f"  store: {q(a.store)}    # PostgreSQL of the fleet (password: PGPASSWORD)", ""]
@@ -221,6 +227,6 @@ def _print_forge_steps(a: Answers) -> None:
     base = a.webhook_url.rstrip("/")
     out(f"\nwebhook URL to paste into {a.forge}: {base}/webhooks/{a.forge}")
     out(f"webhook secret (also in {ENV_FILE} as {SECRET_ENV[a.forge]}): {a.secrets[SECRET_ENV[a.forge]]}")
-    if a.forge == "github" and a.auth == "app":
-        out(f"GitHub App: `tasuki github app-manifest --webhook-url {base}` prints the manifest to create it with "
+    if uses_app(a):
+        out(f"GitHub App: `{APP_MANIFEST[a.forge]} --webhook-url {base}` prints the manifest to create it with "
             "(docs/github-app.md); then set github.app_id and GITHUB_APP_PRIVATE_KEY_PATH")
