@@ -20,7 +20,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
-from cli import audit, commands, context_requests, evals, fleet, github, memory, outcomes, reading, tokens, usage
+from cli import (
+    audit,
+    commands,
+    context_requests,
+    doctor,
+    evals,
+    fleet,
+    github,
+    init,
+    memory,
+    outcomes,
+    reading,
+    tokens,
+    usage,
+)
 from cli.common import UsageError
 from contexts.errors import ContextNotFoundError, TasukiError
 
@@ -176,6 +190,10 @@ COMMANDS: list[Command] = [
         commands.console_arguments,
     ),
     Command(("demo",), "the main job end to end on embedded defaults", commands.cmd_demo, commands.demo_arguments),
+    Command(("init",), "ask for the forge, model, sandbox and broker; write config.yaml and tasuki.env; run doctor",
+            init.cmd_init, init.init_arguments),
+    Command(("doctor",), "check every configured part (broker, contexts, model, forge, sandbox, store): OK or the fix",
+            doctor.cmd_doctor, doctor.doctor_arguments),
     Command(
         ("replay-model",),
         "serve a recorded or scripted trajectory as an OpenAI/Ollama model",
@@ -307,18 +325,22 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
 
 
 def _broker_of_a_running_up(settings: Settings) -> Settings:
-    """When ``broker.url`` does not answer but ``tasuki up`` recorded its embedded Redis, use that one (and
-    hand it to child processes). Costs nothing when no ``up`` ran here: only the file's absence is checked."""
+    """When no ``broker.url`` is configured (or it does not answer) and ``tasuki up`` recorded its embedded Redis,
+    use that one (and hand it to child processes). Costs nothing when no ``up`` ran here: only the file's absence
+    is checked."""
     import os
 
     from cli.embedded import URL_FILE, recorded_broker, redis_answers
 
-    if not (settings.local.var_dir / URL_FILE).is_file() or redis_answers(settings.broker.url):
+    if not (settings.local.var_dir / URL_FILE).is_file():
+        return settings
+    if settings.source.sets("broker", "url") and redis_answers(settings.broker.url):
         return settings
     url = recorded_broker(settings.local.var_dir)
     if url is None:
         return settings
-    sys.stderr.write(f"{PROG}: note: broker.url does not answer; using the embedded Redis of `tasuki up` at {url}\n")
+    why = "does not answer" if settings.source.sets("broker", "url") else "is not configured"
+    sys.stderr.write(f"{PROG}: note: broker.url {why}; using the embedded Redis of `tasuki up` at {url}\n")
     os.environ["TASUKI__BROKER__URL"] = url
     return settings.model_copy(update={"broker": settings.broker.model_copy(update={"url": url})})
 
