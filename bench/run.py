@@ -24,6 +24,7 @@ from bench import (
     bench_failover,
     bench_fencing,
     bench_finish_gate,
+    bench_first_task,
     bench_fleet,
     bench_fleet_failover,
     bench_fleet_recall,
@@ -88,6 +89,7 @@ BENCHMARKS: dict[str, Callable[..., list[Result]]] = {
     "eval-mine": bench_eval_mine.run,  # issue 39: tasuki eval mine on itsdangerous: rows found, kept, time per row
     "audit": bench_audit.run,  # issue 40: tasuki audit at 1,000,000 lines vs 1,000 (newest, --since, filters, verify)
     "permissions": bench_permissions.run,  # issue 40: trigger admission with the permission cache warm/cold vs none
+    "first-task": bench_first_task.run,  # issue 41: a new user's clock, fresh clone -> first pull request (tutorial)
 }
 
 

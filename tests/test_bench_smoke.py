@@ -264,3 +264,18 @@ def test_the_eval_mine_benchmark_prints_rows_found_kept_and_time_per_row(tmp_pat
     assert re.search(r"^eval mine: rows kept / found +2/\d+ +— +info$", run.stdout, re.M), run.stdout
     assert re.search(r"^eval mine: per row / bare runs +\d+\.\d\d +— +info$", run.stdout, re.M), run.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_the_first_task_benchmark_counts_the_tutorials_commands_to_a_pull_request(tmp_path: Path) -> None:
+    run = quick_run("first-task", tmp_path, 280)
+    for command in ("git clone ", "./tasuki init --yes", "./tasuki doctor", "./tasuki up",
+                    "./tasuki submit --repo you/calc --issue 1 --wait"):
+        assert re.search(rf"^  \d+\. .*{re.escape(command)}.* +\d+\.\d s  ok", run.stdout, re.M), (command, run.stdout)
+    line = (r"^first task: \d+ commands typed \(\d+ programs run\), \d+\.\d s from clone to pull request; the first "
+            r"submit --wait \d+\.\d s; bare submit --wait on the configured host \d+\.\d s \(median of 1\): "
+            r"\d+\.\d\dx$")
+    assert re.search(line, run.stdout, re.M), run.stdout
+    assert re.search(r"^first task: seconds / bare submit +\d+\.\d\d +— +info$", run.stdout, re.M), run.stdout
+    assert list(tmp_path.iterdir()) == []
