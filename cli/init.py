@@ -190,6 +190,17 @@ def write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
+def only_defaults(config_path: Path) -> bool:
+    """Whether ``config_path`` chooses nothing: every value in it is the built-in default, as in the reference
+    config.yaml a fresh clone ships. Replacing it loses nothing, so a new user's first ``init`` needs no --force."""
+    from worker.settings import ConfigError, load_settings
+
+    try:
+        return not load_settings(config_path, env={}).source.configured
+    except (ConfigError, OSError):
+        return False  # unreadable or invalid: somebody's work in progress, kept unless --force says otherwise
+
+
 def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
     """Ask, check the model, write both files, print the webhook's URL and secret, run the doctor."""
     from cli.doctor import check_model
@@ -197,8 +208,8 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
 
     directory: Path = args.dir
     config_path, env_path = directory / "config.yaml", directory / ENV_FILE
-    if config_path.exists() and not args.force:
-        raise UsageError(f"{config_path} exists; pass --force to overwrite it")
+    if config_path.exists() and not args.force and not only_defaults(config_path):
+        raise UsageError(f"{config_path} exists and chooses settings of its own; pass --force to overwrite it")
     answers = gather(args)
     directory.mkdir(parents=True, exist_ok=True)
     config_path.write_text(render_config(answers), encoding="utf-8")

@@ -194,3 +194,31 @@ def test_init_in_a_pseudo_terminal_answers_the_prompts(tmp_path: Path, redis_url
     config = yaml.safe_load((tmp_path / "cfg" / "config.yaml").read_text())
     assert config["sandbox"]["network"] == "allowlist"
     assert "GITLAB_TOKEN='good-token'" in (tmp_path / "cfg" / "tasuki.env").read_text()
+
+
+def test_init_replaces_a_config_that_only_restates_the_defaults_and_keeps_one_with_choices(
+    tmp_path: Path, redis_url: str, forge: FakeForge
+) -> None:
+    # A fresh clone ships the reference config.yaml (every value the built-in default): the tutorial's first
+    # `init` replaces it without --force, since nothing is lost; a file that chooses anything is kept.
+    reference = Path(__file__).resolve().parents[1] / "config.yaml"
+    fresh, chosen = tmp_path / "fresh", tmp_path / "chosen"
+    for directory in (fresh, chosen):
+        directory.mkdir()
+        (directory / "config.yaml").write_text(reference.read_text(encoding="utf-8"), encoding="utf-8")
+    mine = (chosen / "config.yaml").read_text(encoding="utf-8").replace("max_steps: 100 ", "max_steps: 7   ", 1)
+    assert mine != reference.read_text(encoding="utf-8")
+    (chosen / "config.yaml").write_text(mine, encoding="utf-8")
+    flags = ["--yes", "--forge", "github", "--api-url", forge.github_api_url, "--model-provider", "openai",
+             "--model", "replay", "--api-key-env", "REPLAY_KEY", "--network", "none", "--broker", redis_url,
+             "--store", "none", "--webhook-url", "https://tasuki.example.org"]
+    refused = run(tmp_path, "init", *flags, "--base-url", "http://127.0.0.1:9/v1", "--dir", str(chosen),
+                  env={"GITHUB_TOKEN": "good-token", "REPLAY_KEY": "k"})
+    assert refused.returncode == 2
+    assert "chooses settings of its own; pass --force" in refused.stderr
+    assert (chosen / "config.yaml").read_text(encoding="utf-8") == mine
+    with model_server([TOOL_TURN, TOOL_TURN]) as model:
+        done = run(tmp_path, "init", *flags, "--base-url", model.openai_base_url, "--dir", str(fresh),
+                   env={"GITHUB_TOKEN": "good-token", "REPLAY_KEY": "k"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert yaml.safe_load((fresh / "config.yaml").read_text())["sandbox"] == {"network": "none"}
