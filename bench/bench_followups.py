@@ -124,6 +124,7 @@ def measure(scratch: Path, rounds: int, noops: int) -> tuple[list[float], list[f
     repo = tiny_repo(scratch / "repo")
     with private_redis(scratch / "redis") as redis_url, FakeForge(scratch / "forge", TOKEN).serve() as forge:
         forge.add_repo(OWNER, REPO, repo)
+        forge.roles["Codertocat"] = "write"  # the reviewer of the published payloads may trigger (issue 40's check)
         subprocess.run(["git", "push", "-q", str(forge.git_root / OWNER / f"{REPO}.git"), f"main:{BRANCH}"],
                        cwd=repo, check=True, capture_output=True)
         model = serve(TimedModel(turns_from_entries(trajectory())))

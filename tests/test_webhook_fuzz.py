@@ -195,7 +195,10 @@ def test_github_route_answers_any_signed_payload_without_5xx(
         response = http.post("/webhooks/github", content=body, headers=headers)
         assert response.status_code in (200, 202, 400, 413), response.text
         if response.status_code == 202:
-            assert intake.redis.llen(TASKS_QUEUE) == 1
+            # queued, or held: the intake's forge cannot say the sender's permission (issue 40: fail closed,
+            # checked again later), and nothing is queued meanwhile
+            held = response.json().get("status") == "held"
+            assert intake.redis.llen(TASKS_QUEUE) == (0 if held else 1), response.text
     finally:
         forget_tasks(intake.redis)
 
