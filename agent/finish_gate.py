@@ -20,6 +20,7 @@ from typing import Any
 from agent.gate_report import accepted_text, review_text
 from agent.scratch import is_test_file, kept_paths, scratch_files, scratch_reason
 from agent.tools.protocol import ToolOutcome
+from agent.tools.shell import exit_code_of
 from agent.tools.workspace import ToolError, Workspace
 from contexts import Context
 from contexts.masking import mask
@@ -34,7 +35,6 @@ RESULT_LINES = 20  # the last lines of a check's output: where test runners prin
 RESULT_MAX_CHARS = 3_000
 CHANGES_TIMEOUT_S = 120
 _SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
-_EXIT = re.compile(r"^exit code: (-?\d+)")
 _SECTION = "@@tasuki-gate:"  # the changes script's section markers
 
 
@@ -179,7 +179,7 @@ def parse_changes(output: str, error: str | None) -> Changes:
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     lines = output.splitlines()
-    code = _exit_code(lines)
+    code = _last_exit(lines)
     for line in lines[:-1] if code is not None else lines:
         if line.startswith(_SECTION) and line[len(_SECTION):] in ("files", "stat", "diff"):
             current = sections.setdefault(line[len(_SECTION):], [])
@@ -201,16 +201,15 @@ def parse_changes(output: str, error: str | None) -> Changes:
 def check_result(command: str, outcome: ToolOutcome, duration_s: float) -> CheckResult:
     """A check's :class:`CheckResult` from the bash tool's answer (whose last line, Tasuki's own, is the exit)."""
     lines = outcome.output.splitlines()
-    code = _exit_code(lines)
+    code = _last_exit(lines)
     body = lines[:-1] if code is not None else lines
     tail = "\n".join(line[:300] for line in body[-RESULT_LINES:])[-RESULT_MAX_CHARS:]
     timed_out = outcome.error is not None and "timed out" in outcome.error
     return CheckResult(command, None if timed_out else code, mask(tail), round(duration_s, 2), timed_out)
 
 
-def _exit_code(lines: list[str]) -> int | None:
-    match = _EXIT.match(lines[-1]) if lines else None
-    return int(match.group(1)) if match else None
+def _last_exit(lines: list[str]) -> int | None:
+    return exit_code_of(lines[-1]) if lines else None
 
 
 def remove_scratch(workspace: Workspace, paths: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from agent.tools.protocol import ToolOptions
-from agent.tools.shell import BashTool
+from agent.tools.shell import BashTool, exit_code_of
 from agent.tools.workspace import Workspace
 from evals.history import MineError, git
 from sandbox import confine
@@ -122,7 +122,7 @@ class Testbed:
                               limits=self.settings.sandbox.limits, home=self.home)
         outcome = BashTool().run(Workspace(self.checkout), {"command": command}, options)
         lines = outcome.output.splitlines()
-        code = _exit_code(lines[-1]) if lines else None
+        code = exit_code_of(lines[-1]) if lines else None
         output = "\n".join(lines[:-1] if code is not None else lines)
         timed_out = outcome.error is not None and "timed out" in outcome.error
         return TestRun(output, code, timed_out)
@@ -131,14 +131,6 @@ class Testbed:
         """Remove the clone, the work tree and the home."""
         shutil.rmtree(self.root, ignore_errors=True)
 
-
-def _exit_code(line: str) -> int | None:
-    if not line.startswith("exit code: "):
-        return None
-    try:
-        return int(line.removeprefix("exit code: ").split()[0])
-    except (ValueError, IndexError):
-        return None
 
 
 def _secrets(names: tuple[str, ...]) -> dict[str, str]:

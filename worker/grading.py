@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from agent.tools.protocol import ToolOptions, ToolOutcome
-from agent.tools.shell import BashTool
+from agent.tools.shell import BashTool, exit_code_of
 from agent.tools.workspace import Workspace
 from contexts import Context, TasukiError
 from contexts.lock import process_started
@@ -272,7 +272,7 @@ class GradingShell:
         if not marked:
             raise GradingError(mask(f"the graded files were not laid in: {before.strip()[-300:] or outcome.error}"))
         lines = after.splitlines()
-        code = _exit_code(lines[-1]) if lines else None
+        code = exit_code_of(lines[-1]) if lines else None
         output = "\n".join(lines[:-1] if code is not None else lines)
         timed_out = outcome.error is not None and "timed out" in outcome.error
         return TestRun(output, code, timed_out, ran=True)
@@ -281,7 +281,7 @@ class GradingShell:
         """Lay the staged files into the checkout (and remove those not staged)."""
         outcome = self._run(self._lay_script(files, present), LAY_TIMEOUT_S)
         lines = outcome.output.splitlines()
-        if outcome.error is not None or not lines or _exit_code(lines[-1]) != 0:
+        if outcome.error is not None or not lines or exit_code_of(lines[-1]) != 0:
             raise GradingError(mask(f"the files were not laid in: {outcome.output.strip()[-300:] or outcome.error}"))
 
     def _lay_script(self, files: Sequence[str], present: Sequence[str]) -> str:
@@ -309,14 +309,6 @@ class GradingShell:
         running = {"pgid": pgid, "host": socket.gethostname(), "started": process_started(pgid)}
         self.ctx.update_state(running_command=running)
 
-
-def _exit_code(line: str) -> int | None:
-    if not line.startswith("exit code: "):
-        return None
-    try:
-        return int(line.removeprefix("exit code: ").split()[0])
-    except (ValueError, IndexError):
-        return None
 
 
 def record(ctx: Context, graded: Grade, files: Sequence[str], command: str, run: TestRun, restored: bool,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -29,6 +30,9 @@ _DRAIN_S = 5.0
 # Without pidfd (not Linux) the exit of the command is noticed by polling this often.
 _POLL_S = 0.05
 _READ_SIZE = 65536
+
+_EXIT_LINE = re.compile(r"^exit code: (-?\d+)")  # the last line of every finished call
+
 
 class BashTool:
     """``bash(command, timeout_s?)``: run a shell command in the checkout."""
@@ -99,6 +103,13 @@ class BashTool:
             message = f"command timed out after {timeout_s} s"
             return ToolOutcome(f"{body}[{message}; it and every process it started were killed]", error=message)
         return ToolOutcome(body + _describe_exit(code))
+
+
+def exit_code_of(line: str) -> int | None:
+    """The exit status a bash call's last line reports (``_describe_exit``'s line), None when it reports none:
+    the finish gate's checks, an eval's grading and the miner's test runs read it back."""
+    match = _EXIT_LINE.match(line)
+    return int(match.group(1)) if match else None
 
 
 def _describe_exit(code: int) -> str:
