@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from cli.audit import record_cli
 from cli.common import out
 from contexts.errors import TasukiError
+from contexts.repositories import NotARepositoryError, local_repository
 from worker.attempts import MAX_ATTEMPTS
 
 if TYPE_CHECKING:
@@ -79,22 +80,15 @@ def attempt_count(text: str) -> int:
     return int(text)
 
 
-def is_git_repository(path: Path) -> bool:
-    """A work tree (its ``.git``) or a bare repository (``HEAD``, ``objects/`` and ``refs/`` at its top), told
-    from the layout alone: no git runs under a configuration the repository controls."""
-    if (path / ".git").exists():
-        return True
-    return (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir()
-
-
 def build_request(args: argparse.Namespace) -> dict[str, object]:
     """The ``run_task`` request for the command line's arguments."""
     if args.repo_path:
         # Its resolved real path is its identity: `../x`, its absolute path and a symlink to it are one repository
         # (one environment, one snapshot, one operator entry).
-        path = Path(args.repo_path).resolve()
-        if not is_git_repository(path):
-            raise TasukiError(f"--repo-path {path} is not a git repository")
+        try:
+            path = local_repository(args.repo_path)
+        except NotARepositoryError as exc:
+            raise NotARepositoryError(f"--repo-path {exc}") from None
         if not args.prompt:
             raise TasukiError("a local task needs --prompt")
         return {

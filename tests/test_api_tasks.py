@@ -10,11 +10,13 @@ import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from contexts import ContextStore
+from memory.records import repository_key
 from tests.helpers.intake_server import IntakeServer, intake_server
 from worker.attempt_tasks import GROUP_PREFIX
 from worker.attempts import attempt_uuid
@@ -208,6 +210,56 @@ def test_a_repo_path_that_is_not_a_git_repository_is_422(api: IntakeServer, tmp_
         response = client.post("/api/tasks", json={"repo_path": str(tmp_path / "repos" / "plain"), "prompt": "p"})
     assert response.status_code == 422
     assert "not a git repository" in json.dumps(response.json())
+    assert api.queued() == []
+
+
+def queued_requests(api: IntakeServer) -> list[dict[str, Any]]:
+    """The ``tasuki.run_task`` requests waiting in the queue (kombu keeps each body base64-encoded)."""
+    return [json.loads(base64.b64decode(json.loads(raw)["body"]))[0][1] for raw in api.queued()]
+
+
+def test_a_bare_repository_is_accepted_as_its_real_path(api: IntakeServer, tmp_path: Path) -> None:
+    source = git_repo(tmp_path / "source")
+    bare = tmp_path / "repos" / "calc.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(source), str(bare)], check=True)
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": f"{bare}/", "prompt": "Fix it."})
+    assert response.status_code == 202, response.text
+    [request] = queued_requests(api)
+    assert request["repo_path"] == str(bare.resolve())
+    assert request["task_key"]["repo"] == "calc.git"
+
+
+def test_every_spelling_of_a_local_repository_is_one_repository(api: IntakeServer, tmp_path: Path) -> None:
+    """The real path is the identity the environment, snapshot, mirror and memory key on (issue 41)."""
+    repo = git_repo(tmp_path / "repos" / "x")
+    (tmp_path / "repos" / "sub").mkdir()
+    (tmp_path / "repos" / "link").symlink_to(repo)
+    spellings = [str(repo), f"{tmp_path}/repos/sub/../x", f"{tmp_path}/repos/link", f"{repo}/."]
+    with api.client(headers=AUTH) as client:
+        answers = [client.post("/api/tasks", json={"repo_path": path, "prompt": "p"}) for path in spellings]
+    assert [answer.status_code for answer in answers] == [202] * len(spellings)
+    requests = queued_requests(api)
+    assert len(requests) == len(spellings)
+    assert {request["repo_path"] for request in requests} == {str(repo.resolve())}
+    assert {repository_key(request["task_key"], request["repo_path"]) for request in requests} == {
+        str(repo.resolve())
+    }
+    assert {request["task_key"]["repo"] for request in requests} == {"x"}
+
+
+def test_a_half_bare_layout_is_a_clear_422(api: IntakeServer, tmp_path: Path) -> None:
+    plain = tmp_path / "repos" / "plain"
+    (plain / "objects").mkdir(parents=True)  # HEAD and refs/ missing: not a bare repository
+    (plain / "HEAD").write_text("ref: refs/heads/main\n")
+    with api.client(headers=AUTH) as client:
+        response = client.post("/api/tasks", json={"repo_path": str(plain), "prompt": "p"})
+    assert response.status_code == 422
+    [problem] = response.json()["detail"]
+    assert problem == {
+        "loc": ["repo_path"],
+        "msg": f"{plain} is not a git repository (neither a work tree nor a bare one)",
+    }
     assert api.queued() == []
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid as uuid_module
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -21,6 +21,7 @@ from contexts import ContextCompletedError, ContextNotFoundError, InvalidUUIDErr
 from contexts.atomic import read_json
 from contexts.clock import utc_now
 from contexts.names import METADATA_FILE, STATE_FILE
+from contexts.repositories import NotARepositoryError, OutsideRootsError, local_repository
 from webhooks.api_auth import ApiAuth
 from webhooks.api_budgets import budget_routes
 from webhooks.body import BodyTooLarge, read_body
@@ -94,6 +95,20 @@ def _error(status_code: int, detail: Any, headers: dict[str, str] | None = None)
     return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
 
 
+def local_path_checked(settings: Settings, repo_path: str) -> str | JSONResponse:
+    """The real path of a local repository (a work tree or a bare one) under ``api.allowed_repo_roots``, or the
+    refusal: a token holder never makes a worker clone an arbitrary directory of its host."""
+    try:
+        return str(local_repository(repo_path, settings.api.allowed_repo_roots))
+    except OutsideRootsError:
+        roots = ", ".join(str(root.resolve()) for root in settings.api.allowed_repo_roots)
+        allowed = roots or "none: api.allowed_repo_roots is empty"
+        return _error(403, f"repo_path is not under an allowed root ({allowed})")
+    except NotARepositoryError:
+        problem = f"{repo_path} is not a git repository (neither a work tree nor a bare one)"
+        return _error(422, [{"loc": ["repo_path"], "msg": problem}])
+
+
 def _submitted(enqueued: Enqueued | str) -> JSONResponse:
     """The answer to a submission: queued (202), already active (200), or over a daily budget (429, with when it
     resets: the caller hears it now, where a webhook's issue gets a comment)."""
@@ -131,25 +146,16 @@ def task_api(settings: Settings, intake: Intake, blocking: Blocking) -> APIRoute
                 check_profile(settings, submission.model)
             except UnknownProfile as exc:
                 return _error(422, [{"loc": ["model"], "msg": str(exc)}])
-        if submission.repo_path is not None and (problem := await blocking(local_path_refusal, submission.repo_path)):
-            return problem
+        if submission.repo_path is not None:
+            resolved = await blocking(local_path_checked, settings, submission.repo_path)
+            if isinstance(resolved, JSONResponse):
+                return resolved
+            submission = submission.model_copy(update={"repo_path": resolved})  # its identity: the real path
         uuid = str(uuid_module.uuid4())
         task = submission.request(uuid, caller)
         enqueued = await blocking(intake.submit_within_budget, task, uuid)
         await auth.submitted(caller, submission.user, task, enqueued)
         return _submitted(enqueued)
-
-    def local_path_refusal(repo_path: str) -> JSONResponse | None:
-        """A token holder may name only git repositories under ``api.allowed_repo_roots``: never make a worker
-        clone an arbitrary directory of its host. Symlinks are resolved before the check."""
-        roots = [root.resolve() for root in settings.api.allowed_repo_roots]
-        path = Path(repo_path).resolve()
-        if not any(path.is_relative_to(root) for root in roots):
-            allowed = ", ".join(map(str, roots)) or "none: api.allowed_repo_roots is empty"
-            return _error(403, f"repo_path is not under an allowed root ({allowed})")
-        if not (path / ".git").exists():
-            return _error(422, [{"loc": ["repo_path"], "msg": f"{repo_path} is not a git repository"}])
-        return None
 
     async def caller_and_uuid(request: Request, uuid: str, needed: Role) -> JSONResponse | tuple[Caller, str]:
         """The refusal (bad token, too low a role, malformed UUID) to answer, or the caller and canonical UUID."""
