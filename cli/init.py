@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.common import UsageError, out
+from worker.env_file import ENV_FILE, render
 
 if TYPE_CHECKING:
     from worker.settings_models import Settings
@@ -33,7 +34,6 @@ TOKEN_ENV = {"github": "GITHUB_TOKEN", "gitlab": "GITLAB_TOKEN", "gitea": "GITEA
 SECRET_ENV = {"github": "GITHUB_WEBHOOK_SECRET", "gitlab": "GITLAB_WEBHOOK_SECRET", "gitea": "GITEA_WEBHOOK_SECRET"}
 DEFAULT_API = {"github": "https://api.github.com", "gitlab": "https://gitlab.com/api/v4",
                "gitea": "https://gitea.com/api/v1"}
-ENV_FILE = "tasuki.env"
 APP_MANIFEST = {"github": "tasuki github app-manifest"}
 """The forges with an App to authenticate as, and the command printing the manifest that creates it."""
 
@@ -148,8 +148,8 @@ def render_config(a: Answers) -> str:
         return json.dumps(value)
 
     lines = ["# Written by `tasuki init`. Every key not here takes its built-in default (the checkout's",
-             "# config.yaml lists them all). Secrets live in tasuki.env, never here:",
-             f"#   set -a; . ./{ENV_FILE}; set +a", ""]
+             f"# config.yaml lists them all). Secrets live in {ENV_FILE} beside it, never here; every tasuki",
+             "# command using this file reads them (a variable already set in the environment wins).", ""]
     if a.broker != "embedded":
         lines += ["broker:", f"  url: {q(a.broker)}    # Redis of the queue and the heartbeats", ""]
     profile = ["    model: " + q(a.model) + "    # the model's name on its API",
@@ -172,14 +172,6 @@ def render_config(a: Answers) -> str:
     if a.store != "none":
         lines += ["fleet:", f"  store: {q(a.store)}    # PostgreSQL of the fleet (password: PGPASSWORD)", ""]
     return "\n".join(lines)
-
-
-def render_env(values: dict[str, str]) -> str:
-    """``tasuki.env``: ``NAME='value'`` lines a shell can source."""
-    lines = ["# Secrets of Tasuki (`tasuki init`). Load with: set -a; . ./tasuki.env; set +a"]
-    for name, value in values.items():
-        lines.append(f"{name}='" + value.replace("'", "'\\''") + "'")
-    return "\n".join(lines) + "\n"
 
 
 def write_private(path: Path, text: str) -> None:
@@ -213,14 +205,14 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
     answers = gather(args)
     directory.mkdir(parents=True, exist_ok=True)
     config_path.write_text(render_config(answers), encoding="utf-8")
-    write_private(env_path, render_env(answers.secrets))
-    os.environ.update(answers.secrets)  # this process's doctor sees them as the sourced env file would give them
+    write_private(env_path, render(answers.secrets))
+    os.environ.update(answers.secrets)  # this process's doctor sees them as a later command reading the file would
     out(f"wrote {config_path} and {env_path} (0600, the secrets)")
     written = load_settings(config_path)
     model = check_model(written)
     out(f"model check: {model.line()}")
     _print_forge_steps(answers)
-    out(f"\nload the secrets before any tasuki command: set -a; . {env_path}; set +a")
+    out(f"\ntasuki commands using {config_path} read {env_path} themselves (the environment wins)")
     out("\n$ tasuki doctor")
     from cli.doctor import run_checks
 

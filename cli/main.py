@@ -310,9 +310,9 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
         parsed.parser.print_help(sys.stderr)
         return EXIT_USAGE
     from worker.logging import configure_logging
-    from worker.settings import install_settings, load_settings
+    from worker.settings import install_settings
 
-    settings = load_settings(parsed.config)
+    settings = _with_secrets_file(parsed.config)
     if settings.source.file is None:
         sys.stderr.write(f"{PROG}: note: {settings.source.describe()} (--config FILE or $TASUKI_CONFIG to choose)\n")
     settings = _broker_of_a_running_up(settings)
@@ -322,6 +322,20 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     configure_logging("DEBUG" if parsed.debug else "WARNING")
     code: int = parsed.run(parsed, settings)
     return code
+
+
+def _with_secrets_file(config: str | None) -> Settings:
+    """The settings, read after the ``tasuki.env`` beside the configuration file (the one ``tasuki init`` writes)
+    is loaded into this process's environment, where a variable already set wins; its children inherit it."""
+    import os
+    from pathlib import Path
+
+    from worker.env_file import load_beside
+    from worker.settings import config_file, load_settings
+
+    secrets = load_beside(config_file(config, os.environ, Path.cwd().absolute()), os.environ)
+    settings = load_settings(config)
+    return settings.with_source(settings.source._replace(secrets=secrets)) if secrets else settings
 
 
 def _broker_of_a_running_up(settings: Settings) -> Settings:

@@ -222,3 +222,42 @@ def test_init_replaces_a_config_that_only_restates_the_defaults_and_keeps_one_wi
                    env={"GITHUB_TOKEN": "good-token", "REPLAY_KEY": "k"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert yaml.safe_load((fresh / "config.yaml").read_text())["sandbox"] == {"network": "none"}
+
+
+def test_doctor_from_another_directory_reads_the_secrets_init_wrote_and_the_environment_wins(
+    tmp_path: Path, redis_url: str, forge: FakeForge
+) -> None:
+    """No `source`: the commands load the tasuki.env beside their config.yaml, as docker compose treats .env."""
+    target, elsewhere = tmp_path / "cfg", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with model_server([TOOL_TURN] * 5) as model:
+        made = run(tmp_path, "init", "--yes", "--forge", "github", "--api-url", forge.github_api_url,
+                   "--model-provider", "openai", "--model", "replay", "--base-url", model.openai_base_url,
+                   "--api-key-env", "REPLAY_KEY", "--network", "none", "--broker", redis_url, "--dir", str(target),
+                   env={"GITHUB_TOKEN": "good-token", "REPLAY_KEY": "sk-secret-1"})
+        assert made.returncode == 0, made.stdout + made.stderr
+        env_file, chosen = target / "tasuki.env", {"TASUKI_CONFIG": str(target / "config.yaml")}
+
+        healthy = run(elsewhere, "doctor", env=chosen)
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        assert lines_of(healthy)["forge github"].startswith("OK forge github:")  # the file's token reached it
+        assert lines_of(healthy)["config"] == (
+            f"OK config: configuration {target / 'config.yaml'}, secrets {env_file} "
+            "(REPLAY_KEY, GITHUB_TOKEN, GITHUB_WEBHOOK_SECRET)"
+        )
+        assert "good-token" not in healthy.stdout + healthy.stderr
+        assert "sk-secret-1" not in healthy.stdout + healthy.stderr
+
+        overridden = run(elsewhere, "doctor", env={**chosen, "GITHUB_TOKEN": "wrong"})
+        assert overridden.returncode == 1
+        assert lines_of(overridden)["forge github"].startswith("FAIL forge github:")
+        assert lines_of(overridden)["config"].endswith("(REPLAY_KEY, GITHUB_WEBHOOK_SECRET; the environment's "
+                                                       "GITHUB_TOKEN)")
+
+    env_file.chmod(0o644)
+    refused = run(elsewhere, "doctor", env=chosen)
+    assert refused.returncode == 2
+    assert refused.stdout == ""
+    assert refused.stderr.splitlines() == [
+        f"tasuki: error: {env_file} may be read or changed by others (mode 0644); fix: chmod 600 {env_file}"
+    ]

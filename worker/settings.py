@@ -34,6 +34,7 @@ __all__ = [
     "LLMProfile",
     "Secrets",
     "Settings",
+    "config_file",
     "current_settings",
     "install_settings",
     "load_settings",
@@ -75,7 +76,7 @@ def load_settings(
     """
     environ: Mapping[str, str] = os.environ if env is None else env
     here = (cwd or Path.cwd()).absolute()
-    path = _config_file(config_path, environ, here)
+    path = config_file(config_path, environ, here)
     data = _read_config_file(path)
     overrides, origins = _environment_overrides(environ)
     try:
@@ -200,7 +201,7 @@ def _paths(value: object) -> tuple[Path, ...]:
     return tuple(v for v in (value if isinstance(value, tuple) else (value,)) if isinstance(v, Path))
 
 
-def _config_file(config_path: str | Path | None, environ: Mapping[str, str], here: Path) -> Path | None:
+def config_file(config_path: str | Path | None, environ: Mapping[str, str], here: Path) -> Path | None:
     """The configuration file's absolute path, or None when there is none to read."""
     if config_path is not None:
         path, origin = Path(config_path), ""

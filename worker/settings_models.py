@@ -30,6 +30,7 @@ from fleet.settings import FleetSettings
 from sandbox.settings import EnvironmentsSettings, SandboxSettings
 from worker.attempts import MAX_ATTEMPTS
 from worker.auth_settings import AuthSettings
+from worker.env_file import LoadedEnvFile
 
 AuthorAssociation = Literal[
     "OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR", "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE"
@@ -52,11 +53,13 @@ class ConfigSource(NamedTuple):
     configured: frozenset[tuple[str, ...]] = frozenset()
     """The keys the file or an environment variable set (a value equal to the built-in default written in the file,
     as the reference config.yaml does, does not count)."""
+    secrets: LoadedEnvFile | None = None
+    """The ``tasuki.env`` beside the file that the command line loaded at its start, if any."""
 
     def describe(self) -> str:
-        """One line for a person: which file, or which defaults and which directory."""
+        """One line for a person: which file (and secrets file), or which defaults and which directory."""
         if self.file is not None:
-            return f"configuration {self.file}"
+            return f"configuration {self.file}" + (f", {self.secrets.describe()}" if self.secrets else "")
         return f"no configuration file: built-in defaults, relative paths under {self.root}"
 
     def sets(self, *key: str) -> bool:
