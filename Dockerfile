@@ -11,26 +11,38 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # python: python3 python3-venv python3-pip; node: nodejs npm; go: golang-go; java: default-jdk-headless maven;
 # rust: rustc cargo; build: build-essential (gcc, make). The image's own Python (/usr/local) is there whatever
 # is chosen; Tasuki runs from a virtualenv of its own (/app/venv) that the agent never sees.
+# On Debian bookworm, whose own Go (1.19) and Rust (1.63) cannot build most maintained projects, Go comes from
+# bookworm-backports (1.23; nothing else is taken from there) and Rust from rustc-web/cargo-web (the current Rust
+# bookworm's security updates carry); later releases (trixie: Go 1.24, Rust 1.85) use their own.
 ARG TOOLCHAINS="python node"
 
 # git: the agent clones, commits and pushes; ca-certificates: HTTPS to forges and model APIs;
 # bubblewrap: the sandbox every agent command runs in (see docker-compose.yml for what it needs);
 # socat: the bridge from the sandbox's loopback to its egress proxy (sandbox.network: allowlist).
 # /usr/share/man/man1: the JDK's packages install their man pages' alternatives there (slim images lack it).
-RUN set -eu; packages="git ca-certificates bubblewrap socat"; \
+RUN set -eu; packages="git ca-certificates bubblewrap socat"; backports=""; \
+    release="$(. /etc/os-release && echo "$VERSION_CODENAME")"; \
     for toolchain in $TOOLCHAINS; do \
       case "$toolchain" in \
         python) packages="$packages python3 python3-venv python3-pip" ;; \
         node) packages="$packages nodejs npm" ;; \
-        go) packages="$packages golang-go" ;; \
+        go) if [ "$release" = bookworm ]; then backports="golang-go"; else packages="$packages golang-go"; fi ;; \
         java) packages="$packages default-jdk-headless maven"; mkdir -p /usr/share/man/man1 ;; \
-        rust) packages="$packages rustc cargo" ;; \
+        rust) if [ "$release" = bookworm ]; then packages="$packages rustc-web cargo-web"; \
+              else packages="$packages rustc cargo"; fi ;; \
         build) packages="$packages build-essential" ;; \
         *) echo "TOOLCHAINS: unknown toolchain '$toolchain' (known: python node go java rust build)" >&2; exit 1 ;; \
       esac; \
     done; \
+    if [ -n "$backports" ]; then \
+      printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: %s\n' \
+        /usr/share/keyrings/debian-archive-keyring.gpg > /etc/apt/sources.list.d/backports.sources; \
+    fi; \
     apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages \
+    && if [ -n "$backports" ]; then \
+         DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends -t bookworm-backports $backports; \
+       fi \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --gid 10001 tasuki \

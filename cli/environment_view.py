@@ -35,6 +35,8 @@ def environment_line(environment: Any) -> str:
         text += declared
     if environment.get("snapshot"):
         text += f"; snapshot {environment['snapshot']}"
+    for line in environment.get("toolchains") or ():
+        text += f"; {line}"
     return text
 
 

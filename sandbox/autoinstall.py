@@ -51,7 +51,15 @@ AUTO_INSTALLS: tuple[AutoInstall, ...] = (
     ),
     AutoInstall("node", ("yarn.lock",), _with("yarn", "yarn install", "npx --yes yarn install")),
     AutoInstall("node", ("package.json",), "npm install"),
-    AutoInstall("go", ("go.mod",), "go mod download"),
+    # The build cache (GOCACHE, in the home the snapshot keeps) is filled too: compiling the standard library and
+    # the module's packages once here, not in every task's first "go test" (go-cmp's: 25 s cold, 1.3 s warm). A
+    # package that does not compile at the base leaves the rest cached, and the setup still succeeds.
+    AutoInstall(
+        "go",
+        ("go.mod",),
+        "go mod download && { go test -count=1 -run '^$' ./... >/dev/null"
+        " || echo 'go: the warm-up build failed; the build cache keeps what compiled' >&2; }",
+    ),
     AutoInstall("rust", ("Cargo.lock", "Cargo.toml"), "cargo fetch"),
 )
 

@@ -147,8 +147,16 @@ def toolchain_binds(path: Sequence[str], home: Path | None = None) -> tuple[str,
 
 def toolchain_environment(path: Sequence[str], home: Path | None = None) -> dict[str, str]:
     """Variables the toolchains on ``path`` need inside the sandbox, whose home is not the worker's."""
+    found: dict[str, str] = {}
     rustup = rustup_home(path, home)
-    return {"RUSTUP_HOME": str(rustup)} if rustup is not None else {}
+    if rustup is not None:
+        found["RUSTUP_HOME"] = str(rustup)
+    if shutil.which("go", path=os.pathsep.join(path)) is not None:
+        # go.mod's "toolchain" line must not make go fetch and run another compiler: the repository's go is the
+        # worker's, and a module that asks for a newer one says so ("go.mod requires go >= 1.24 (running go 1.23.5;
+        # GOTOOLCHAIN=local)") instead of downloading one
+        found["GOTOOLCHAIN"] = "local"
+    return found
 
 
 def rustup_home(path: Sequence[str], home: Path | None = None) -> Path | None:

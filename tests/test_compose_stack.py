@@ -100,7 +100,8 @@ PROJECTS: dict[str, tuple[dict[str, str], str, str]] = {
     ),
     "go": (
         {
-            "go.mod": "module example.com/tiny\n\ngo 1.19\n",
+            # A three-part go line, as most maintained modules carry: Debian bookworm's own go 1.19 cannot read it
+            "go.mod": "module example.com/tiny\n\ngo 1.21.0\n",
             "add.go": "package tiny\n\nfunc Add(a, b int) int { return a + b }\n",
             "add_test.go": "package tiny\n\nimport \"testing\"\n\nfunc TestAdd(t *testing.T) {\n"
                            "\tif Add(2, 3) != 5 {\n\t\tt.Fatal(\"add\")\n\t}\n}\n",
@@ -120,7 +121,8 @@ PROJECTS: dict[str, tuple[dict[str, str], str, str]] = {
     ),
     "rust": (
         {
-            "Cargo.toml": '[package]\nname = "tiny"\nversion = "0.1.0"\nedition = "2021"\n',
+            # Edition 2024 needs Rust 1.85: Debian bookworm's own rustc (1.63) refuses it
+            "Cargo.toml": '[package]\nname = "tiny"\nversion = "0.1.0"\nedition = "2024"\nrust-version = "1.85"\n',
             "src/lib.rs": "pub fn add(a: i32, b: i32) -> i32 { a + b }\n\n#[cfg(test)]\nmod tests {\n"
                           "    #[test]\n    fn adds() { assert_eq!(super::add(2, 3), 5); }\n}\n",
         },

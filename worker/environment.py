@@ -28,6 +28,8 @@ from sandbox.jail import Bubblewrap, Sandbox, SandboxUnavailable, backend, make_
 from sandbox.setup import SetupOutcome, run_setup, untracked
 from sandbox.snapshot_files import SnapshotError
 from sandbox.snapshots import Snapshot, SnapshotRefused, SnapshotStore, environment_key, worker_image
+from sandbox.toolchain_versions import shortfalls
+from sandbox.toolchains import worker_path
 from worker.checkout import Checkout, GitError
 from worker.settings_models import Settings
 from worker.warm_environment import forget, recalled, remember
@@ -61,6 +63,7 @@ class EnvironmentReport:
     note: str = ""  # what was done about a failure ("What it made was removed: it filled the disk.")
     spare: bool = False  # restored: the key's spare was moved into place (nothing copied on the task's path)
     layers: bool = False  # restored by layers: the snapshot's directories seen through overlays (nothing copied)
+    toolchains: tuple[str, ...] = ()  # the versions the repository asks for that the worker's toolchains fall short of
 
     @property
     def line(self) -> str:
@@ -83,8 +86,12 @@ class EnvironmentReport:
 
     def first_message(self) -> str:
         """What the agent's first message says about its environment ("" when all went well)."""
+        short = "".join(f"\nNote: {line}" for line in self.toolchains).strip()
         if self.outcome != "failed":
-            return ""
+            return short
+        return "\n".join(part for part in (self._failure_message(), short) if part)
+
+    def _failure_message(self) -> str:
         if self.error is not None:
             return f"Note: the repository's environment was not set up ({self.error}). Install what you need yourself."
         return (
@@ -105,6 +112,7 @@ class EnvironmentReport:
             "line": self.line,
             "created": list(self.created[:MAX_PATHS_IN_STATE]),
             "snapshot": self.snapshot,  # why none was kept or used ("" otherwise): the CLI shows it
+            "toolchains": list(self.toolchains),
         }
 
 
@@ -142,6 +150,7 @@ class TaskEnvironment:
             log.warning("environment not prepared", error=mask(str(exc))[:300])
             why = mask(f"the environment could not be prepared ({type(exc).__name__}: {exc})".splitlines()[0])[:300]
             report = EnvironmentReport("failed", duration_s=time.monotonic() - started, error=why)
+        report = _with(report, toolchains=toolchain_shortfalls(checkout.path))
         if report.outcome != "none":
             ctx.append_tool(
                 TOOL_NAME,
@@ -503,6 +512,18 @@ def _restored(after: set[str], before: set[str], paths: tuple[str, ...]) -> set[
         if entry not in before
         or any(p == entry.rstrip("/") or (entry.endswith("/") and p.startswith(entry)) for p in held)
     }
+
+
+def toolchain_shortfalls(checkout: Path) -> tuple[str, ...]:
+    """What the repository asks of the worker's toolchains that they fall short of (sandbox/toolchain_versions.py)."""
+    try:
+        found = tuple(shortfalls(checkout, worker_path()))
+    except OSError as exc:  # the checkout is gone: nothing to tell
+        log.info("toolchain versions not checked", error=mask(str(exc))[:300])
+        return ()
+    for line in found:
+        log.warning("toolchain too old for the repository", line=line)
+    return found
 
 
 def _with(report: EnvironmentReport, **changes: Any) -> EnvironmentReport:
