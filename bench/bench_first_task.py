@@ -3,10 +3,11 @@ docs/tutorial.md with ``tasuki init``, against the fake GitHub (``tests/helpers/
 and the replay model, every command a real process.
 
 The commands are the tutorial's, typed in order and counted as the user types them (a shell line is one command):
-``git clone``, ``cd``, ``./tasuki init --yes …`` (flags, non-interactive), ``set -a; . ./tasuki.env; set +a``,
-``./tasuki doctor``, ``./tasuki up`` (timed until it prints ``running (``), ``./tasuki submit --repo you/calc
---issue 1 --wait`` (until it exits, with a pull request on the fake forge). A command the tutorial's text does not
-make work as written and has to be retyped (``init`` refusing the checkout's own ``config.yaml``) counts twice.
+``git clone``, ``cd``, ``./tasuki init --yes …`` (flags, non-interactive), ``./tasuki doctor`` (the CLI itself loads
+the ``tasuki.env`` init wrote beside ``config.yaml``), ``./tasuki up`` (timed until it prints ``running (``),
+``./tasuki submit --repo you/calc --issue 1 --wait`` (until it exits, with a pull request on the fake forge). A
+command the tutorial's text does not make work as written and has to be retyped (``init`` refusing the checkout's
+own ``config.yaml``) counts twice.
 
 What is not on the clock: the fake forge and the replay model (they stand for the user's GitHub and model), and
 installing ``.venv`` from PyPI: the clone's ``.venv`` links to this checkout's (the README's Quick start time
@@ -107,16 +108,6 @@ def _share_venv(clone: Path) -> None:
     (mine / ".tasuki-installed").write_text(hashlib.sha256((clone / "pyproject.toml").read_bytes()).hexdigest() + "\n")
 
 
-def _load_env_file(path: Path) -> dict[str, str]:
-    """What `set -a; . ./tasuki.env; set +a` exports."""
-    loaded = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            loaded[key.strip()] = value.strip().strip("'\"")
-    return loaded
-
-
 def _wait_for(path: Path, text: str, process: subprocess.Popen[bytes], deadline_s: float) -> bool:
     """Poll `path` until it holds `text` (True) or the process exits or the deadline passes (False)."""
     deadline = time.monotonic() + deadline_s
@@ -199,7 +190,8 @@ def run(scratch: Path, quick: bool = False) -> list[Result]:
 def _configure_and_start(
     session: Session, clone: Path, forge: FakeForge, port: int, logs: Path, env: dict[str, str]
 ) -> None:
-    """The tutorial's steps 2 and 4: init (retyped with --force if it refuses), the env file, doctor, up."""
+    """The tutorial's steps 2 and 4: init (retyped with --force if it refuses), doctor, up (each reads the env file
+    init wrote: nothing is sourced)."""
     flags = ["--yes", "--forge", "github", "--api-url", forge.github_api_url, "--model-provider", "openai",
              "--model", "replay", "--base-url", f"http://127.0.0.1:{port}/v1", "--api-key-env", "REPLAY_KEY",
              "--network", "none", "--broker", "embedded", "--store", "none",
@@ -213,8 +205,6 @@ def _configure_and_start(
             ["./tasuki", "init", *flags, "--force"],
             secrets,
         )
-    session.env = {**env, **_load_env_file(clone / "tasuki.env")}
-    session.typed("set -a; . ./tasuki.env; set +a")
     session.run("./tasuki doctor", ["./tasuki", "doctor"])
     up_log = logs / "up.log"
     start = time.perf_counter()

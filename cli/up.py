@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 
@@ -11,11 +13,13 @@ from cli.console_access import console_access
 from cli.demo import data_line
 from cli.embedded import EmbeddedRedis, record_broker, redis_answers
 from cli.services import (
+    NAME_OPTIONS,
     TASK_QUEUES,
     Service,
     beat_argv,
     child_env,
     maintenance_argv,
+    option_value,
     stop_all,
     stop_on_signals,
     until_one_exits,
@@ -24,6 +28,9 @@ from cli.services import (
 from contexts.errors import TasukiError
 from contexts.masking import mask
 from worker.settings_models import Settings
+
+READY_DEADLINE_S = 180.0  # how long ``up`` waits for its workers to answer before it says "running" anyway
+PING_TIMEOUT_S = 1.0  # each ping's wait for replies (the poll's own pace)
 
 
 def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True, webhook: bool = True,
@@ -67,8 +74,45 @@ def run_up(settings: Settings, say: Callable[[str], None], *, beat: bool = True,
         for service in services:
             service.start()
             tell(f"{service.name + ':':<11} pid {service.process.pid if service.process else '?'}")
+        broker_url = overrides.get("TASUKI__BROKER__URL", settings.broker.url)
+        _await_workers(broker_url, services, stopping, tell)
         tell(f"running ({settings.source.describe()}); Ctrl-C stops everything")
         return until_one_exits(services, stopping, tell)
+
+
+def _await_workers(broker_url: str, services: list[Service], stopping: threading.Event,
+                   tell: Callable[[str], None]) -> None:
+    """Wait until each Celery process started here answers a ping on the broker, so that "running" means a task
+    submitted now is taken at once (a worker's start took 10 s on a loaded 2-core machine, and the first task waited
+    it out in the queue). Gives up after :data:`READY_DEADLINE_S`, saying so; returns at once when a service died
+    (the caller says which) or on Ctrl-C."""
+    from celery import Celery  # the CLI's own probe: no task of Tasuki's is sent
+    from kombu.exceptions import OperationalError
+
+    host = socket.gethostname()
+    names = (option_value(service.argv, NAME_OPTIONS) for service in services)  # the Celery workers' -n
+    expected = {name.replace("%h", host) for name in names if name}
+    if not expected:
+        return
+    started = time.monotonic()
+    probe = Celery("tasuki-up", broker=broker_url)
+    try:
+        while time.monotonic() - started < READY_DEADLINE_S and not stopping.is_set():
+            if any(not service.alive() for service in services):
+                return
+            try:
+                replies = probe.control.ping(timeout=PING_TIMEOUT_S)
+            except (OSError, OperationalError) as exc:  # the broker went away: the services say why
+                tell(f"workers:    not asked whether they are ready ({mask(str(exc))[:200]})")
+                return
+            answered = {name for reply in replies for name in reply} & expected
+            if answered == expected:
+                tell(f"workers:    {len(expected)} ready in {time.monotonic() - started:.1f} s")
+                return
+        if not stopping.is_set():
+            tell(f"workers:    not all ready after {READY_DEADLINE_S:.0f} s; tasks wait in the queue until they are")
+    finally:
+        probe.close()
 
 
 def _services(

@@ -314,6 +314,11 @@ def test_up_runs_every_service_on_an_embedded_redis_and_a_signal_stops_them_all(
     up = Up(up_env(tmp_path, port), tmp_path)
     try:
         up.wait_for(r"running \(")
+        said = "".join(up.lines)
+        # "running" is said once the three Celery workers answered: a task submitted now is taken at once
+        ready = re.search(r"workers: +3 ready in [\d.]+ s", said)
+        assert ready is not None, said
+        assert ready.start() < said.index("running (")
         broker = up.wait_for(r"embedded Redis at (redis://\S+)").group(1)
         pids = [int(m) for m in re.findall(r"pid (\d+)", "".join(up.lines))]
         assert len(pids) == 5  # worker, compression, maintenance, beat, webhook
