@@ -4,8 +4,11 @@ patch is laid over it and its tests run in the task's sandbox with no network.
 The agent never sees the test patch: it is in the Celery message and the context's metadata (neither in its sandbox),
 and reaches the checkout only here, after the agent's last command is over. The worker's own git (never the agent's
 ``.git``) computes the graded files — the committed work with the patch's files reset to the base and the patch
-applied — and writes them into a fresh directory under the task's home, from which a sandboxed call lays them into
-the checkout and runs the tests; a second call lays the committed versions back. So the patch is on no command line
+applied — and writes them into a private directory of its own, made for the grading and bound read-only into the
+grading's sandbox, from which a sandboxed call lays them into the checkout and runs the tests; a second call lays the
+committed versions back. The agent wrote its home and checkout: nothing of either steers that git (it works in a
+scratch tree and index with no system or user config, so no attribute of the agent's names a filter it would run),
+and the host writes into neither (a link there is never followed). So the patch is on no command line
 (only the files' names and the test command are), and nothing of it can be pushed: the push takes the commit, which
 was made before. ``state.json``'s ``grading`` says while the tree holds the patch, so a resume on this host lays the
 committed files back before anything else reads the tree (:func:`recover`).
@@ -17,12 +20,14 @@ A grading that fails — the patch does not apply, the tests time out or report 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from agent.tools.workspace import Workspace
 from contexts import Context, TasukiError
 from contexts.lock import process_started
 from contexts.masking import mask
+from sandbox import confine
 from sandbox.jail import Sandbox, backend, make_sandbox
 from sandbox.test_results import Grade, failed_grade, grade, parse_results, test_command, test_files
 from worker.checkout import Checkout
@@ -44,7 +50,6 @@ from worker.settings_models import Settings
 log = structlog.get_logger(__name__)
 
 TOOL_NAME = "grade"  # its record in tools.jsonl
-STAGING = (".tasuki", "grading")  # beneath the task's home: the files laid into the checkout, made afresh each time
 OUTPUT_MAX_CHARS = 1_000_000  # of the test run's output read (head and tail: the runners' summaries are at the end)
 TAIL_LINES = 40  # of the test run's output kept in the record
 TAIL_MAX_CHARS = 4_000
@@ -90,23 +95,24 @@ def grade_work(ctx: Context, checkout: Checkout, request: Mapping[str, Any], bas
     files = test_files(spec.test_patch)
     command = test_command(spec.test_command, spec.parser, files)
     head = checkout.head()
-    shell = GradingShell(ctx, checkout, settings, spec.timeout_s or settings.agent.check_timeout_s)
-    run = TestRun()
-    try:
-        if not files:
-            raise GradingError("the test patch touches no file")
-        ctx.update_state(grading={"status": "applying", "files": files, "head": head})
-        present = stage(checkout, head, base, spec.test_patch, files)
-        run = shell.run_tests(files, present, command)
-        graded = judge(run, spec)
-    except GradingError as exc:
-        graded = failed_grade(str(exc), spec.fail_to_pass, spec.pass_to_pass)
-    except Exception as exc:  # never fails the task: the grade says why it could not be had
-        log.exception("grading failed")
-        why = mask(f"grading failed: {type(exc).__name__}: {exc}".splitlines()[0])[:500]
-        graded = failed_grade(why, spec.fail_to_pass, spec.pass_to_pass)
-    finally:
-        restored = restore(ctx, checkout, shell, head, files)
+    run, restored = TestRun(), True
+    with staging_area() as staging:
+        shell = GradingShell(ctx, checkout, settings, spec.timeout_s or settings.agent.check_timeout_s, staging)
+        try:
+            check_files(files)
+            ctx.update_state(grading={"status": "applying", "files": files, "head": head})
+            try:
+                present = stage(checkout, head, base, spec.test_patch, files, shell.fresh("graded"))
+                run = shell.run_tests(files, present, command)
+            finally:
+                restored = restore(ctx, checkout, shell, head, files)
+            graded = judge(run, spec)
+        except GradingError as exc:
+            graded = failed_grade(str(exc), spec.fail_to_pass, spec.pass_to_pass)
+        except Exception as exc:  # never fails the task: the grade says why it could not be had
+            log.exception("grading failed")
+            why = mask(f"grading failed: {type(exc).__name__}: {exc}".splitlines()[0])[:500]
+            graded = failed_grade(why, spec.fail_to_pass, spec.pass_to_pass)
     duration = time.monotonic() - started
     result = {**graded.to_json(), "duration_s": round(duration, 2)}
     record(ctx, graded, files, command, run, restored, duration, shell.confined)
@@ -139,11 +145,33 @@ def judge(run: TestRun, spec: Grading) -> Grade:
     return graded
 
 
-def stage(checkout: Checkout, head: str, base: str, patch: str, files: Sequence[str]) -> list[str]:
+def check_files(files: Sequence[str]) -> None:
+    """The test patch's files are paths in the tree (no ``..``, nothing absolute, nothing in a ``.git``): else a
+    :class:`GradingError` before anything is laid."""
+    if not files:
+        raise GradingError("the test patch touches no file")
+    for path in files:
+        parts = path.split("/")
+        if path.startswith("/") or any(part in ("", ".", "..") or part.lower() == ".git" for part in parts):
+            raise GradingError(mask(f"the test patch names a path outside the tree: {path[:200]!r}"))
+
+
+@contextmanager
+def staging_area() -> Iterator[Path]:
+    """A private directory of the worker's for the files the grading lays (in its temporary directory, which no
+    sandbox shows), removed afterwards; the grading's sandbox sees it read-only at its own path."""
+    staging = Path(tempfile.mkdtemp(prefix="tasuki-grading-"))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def stage(checkout: Checkout, head: str, base: str, patch: str, files: Sequence[str], into: Path) -> list[str]:
     """Write the graded versions of ``files`` (the commit ``head`` with them reset to ``base``, the patch applied)
-    into the staging directory, by the worker's own git in a scratch index; the files that exist after it."""
+    beneath ``into``, by the worker's own git in a scratch index; the files that exist after it."""
     with tempfile.TemporaryDirectory(prefix="tasuki-grading-") as scratch:
-        git = _ScratchGit(checkout, Path(scratch) / "index")
+        git = _ScratchGit(checkout, Path(scratch))
         git("read-tree", head)
         at_base = git.entries(base, files)  # a file the base lacks leaves the index (mode 0)
         lines = [at_base.get(path, f"0 {'0' * 40}") + f"\t{path}" for path in files]
@@ -153,7 +181,7 @@ def stage(checkout: Checkout, head: str, base: str, patch: str, files: Sequence[
         except GitError as exc:
             why = str(exc).removeprefix("git apply failed: ")
             raise GradingError(f"the test patch does not apply: {why}") from None
-        return git.lay(files, _fresh_staging(checkout.home))
+        return git.lay(files, into)
 
 
 def restore(ctx: Context, checkout: Checkout, shell: GradingShell, head: str, files: Sequence[str]) -> bool:
@@ -161,15 +189,14 @@ def restore(ctx: Context, checkout: Checkout, shell: GradingShell, head: str, fi
     ``state.json`` still saying so) when they could not be: the tree is not the commit's."""
     try:
         with tempfile.TemporaryDirectory(prefix="tasuki-grading-") as scratch:
-            git = _ScratchGit(checkout, Path(scratch) / "index")
+            git = _ScratchGit(checkout, Path(scratch))
             git("read-tree", head)
-            present = git.lay(files, _fresh_staging(checkout.home))
-        shell.lay(files, present)
+            into = shell.fresh("committed")
+            present = git.lay(files, into)
+        shell.lay(files, present, into)
     except Exception as exc:
         log.warning("the checkout was not restored after grading", error=mask(str(exc))[:300])
         return False
-    finally:
-        _remove_staging(checkout.home)
     ctx.update_state(grading={"status": "done", "files": list(files), "head": head})
     return True
 
@@ -186,7 +213,9 @@ def recover(ctx: Context, checkout: Checkout, settings: Settings) -> None:
         ctx.update_state(grading={"status": "done", "files": files, "head": head})
         return
     log.warning("the last holder stopped while grading; the committed files are laid back")
-    if not restore(ctx, checkout, GradingShell(ctx, checkout, settings, LAY_TIMEOUT_S), head, files):
+    with staging_area() as staging:
+        restored = restore(ctx, checkout, GradingShell(ctx, checkout, settings, LAY_TIMEOUT_S, staging), head, files)
+    if not restored:
         raise GradingError("the test patch an interrupted grading laid into the tree could not be removed")
 
 
@@ -201,15 +230,20 @@ def _has_commit(checkout: Checkout, commit: str) -> bool:
 
 
 class _ScratchGit:
-    """The worker's git on the checkout with an index of its own (the worker's and the agent's are left alone)."""
+    """The worker's git directory of the checkout with an index and an empty working tree in ``scratch``: the
+    checkout, the worker's index and the agent's are left alone. No system or user config is read (git-lfs installed
+    on the host defines a filter driver there, which an attribute the agent committed would name for the files laid
+    out), nor a system attributes file: the files are laid out as the commits hold them."""
 
-    def __init__(self, checkout: Checkout, index: Path) -> None:
-        self.checkout = checkout
-        self.env = {**tree_env(checkout.git_dir, checkout.path), "GIT_INDEX_FILE": str(index),
-                    "GIT_LITERAL_PATHSPECS": "1", "GIT_NO_REPLACE_OBJECTS": "1"}
+    def __init__(self, checkout: Checkout, scratch: Path) -> None:
+        self.tree = scratch / "tree"
+        self.tree.mkdir(mode=0o700)
+        self.env = {**tree_env(checkout.git_dir, self.tree), "GIT_INDEX_FILE": str(scratch / "index"),
+                    "GIT_LITERAL_PATHSPECS": "1", "GIT_NO_REPLACE_OBJECTS": "1", "GIT_CONFIG_NOSYSTEM": "1",
+                    "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1"}
 
     def __call__(self, *args: str, stdin: str | None = None) -> str:
-        return run_git(args, cwd=self.checkout.path, extra_env=self.env, stdin=stdin, timeout_s=LAY_TIMEOUT_S)
+        return run_git(args, cwd=self.tree, extra_env=self.env, stdin=stdin, timeout_s=LAY_TIMEOUT_S)
 
     def entries(self, commit: str, files: Sequence[str]) -> dict[str, str]:
         """``path -> "mode sha"`` of those of ``files`` that ``commit`` holds."""
@@ -229,45 +263,31 @@ class _ScratchGit:
         return present
 
 
-def _fresh_staging(home: Path) -> Path:
-    """The staging directory beneath the home, empty and the worker's own (whatever was in its place removed, never
-    followed: no sandboxed process runs while it is made)."""
-    _remove_staging(home)
-    tasuki = home / STAGING[0]
-    if tasuki.is_symlink() or (tasuki.exists() and not tasuki.is_dir()):
-        tasuki.unlink()
-    tasuki.mkdir(mode=0o700, exist_ok=True)
-    staging = tasuki / STAGING[1]
-    staging.mkdir(mode=0o700)
-    return staging
-
-
-def _remove_staging(home: Path) -> None:
-    tasuki = home / STAGING[0]
-    if tasuki.is_symlink() or not tasuki.is_dir():
-        return
-    staging = tasuki / STAGING[1]
-    if staging.is_symlink() or staging.is_file():
-        staging.unlink()
-    elif staging.is_dir():
-        shutil.rmtree(staging, ignore_errors=True)  # fd-based: never follows a link beneath it
-
-
 class GradingShell:
-    """The grading's commands: bash in the task's sandbox with no network, in the checkout, with the task's home."""
+    """The grading's commands: bash in the task's sandbox with no network, in the checkout, with the task's home, and
+    the worker's ``staging`` directory (:func:`staging_area`) read-only."""
 
-    def __init__(self, ctx: Context, checkout: Checkout, settings: Settings, timeout_s: int) -> None:
+    def __init__(self, ctx: Context, checkout: Checkout, settings: Settings, timeout_s: int, staging: Path) -> None:
         self.ctx = ctx
         self.checkout = checkout
         self.timeout_s = timeout_s
+        self.staging = staging
         offline = settings.sandbox.model_copy(update={"network": "none"})
-        self.sandbox: Sandbox = make_sandbox(offline, read_only=checkout.shared_paths)
+        self.sandbox: Sandbox = make_sandbox(offline, read_only=(*checkout.shared_paths, staging))
         self.confined = backend(settings.sandbox.backend).confines  # "none" runs on the host: nothing is confined
         self.limits = settings.sandbox.limits
 
+    def fresh(self, name: str) -> Path:
+        """An empty directory ``name`` in the staging directory (what was there before removed)."""
+        into = self.staging / name
+        shutil.rmtree(into, ignore_errors=True)
+        into.mkdir(mode=0o700)
+        return into
+
     def run_tests(self, files: Sequence[str], present: Sequence[str], command: str) -> TestRun:
-        """Lay the graded files in, then run the tests."""
-        outcome = self._run(f"{self._lay_script(files, present)}\necho {_TESTS}\n{command}", self.timeout_s)
+        """Lay the graded files in (from the staging directory's ``graded``), then run the tests."""
+        script = self._lay_script(files, present, self.staging / "graded")
+        outcome = self._run(f"{script}\necho {_TESTS}\n{command}", self.timeout_s)
         before, marked, after = outcome.output.partition(_TESTS + "\n")
         if not marked:
             raise GradingError(mask(f"the graded files were not laid in: {before.strip()[-300:] or outcome.error}"))
@@ -277,15 +297,15 @@ class GradingShell:
         timed_out = outcome.error is not None and "timed out" in outcome.error
         return TestRun(output, code, timed_out, ran=True)
 
-    def lay(self, files: Sequence[str], present: Sequence[str]) -> None:
-        """Lay the staged files into the checkout (and remove those not staged)."""
-        outcome = self._run(self._lay_script(files, present), LAY_TIMEOUT_S)
+    def lay(self, files: Sequence[str], present: Sequence[str], source: Path) -> None:
+        """Lay the files staged in ``source`` into the checkout (and remove those not staged)."""
+        outcome = self._run(self._lay_script(files, present, source), LAY_TIMEOUT_S)
         lines = outcome.output.splitlines()
         if outcome.error is not None or not lines or exit_code_of(lines[-1]) != 0:
             raise GradingError(mask(f"the files were not laid in: {outcome.output.strip()[-300:] or outcome.error}"))
 
-    def _lay_script(self, files: Sequence[str], present: Sequence[str]) -> str:
-        staging = shlex.quote(str(Path(self.sandbox.home_inside(self.checkout.home), *STAGING)))
+    def _lay_script(self, files: Sequence[str], present: Sequence[str], source: Path) -> str:
+        staging = shlex.quote(str(source))  # bound at its own path
         given = set(present)
         steps = []
         for path in files:
@@ -297,6 +317,7 @@ class GradingShell:
         return "\n".join(["set -u", *steps])
 
     def _run(self, script: str, timeout_s: int) -> ToolOutcome:
+        confine.hand_over(self.staging, self.sandbox.user)  # a root worker's sandbox reads it as its own user
         options = ToolOptions(bash_timeout_s=timeout_s, max_output_chars=OUTPUT_MAX_CHARS, sandbox=self.sandbox,
                               limits=self.limits, on_start=self._started, home=self.checkout.home)
         try:
