@@ -2,7 +2,9 @@
 ``.tasuki/path``, the environment's marker. The home is the agent's to write, so each is reached beneath the home
 one component at a time without following a link, opened without blocking (a named pipe in a file's place is
 refused, never waited on), and read or written only when it is a regular file. What the agent left in a file's or
-``.tasuki``'s place that is of another kind is removed, never followed, before the worker makes its own.
+``.tasuki``'s place that is of another kind is removed, never followed, before the worker makes its own; and where the
+worker writes, a directory or file the agent took its owner's rights from (``chmod 000``: an unprivileged worker's
+sandbox runs as the worker's own user) gets them back, or the worker could write nothing there again.
 """
 
 from __future__ import annotations
@@ -60,14 +62,14 @@ def ensure(home: Path, names: tuple[str, ...]) -> None:
     for name in names:
         with _beneath(home, name) as (directory, leaf):
             _replace_odd(directory, leaf, stat.S_ISREG)
-            os.close(os.open(leaf, _WRITE, 0o600, dir_fd=directory))
+            os.close(_open_leaf(directory, leaf, _WRITE))
 
 
 def write(home: Path, name: str, data: bytes) -> None:
     """Replace the content of ``name`` beneath ``home`` with ``data`` (made as in :func:`ensure`)."""
     with _beneath(home, name) as (directory, leaf):
         _replace_odd(directory, leaf, stat.S_ISREG)
-        fd = os.open(leaf, _WRITE | os.O_TRUNC, 0o600, dir_fd=directory)
+        fd = _open_leaf(directory, leaf, _WRITE | os.O_TRUNC)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for a pipe since the check: refused, not waited on
                 raise Unreadable(errno.EINVAL, f"{name} is not a regular file: not written")
@@ -79,18 +81,42 @@ def write(home: Path, name: str, data: bytes) -> None:
 @contextlib.contextmanager
 def _beneath(home: Path, name: str) -> Iterator[tuple[int, str]]:
     """The directory fd that holds ``name``'s last component (its directories made, odd entries replaced)."""
-    fds = [os.open(home, _DIRECTORY)]
+    fds = [_enter(str(home), None)]
     try:
         *directories, leaf = name.split("/")
         for directory in directories:
             _replace_odd(fds[-1], directory, stat.S_ISDIR)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(directory, 0o700, dir_fd=fds[-1])
-            fds.append(os.open(directory, _DIRECTORY, dir_fd=fds[-1]))
+            fds.append(_enter(directory, fds[-1]))
         yield fds[-1], leaf
     finally:
         for fd in reversed(fds):
             os.close(fd)
+
+
+def _enter(name: str, parent: int | None) -> int:
+    """The directory ``name`` (in ``parent``), opened without following a link; one the worker may not open (mode
+    000: it is the worker's own, or the worker is root and nothing stops it) is made ``0700`` first, through a
+    descriptor that is not followed either."""
+    try:
+        return os.open(name, _DIRECTORY, dir_fd=parent)
+    except PermissionError:
+        held = os.open(name, _DIRECTORY | os.O_PATH, dir_fd=parent)
+        try:
+            os.chmod(f"/proc/self/fd/{held}", 0o700)  # an O_PATH fd opens at mode 000; chmod through its link
+            return os.open(".", _DIRECTORY, dir_fd=held)
+        finally:
+            os.close(held)
+
+
+def _open_leaf(directory: int, leaf: str, flags: int) -> int:
+    """``leaf`` opened to write (made 0600 when new); one the worker may not write (mode 000) is replaced."""
+    try:
+        return os.open(leaf, flags, 0o600, dir_fd=directory)
+    except PermissionError:
+        os.unlink(leaf, dir_fd=directory)
+        return os.open(leaf, flags | os.O_EXCL, 0o600, dir_fd=directory)
 
 
 def _replace_odd(directory_fd: int, name: str, wanted: Callable[[int], bool]) -> None:

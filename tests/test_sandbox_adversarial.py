@@ -47,7 +47,9 @@ class Task:
     def restore(self, lower: Path) -> None:
         """Lay ``lower``'s ``.venv`` over the checkout, as a restore by layers does. A snapshot's files are those of
         whoever ran its setup: the worker's user, or a root worker's sandbox user (``cp -a`` keeps owners)."""
-        give(lower, self.user or SANDBOX_USER)
+        owner = self.user or (SANDBOX_USER if os.geteuid() == 0 else None)  # else the test's user: its own already
+        if owner is not None:
+            give(lower, owner)
         layers.lay(self.home, self.checkout, lower, [".venv"])
         if self.user is not None:
             give(layers.layers_dir(self.home), self.user)
@@ -68,6 +70,10 @@ def _bubblewrap() -> None:
 @pytest.fixture(params=["root", "unprivileged"])
 def task(request: pytest.FixtureRequest) -> Iterator[Task]:
     user = None if request.param == "root" else WORKER_USER
+    if user is not None and os.geteuid() != 0:
+        # "root" is the test's own user: an unprivileged one here, so that case is this one, as itself (the other
+        # needs root to make and become the worker's user).
+        pytest.skip("the test runs unprivileged: its [root] case is the unprivileged worker")
     if user is not None or os.geteuid() == 0:
         need_root()
     base = Path(tempfile.mkdtemp(prefix="tasuki-hostile-", dir="/tmp"))
@@ -337,6 +343,16 @@ def test_row13_a_mode_000_directory_does_not_keep_the_home(task: Task) -> None:
     )
     assert left == []
     assert not task.home.exists()
+
+
+def test_seam_env_files_and_their_directory_at_mode_000_keep_no_later_call_from_running(task: Task) -> None:
+    # An unprivileged worker's sandbox runs as the worker's own user: the agent's chmod took the worker's rights too,
+    # and every later call (the eval's grading among them) failed to write the env files (PermissionError).
+    first, second = task.agent("echo A=1 >> $TASUKI_ENV; chmod 000 $TASUKI_ENV $HOME/.tasuki $HOME; echo locked",
+                               "echo ran")
+    assert first.startswith("locked")
+    assert "ran" in second
+    assert task.untouched()
 
 
 def test_row14_host_paths_lead_nowhere_inside(task: Task) -> None:
