@@ -135,6 +135,25 @@ def test_a_clean_filter_in_the_agents_config_runs_nothing_on_the_host(task: Task
     assert git(task.remote, "show", f"{BRANCH}:.gitattributes") == "* filter=x\n"  # content: it stays
 
 
+def test_a_filter_the_workers_own_git_config_defines_never_runs_for_the_agents_attributes(
+    task: Task, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # git-lfs installed on the worker's host (`git lfs install`) defines its filter driver in the user's (or the
+    # system's) config, which the worker's git reads: the agent's .gitattributes names it for any file.
+    marker = task.canary / "lfs-filter-ran"
+    worker_home = task.base / "worker-home"
+    worker_home.mkdir(mode=0o700)
+    run = f"\"sh -c 'touch {marker}; cat'\""
+    (worker_home / ".gitconfig").write_text(f"[filter \"lfs\"]\n\tclean = {run}\n\tsmudge = {run}\n"
+                                            f"\tprocess = \"sh -c 'touch {marker}; exit 1'\"\n")
+    monkeypatch.setenv("HOME", str(worker_home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    task.agent("echo '* filter=lfs' > .gitattributes", "echo \"the agent's work\" > work.txt")
+
+    task.held(task.worker_finishes())
+    assert git(task.remote, "show", f"{BRANCH}:.gitattributes") == "* filter=lfs\n"  # content: it stays
+
+
 def test_a_credential_helper_never_sees_the_forge_credential(task: Task) -> None:
     with _refusing_server() as url:  # asks for credentials: git calls the helpers
         stolen = task.canary / "helper-env"

@@ -7,9 +7,11 @@ instructions (``.git/config`` names filters, credential helpers, pagers, an ``ss
 credential in its environment, so it never reads that directory: every one of its commands runs with ``GIT_DIR`` set
 to a git directory of the worker's own, ``{workspaces_dir}/{uuid}.git`` (:func:`sandbox.setup.worker_git_dir`:
 beside the checkout, bound into no sandbox, mode 0700), and ``GIT_WORK_TREE`` set to the checkout. What it reads of
-the checkout is the working tree's files, as content: a ``.gitattributes`` line can name a filter or diff driver,
-but only the worker's config could define one, and it defines none. Git's own recursion into nested repositories (a
-``sub/.git`` the agent made has a config of its own) is off on every call (:data:`SAFE_GIT`).
+the checkout is the working tree's files, as content: a ``.gitattributes`` line can name a filter, diff or merge
+driver, but the worker's ``info/attributes`` (which outranks every ``.gitattributes``) unsets all three for every
+path, so none runs, even one the host's system or user config defines (git-lfs installed there defines its filter).
+Git's own recursion into nested repositories (a ``sub/.git`` the agent made has a config of its own) is off on every
+call (:data:`SAFE_GIT`).
 
 The agent's ``.git`` is written by the worker whenever it changes the tree (:func:`show_agent`): made whole in a
 fresh directory and renamed into place, never written through anything the agent left there. What comes back from it
@@ -56,6 +58,8 @@ SAFE_GIT = (
     "-c", "submodule.recurse=false", "-c", "fetch.recurseSubmodules=false", "-c", "push.recurseSubmodules=no",
     "-c", "protocol.ext.allow=never",
 )
+# The git directory's info/attributes outranks every .gitattributes of the tree: no driver for any path.
+NO_DRIVERS = "* !filter !diff !merge\n"
 AGENT_HEAD_REF = "refs/tasuki/agent-head"  # in the worker's git directory: the agent's HEAD as last taken
 AGENT_GIT_TIMEOUT_S = 600.0  # a jailed read of the agent's repository (a FIFO in .git would hold it forever)
 _LOADER_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
@@ -123,10 +127,12 @@ def write_repository(git_dir: Path, remote: str, mirror: Path, heads: Mapping[st
                      own: Mapping[str, str]) -> None:
     """A git directory at ``git_dir`` (empty or missing) written as files (git's repository format), not by git:
     objects through the mirror, ``origin`` the real remote, ``heads`` as ``origin/*``, ``own`` as ``refs/heads/*``
-    with HEAD on the first (else on the mirror's default branch). No reflogs: nobody reads them."""
+    with HEAD on the first (else on the mirror's default branch); no filter, diff or merge driver for any path
+    (:data:`NO_DRIVERS`). No reflogs: nobody reads them."""
     for directory in ("objects/info", "refs/remotes/origin", "refs/heads", "info"):
         (git_dir / directory).mkdir(parents=True)
     (git_dir / "config").write_text(_config(remote))
+    (git_dir / "info" / "attributes").write_text(NO_DRIVERS)
     (git_dir / "objects" / "info" / "alternates").write_text(f"{mirror / 'objects'}\n")
     refs = {f"refs/remotes/origin/{name}": sha for name, sha in heads.items() if name != "HEAD"}
     refs.update({f"refs/heads/{name}": sha for name, sha in own.items()})
