@@ -301,3 +301,36 @@ def test_grading_output_holds_no_file_a_link_pointed_at(task: Task) -> None:
     task.honest(graded)
     assert task.secret not in json.dumps(_grade_record(task))
     task.held()
+
+
+# The grade's honesty: the tests run in the agent's own home and checkout, so what it left there, uncommitted, can
+# report a pass for work that fixes nothing. Open (see the strict xfails' reason): grading needs the environment as
+# its setup left it, not as the agent did.
+UNFIXED_PASSES = "grading runs in the agent's home and tree: its leftovers steer the test run (open, for the lead)"
+PASS_LINE = "test_add_more (test_held.HeldTest.test_add_more) ... ok"
+
+
+@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
+def test_an_ignored_interpreter_in_the_checkout_passes_no_unfixed_work(task: Task) -> None:
+    task.agent(f"mkdir -p .venv/bin && printf '#!/bin/sh\\necho \"{PASS_LINE}\"\\n' > .venv/bin/python",
+               "chmod +x .venv/bin/python && echo .venv >> .git/info/exclude")
+
+    assert task.grade()["resolved"] is False
+
+
+@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
+def test_a_bash_env_in_the_env_files_passes_no_unfixed_work(task: Task) -> None:
+    task.agent(f"printf 'python3() {{ echo \"{PASS_LINE}\"; }}\\n' > ~/fake.sh",
+               'echo "BASH_ENV=$HOME/fake.sh" >> $TASUKI_ENV')
+
+    assert task.grade()["resolved"] is False
+
+
+@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
+def test_a_usercustomize_in_the_home_passes_no_unfixed_work(task: Task) -> None:
+    patch = ("import unittest.case as c\\nc.TestCase.run = lambda self, result=None: "
+             "(result.startTest(self), result.addSuccess(self), result.stopTest(self))\\n")
+    task.agent("d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p \"$d\" && "
+               f"printf '{patch}' > \"$d/usercustomize.py\"")
+
+    assert task.grade()["resolved"] is False
