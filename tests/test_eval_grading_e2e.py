@@ -10,7 +10,9 @@ none of it. An eval task neither recalls nor records memory."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import uuid as uuid_module
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -158,7 +160,9 @@ def test_the_gold_fix_is_resolved_in_the_sandbox_and_nothing_of_the_tests_is_pus
         assert record["status"] == "success"
         assert record["arguments"]["files"] == ["test_calc.py", "test_more.py"]
         assert record["arguments"]["network"] == "none"
-        assert record["result"]["restored"] is True
+        assert record["result"]["tree"] == "fresh"
+        key = state["environment"]["key"]  # the eval's setup made it; the grading copied its snapshot
+        assert record["result"]["graded_in"] == f"graded in a fresh tree; environment: snapshot {key}"
         assert "test_add_zero (test_more.MoreTest.test_add_zero) ... ok" in record["result"]["output_tail"]
         assert state["grading"]["status"] == "done"
 
@@ -225,7 +229,7 @@ def test_a_test_patch_that_does_not_apply_is_an_error_grade_and_no_failed_task(
         assert graded["failed"] == FAIL_TO_PASS + PASS_TO_PASS  # every listed test: missing
         (record,) = grade_records(stack, uuid)
         assert record["status"] == "error"
-        assert record["result"]["restored"] is True
+        assert record["result"]["tree"] == "fresh"
         assert on_branch(repo, state["result"]["branch"], "calc.py") == FIXED
 
 
@@ -272,7 +276,16 @@ def test_an_agent_hunting_for_the_test_patch_finds_nothing_and_the_branch_holds_
         assert on_branch(repo, branch, "test_more.py") is None
 
 
+@contextmanager
+def _removed(directory: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # The grading's tests stop for good: the first holder is killed meanwhile, the second one's time runs out.
+# The grading runs in a fresh tree and home in the worker's temporary directory: the test gives the workers one.
 STALLING_TESTS = '"$py" -m unittest -v {files}; touch "$HOME/.stalled"; sleep 600'
 
 
@@ -286,14 +299,19 @@ def test_a_holder_killed_mid_grading_pushes_no_test_patch_and_a_grading_out_of_t
     repo = make_eval_repo(tmp_path / "repos")
     request = eval_request(repo, "killed.1")
     request["grading"]["test_command"] = STALLING_TESTS
-    with running_stack(tmp_path, redis_url, turns) as (stack, _server):
+    workers_tmp = Path(tempfile.mkdtemp(prefix="tg-", dir="/tmp"))  # short: sockets are made in it
+    with running_stack(tmp_path, redis_url, turns) as (stack, _server), _removed(workers_tmp):
+        stack.env_overrides["TMPDIR"] = str(workers_tmp)
         first = stack.start_worker("w1")
         uuid = stack.send(request)
         checkout = stack.root / "workspaces" / uuid
-        stack.wait_until((checkout.parent / f"{uuid}.home" / ".stalled").exists, 120, "the graded tests")
+        stack.wait_until(lambda: any(workers_tmp.glob("tasuki-grading-*/home/.stalled")), 120, "the graded tests")
         running = json.loads((stack.contexts_dir / "running" / uuid / "state.json").read_text())
-        assert running["grading"]["status"] == "applying"
-        assert (checkout / "test_more.py").exists()  # the tree holds the test patch while the tests run
+        assert running["grading"]["status"] == "running"
+        (area,) = workers_tmp.glob("tasuki-grading-*")
+        assert running["grading"]["area"] == str(area)
+        assert (area / "tree" / "test_more.py").exists()  # the fresh tree holds the test patch while the tests run
+        assert not (checkout / "test_more.py").exists()  # the agent's checkout never does
 
         first.kill()  # the machine dies mid-grading
         store = ContextStore(stack.contexts_dir, stale_after_s=float(stack.env()["TASUKI__CONTEXTS__STALE_AFTER_S"]))
@@ -309,7 +327,9 @@ def test_a_holder_killed_mid_grading_pushes_no_test_patch_and_a_grading_out_of_t
         assert graded["resolved"] is False
         assert graded["error"] == "the tests timed out"
         assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "passed")  # what ran before the stall
-        assert "its tree was set aside, so no test patch is left in it" in worker_logs(stack)
+        assert "the last holder stopped while grading in a fresh tree" in worker_logs(stack)
+        assert not area.exists()  # the resume removed what the killed holder left
+        assert list(workers_tmp.glob("tasuki-grading-*")) == []
         branch = state["result"]["branch"]
         assert on_branch(repo, branch, "calc.py") == FIXED
         assert on_branch(repo, branch, "test_calc.py") == BASE_TEST

@@ -1,17 +1,20 @@
 """The grading of an eval task (worker/grading.py, issue 39) against an agent that prepared its home and checkout.
 
-The worker's own git lays the graded files out on the host, unsandboxed (as root in CI), and a sandboxed call copies
-them into the checkout; afterwards the committed versions go back the same way. Each test here is an attacker with the
-real ``bash`` tool in the real sandbox: before it finishes it leaves links, odd files and modes in its home and
-checkout, commits links where the test patch's files go, or leaves code that the graded tests run; then the worker
-commits and grades the work through :func:`grade_work`, with real git and real bubblewrap. A canary directory outside
-the task's trees, which the attacker names by its host path, must stay as it was (nothing written, removed or read
-into the grade), no program of the attacker's may run on the host, and the grade is honest or a clean error grade.
-The grading's own directories (in the worker's temporary directory) are gone afterwards.
+The worker's own git writes the commit's tree, the test patch laid in, into a fresh directory of its own on the host
+(as root in CI), beside a fresh home holding the environment its setup left (a snapshot's copy) or nothing; the tests
+run there in the sandbox, never in the agent's checkout or home. Each test here is an attacker with the real ``bash``
+tool in the real sandbox: before it finishes it leaves links, odd files and modes in its home and checkout, commits
+links where the test patch's files go, or leaves code, interpreters and settings that would pass the graded tests;
+then the worker commits and grades the work through :func:`grade_work`, with real git and real bubblewrap. A canary
+directory outside the task's trees, which the attacker names by its host path, must stay as it was (nothing written,
+removed or read into the grade), no program of the attacker's may run on the host, and the grade is honest or a clean
+error grade. The grading's own directories (in the worker's temporary directory) are gone afterwards.
 
 Before the staging directory moved out of the home, a mode-000 ``~/.tasuki`` made an error grade of honest work, the
 worker's git ran a filter driver its user's config defines (git-lfs's) on the attributes the agent committed, and a
-test patch naming ``../`` left ``state.json`` saying the tree held the patch (a resume would fail the task).
+test patch naming ``../`` left ``state.json`` saying the tree held the patch (a resume would fail the task). Before the
+tests ran in a fresh tree and home, an ignored ``.venv/bin/python``, a ``BASH_ENV`` in the env files and a
+``usercustomize.py`` in the home each graded work that fixes nothing as resolved.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import stat
 import tempfile
 import uuid as uuid_module
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,9 @@ from tests.helpers.ci import bubblewrap_here
 from tests.helpers.sandbox_users import SANDBOX_USER, ensure_user, need_root
 from tests.helpers.stack import FIXED_CALC, git, make_buggy_repo
 from worker.checkout import Checkout
-from worker.grading import grade_work
+from worker.environment import TaskEnvironment
+from worker.grading import grade_work, recover
+from worker.grading_tree import AREA_PREFIX
 from worker.settings_models import Settings
 from worker.workcopy import GitCache
 
@@ -62,6 +67,7 @@ class Task:
     test_patch: str
     canary: Path
     secret: str
+    settings: Settings = field(default_factory=Settings)
 
     @property
     def home(self) -> Path:
@@ -80,7 +86,7 @@ class Task:
             self.checkout.commit("tasuki: the work")
         request = {"test_patch": self.test_patch if test_patch is None else test_patch,
                    "fail_to_pass": FAIL_TO_PASS if files is None else files, "parser": "unittest", "timeout_s": 60}
-        return grade_work(self.ctx, self.checkout, request, self.remote_base, Settings())
+        return grade_work(self.ctx, self.checkout, request, self.remote_base, self.settings)
 
     def held(self) -> None:
         """The canary is as it was, and its secret is in no record of the task."""
@@ -139,10 +145,10 @@ def task(monkeypatch: pytest.MonkeyPatch) -> Iterator[Task]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _test_patch(remote: Path, scratch: Path) -> str:
+def _test_patch(remote: Path, scratch: Path, held: str = HELD_TEST) -> str:
     """The held-back tests: a new test file, as the eval set ships them."""
     git(scratch.parent, "clone", "-q", str(remote), str(scratch))
-    (scratch / "test_held.py").write_text(HELD_TEST)
+    (scratch / "test_held.py").write_text(held)
     git(scratch, "add", "-A")
     return git(scratch, "diff", "--cached", "HEAD")
 
@@ -303,34 +309,148 @@ def test_grading_output_holds_no_file_a_link_pointed_at(task: Task) -> None:
     task.held()
 
 
-# The grade's honesty: the tests run in the agent's own home and checkout, so what it left there, uncommitted, can
-# report a pass for work that fixes nothing. Open (see the strict xfails' reason): grading needs the environment as
-# its setup left it, not as the agent did.
-UNFIXED_PASSES = "grading runs in the agent's home and tree: its leftovers steer the test run (open, for the lead)"
+# The grade's honesty: only the committed change counts. What the agent left uncommitted in its checkout or home
+# could report a pass for work that fixes nothing when the tests ran there; they run in a fresh tree and home.
 PASS_LINE = "test_add_more (test_held.HeldTest.test_add_more) ... ok"
 
 
-@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
 def test_an_ignored_interpreter_in_the_checkout_passes_no_unfixed_work(task: Task) -> None:
     task.agent(f"mkdir -p .venv/bin && printf '#!/bin/sh\\necho \"{PASS_LINE}\"\\n' > .venv/bin/python",
                "chmod +x .venv/bin/python && echo .venv >> .git/info/exclude")
 
-    assert task.grade()["resolved"] is False
+    graded = task.grade()
+
+    assert graded["resolved"] is False
+    assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "failed")  # the real tests ran, and failed
+    assert os.path.exists(task.checkout.path / ".venv" / "bin" / "python")  # the agent's tree was never touched
+    task.held()
 
 
-@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
 def test_a_bash_env_in_the_env_files_passes_no_unfixed_work(task: Task) -> None:
     task.agent(f"printf 'python3() {{ echo \"{PASS_LINE}\"; }}\\n' > ~/fake.sh",
                'echo "BASH_ENV=$HOME/fake.sh" >> $TASUKI_ENV')
 
-    assert task.grade()["resolved"] is False
+    graded = task.grade()
+
+    assert graded["resolved"] is False
+    assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "failed")
+    task.held()
 
 
-@pytest.mark.xfail(strict=True, reason=UNFIXED_PASSES)
 def test_a_usercustomize_in_the_home_passes_no_unfixed_work(task: Task) -> None:
     patch = ("import unittest.case as c\\nc.TestCase.run = lambda self, result=None: "
              "(result.startTest(self), result.addSuccess(self), result.stopTest(self))\\n")
     task.agent("d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p \"$d\" && "
                f"printf '{patch}' > \"$d/usercustomize.py\"")
 
-    assert task.grade()["resolved"] is False
+    graded = task.grade()
+
+    assert graded["resolved"] is False
+    assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "failed")
+    assert _grade_record(task)["result"]["graded_in"] == "graded in a fresh tree; environment: none"
+    task.held()
+
+
+# The environment the grading runs in: the setup's (its snapshot's copy), never the agent's.
+SETUP = ("python3 -m venv --without-pip .venv && .venv/bin/python -c 'import pathlib, sysconfig; "
+         "pathlib.Path(sysconfig.get_paths()[\"purelib\"], \"calcextra.py\").write_text(\"OFFSET = 0\\n\")' && "
+         'echo CALC_EXTRA=from-the-setup >> "$TASUKI_ENV"\n')
+NEEDS_SETUP = (
+    "import os\nimport unittest\n\nimport calcextra\nfrom calc import add\n\n\n"
+    "class HeldTest(unittest.TestCase):\n    def test_add_more(self):\n"
+    "        self.assertEqual(os.environ.get('CALC_EXTRA'), 'from-the-setup')\n"
+    "        self.assertEqual(add(4, 5) + calcextra.OFFSET, 9)\n"
+)
+
+
+def _with_setup(task: Task) -> str:
+    """The task's environment built by its setup and kept as a snapshot in the task's own store; its key."""
+    environments = task.settings.environments.model_copy(update={"snapshots_dir": task.base / "environments"})
+    task.settings = task.settings.model_copy(update={"environments": environments})
+    report = TaskEnvironment(task.settings, "local/calc", setup=SETUP).prepare(task.ctx, task.checkout)
+    assert (report.outcome, report.snapshot) == ("built", ""), report
+    assert report.key is not None
+    return report.key
+
+
+def test_an_honest_fix_that_needs_the_setups_environment_is_resolved_whatever_the_agent_did_to_it(
+    task: Task,
+) -> None:
+    key = _with_setup(task)
+    patch = _test_patch(task.base / "remote", task.base / "patch-setup", NEEDS_SETUP)
+    # The agent's own environment is broken at the end: the grading's is the setup's all the same.
+    task.agent(FIX, "rm -rf .venv", 'sed -i /CALC_EXTRA/d "$TASUKI_ENV"')
+
+    graded = task.grade(patch)
+
+    task.honest(graded)
+    assert _grade_record(task)["result"]["graded_in"] == f"graded in a fresh tree; environment: snapshot {key}"
+    assert not (task.checkout.path / ".venv").exists()  # the agent's tree as it left it
+    task.held()
+
+
+def test_unfixed_work_with_the_setups_environment_is_not_resolved(task: Task) -> None:
+    _with_setup(task)
+    patch = _test_patch(task.base / "remote", task.base / "patch-setup", NEEDS_SETUP)
+    task.agent("echo '# nothing fixed' >> calc.py")
+
+    graded = task.grade(patch)
+
+    assert graded["error"] is None, graded
+    assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "failed")  # imported calcextra, then failed
+    task.held()
+
+
+def test_an_environment_path_the_agent_committed_is_the_setups_in_the_grading(task: Task) -> None:
+    _with_setup(task)
+    patch = _test_patch(task.base / "remote", task.base / "patch-setup", NEEDS_SETUP)
+    task.agent("rm -rf .venv && mkdir -p .venv/bin && "
+               f"printf '#!/bin/sh\\necho \"{PASS_LINE}\"\\n' > .venv/bin/python && chmod +x .venv/bin/python",
+               "git add -f .venv")  # the agent's own index: the worker's commit takes it
+
+    task.checkout.commit("tasuki: the work")
+    assert "echo" in task.checkout.git("show", "HEAD:.venv/bin/python")
+    graded = task.grade(patch, commit=False)
+
+    assert graded["error"] is None, graded
+    assert graded["fail_to_pass"] == dict.fromkeys(FAIL_TO_PASS, "failed")
+    task.held()
+
+
+# A resume after a holder stopped mid-grading.
+
+
+def test_a_resume_after_a_grading_in_a_fresh_tree_removes_its_directory_and_leaves_the_tree_alone(task: Task) -> None:
+    task.agent(FIX)
+    task.checkout.commit("tasuki: the work")
+    left = Path(tempfile.mkdtemp(prefix=AREA_PREFIX))  # what a killed holder left, a mode-000 directory in it
+    (left / "tree" / "deep").mkdir(parents=True)
+    (left / "tree" / "deep").chmod(0)
+    head = task.checkout.head()
+    task.ctx.update_state(grading={"status": "running", "tree": "fresh", "area": str(left), "files": ["test_held.py"],
+                                   "head": head})
+
+    recover(task.ctx, task.checkout, task.settings)
+
+    assert not os.path.lexists(left)
+    assert task.ctx.read_state()["grading"] == {"status": "done", "tree": "fresh", "files": ["test_held.py"],
+                                                "head": head}
+    assert task.checkout.git("status", "--porcelain") == ""
+    task.held()
+
+
+def test_a_resume_after_an_older_grading_in_the_checkout_lays_the_committed_files_back(task: Task) -> None:
+    task.agent(FIX, f"printf %s {shlex.quote(HELD_TEST)} > test_held.py", "echo 'old = 1' > old_test.py")
+    task.checkout.commit("tasuki: the work")
+    head = task.checkout.head()
+    # An older version laid the test patch into the checkout, then its holder stopped.
+    task.agent("echo 'patched = 1' > test_held.py", "echo 'patched = 1' > patch_only.py")
+    task.ctx.update_state(grading={"status": "applying", "files": ["test_held.py", "patch_only.py"], "head": head})
+
+    recover(task.ctx, task.checkout, task.settings)
+
+    assert (task.checkout.path / "test_held.py").read_text() == HELD_TEST  # the committed version
+    assert not os.path.lexists(task.checkout.path / "patch_only.py")  # the commit has none
+    assert task.ctx.read_state()["grading"]["status"] == "done"
+    assert task.checkout.git("status", "--porcelain") == ""
+    task.held()
