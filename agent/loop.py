@@ -25,6 +25,8 @@ from agent.llm.textcalls import text_calls
 from agent.lost_steps import lost_steps
 from agent.prompts import NUDGE
 from agent.recorded import sent_request
+from agent.repeats import Repeats
+from agent.repeats import note as repeat_note
 from agent.seams import Checkout, Meter, usage_of
 from agent.tools import TOOL_SCHEMAS, Workspace, cap_output, run_tool
 from agent.tools.dispatch import changes_checkout
@@ -79,6 +81,10 @@ class FormatErrors(TasukiError):
     """The model answered ``max_format_errors`` times in a row without a tool call Tasuki could run."""
 
 
+class Repeating(TasukiError):
+    """The model made the same call with the same result ``max_repeats`` times in a row (agent/repeats.py)."""
+
+
 class BudgetExceeded(TasukiError):
     """The task reached ``limits.task_tokens`` or ``limits.task_cost``; the message carries the figures."""
 
@@ -93,6 +99,7 @@ class AgentLimits:
     bash_timeout_s: int
     response_reserve_tokens: int = 1024
     max_format_errors: int = 3  # replies in a row without a usable tool call before the task fails
+    max_repeats: int = 6  # one call answered the same way this many times in a row ends the task
 
     @property
     def reserve_tokens(self) -> int:
@@ -143,6 +150,7 @@ class Agent:
         self._window: int | None = None  # the prompt budget a model that refused a prompt as too long showed it has
         self._restore_told = False
         self.touched = False  # whether this attempt ran anything that can change the checkout
+        self._repeats: Repeats | None = None  # read from state.json when first needed (a resume goes on counting)
         self.owner_check = owner_check(ctx.assert_owner)
 
     def run(self) -> str:
@@ -191,8 +199,21 @@ class Agent:
         ):
             # Written with the next step's state: the commit this holder put on the checkpoint branch.
             self.ctx.stage_state(last_activity="checkpoint", checkpoint=self.checkout.lease.latest)
+        self.end_step(summary)
+
+    def end_step(self, summary: str | None) -> None:
+        """A finish its check accepted ends the task; so does a model caught in a loop (agent/repeats.py)."""
         if summary is not None:
             raise Finished(summary, self.evidence)
+        if self.repeats.count >= self.limits.max_repeats:
+            raise Repeating(f"the model made the same call with the same result {self.repeats.count} times in a row")
+
+    @property
+    def repeats(self) -> Repeats:
+        """How many times in a row the newest call has been answered the same way (agent/repeats.py)."""
+        if self._repeats is None:
+            self._repeats = Repeats.from_state(self.ctx.read_state())
+        return self._repeats
 
     def changes(self, name: str) -> bool:
         """Whether a call of ``name`` can change the checkout, as the task's tool of that name declares."""
@@ -453,8 +474,11 @@ class Agent:
                 self.evidence = gated.get("evidence")
             if result.finished:
                 summary = result.summary
+            count = self.repeats.seen(call.name, call.arguments, result.output)
+            self.ctx.stage_state(repeat=self.repeats.state())
+            repeated = repeat_note(count, self.limits.max_repeats)
             self._record_result(call, result.output, result.status, result.error, result.duration_ms,
-                                finish_gate=gated or None)
+                                finish_gate=gated or None, note=repeated)
         return summary
 
     def _gate_shell(self, command: str, timeout_s: int) -> ToolOutcome:
@@ -473,9 +497,10 @@ class Agent:
         return self.recall(query, {str(m.get("content")) for m in prompt if m.get("content")})
 
     def _record_result(self, call: ToolCall, result_text: str, status: str, error: str | None, duration: int,
-                       finish_gate: dict[str, Any] | None = None) -> None:
+                       finish_gate: dict[str, Any] | None = None, note: str = "") -> None:
         """One call's result: a ``tools.jsonl`` record and a ``tool`` message (cut for the prompt); ``finish_gate``:
-        the gate's record of a ``finish`` it answered, kept on the message (a resume reads it there)."""
+        the gate's record of a ``finish`` it answered, kept on the message (a resume reads it there); ``note``: said
+        to the model after the result (agent/repeats.py), never part of the record."""
         tool_seq = self.ctx.append_tool(
             call.name, call.arguments, status, duration, result=result_text, error=error, tool_call_id=call.id
         )
@@ -486,6 +511,7 @@ class Agent:
         if cut is not None:
             content += f"\n[full output: tools.jsonl seq {tool_seq}]"
             extra["truncated_from"] = cut
+        content += note
         self.ctx.append_message("tool", content, **extra)
         self.ctx.stage_state(add={"tool_call_count": 1}, last_activity=f"tool:{call.name}")
 

@@ -209,6 +209,9 @@ class AgentSettings(Section):
     """On SIGTERM, seconds a worker waits for running tasks to reach a step boundary and hand back."""
     max_format_errors: PositiveInt = 3
     """Replies in a row without a tool call Tasuki can run (native, or written in the text) before a task fails."""
+    max_repeats: PositiveInt = 6
+    """One call (its tool and arguments) answered with the same output this many times in a row ends the task; from
+    the third the model is told (agent/repeats.py)."""
     finish_gate: bool = True
     """The agent's first finish is answered with a review (its diff, new files, changed tests, the checks' results)
     and only the next one is accepted; scratch files it does not keep are removed (docs/finish-gate.md)."""

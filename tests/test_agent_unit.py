@@ -14,7 +14,7 @@ import pytest
 
 from agent import loop as agent_module
 from agent.llm import make_provider
-from agent.loop import Agent, AgentLimits, Cancelled, Finished, StepLimit
+from agent.loop import Agent, AgentLimits, Cancelled, Finished, Repeating, StepLimit
 from agent.prompts import NUDGE, SYSTEM_PROMPT, task_message
 from contexts import Context, ContextStore
 from contexts import context as context_module
@@ -29,6 +29,7 @@ from worker import checkout as checkout_module
 from worker.checkout import Checkout
 from worker.inbox import Inbox
 from worker.run import ReportingAgent
+from worker.stops import stop_of
 
 TASK_KEY = {"task_source": "local", "owner": "local", "repo": "repo", "task_type": "prompt", "task_id": "1"}
 CONTEXT_LENGTH = 32768
@@ -416,3 +417,54 @@ def test_a_worker_killed_at_any_point_of_a_step_resumes_with_nothing_repeated_an
         else:
             pytest.fail("the task never ended without a crash")
     assert point > 20  # the crash points really were reached
+
+
+STATUS = {"content": "Check.", "tool_calls": [tool("bash", command="git status --short")]}
+
+
+@turns(*[STATUS] * 8, finish_turn())
+def test_a_model_caught_in_a_loop_is_told_from_the_third_repeat_and_stopped_at_max_repeats(
+    workbench: Workbench,
+) -> None:
+    # A small model ran `git status` 28 times in a row until its step limit (agent/repeats.py).
+    agent = Agent(*workbench.agent_parts())
+    with pytest.raises(Repeating, match="same call with the same result 6 times in a row"):
+        agent.run()
+
+    results = [m["content"] for m in workbench.messages() if m["role"] == "tool"]
+    assert len(results) == 6  # six identical answers, then the task stops: no seventh model call
+    assert workbench.asked() == [0, 1, 2, 3, 4, 5]
+    told = ["this exact call has now given this exact result" in r for r in results]
+    assert told == [False] * 2 + [True] * 3 + [False]  # the sixth ends the task: nothing more to tell
+    assert "3 more identical repeats and the task stops" in results[2]
+    assert "1 more identical repeat and the task stops" in results[4]
+    assert all("[Tasuki:" not in str(record["result"]) for record in workbench.tools())  # told, never recorded
+    assert workbench.ctx.read_state()["repeat"]["count"] == 6
+
+
+@turns(
+    *[STATUS] * 4,
+    {"content": "Change it.", "tool_calls": [tool("write_file", path="new.txt", content="x\n")]},
+    *[STATUS] * 4,
+    finish_turn("Done."),
+)
+def test_another_result_starts_the_count_again_and_a_resume_goes_on_counting(workbench: Workbench) -> None:
+    agent = workbench.agent()
+    for _ in range(7):  # four repeats, the write, two `git status` that now show new.txt
+        agent.step()
+    assert workbench.ctx.read_state()["repeat"]["count"] == 2
+    workbench.resume_elsewhere()
+
+    assert workbench.agent().run() == "Done."  # counts 3 and 4 after the resume: told, never stopped
+
+    results = [m["content"] for m in workbench.messages() if m["role"] == "tool"]
+    told = ["this exact call has now given" in r for r in results]
+    assert told == [False, False, True, True, False, False, False, True, True, False]
+
+
+def test_a_model_caught_in_a_loop_ends_as_a_model_stop_with_a_draft(make_settings: Any) -> None:
+    stop = stop_of(Repeating("the model made the same call with the same result 6 times in a row"), make_settings())
+    assert stop is not None
+    assert (stop.reason, stop.status) == ("model", "failed")
+    assert stop.why == ("its model was caught in a loop (the model made the same call with the same result 6 times in "
+                        "a row; agent.max_repeats)")

@@ -622,6 +622,7 @@ class TaskRun:
             tool_output_max_chars=s.agent.tool_output_max_chars,
             bash_timeout_s=s.agent.bash_timeout_s,
             max_format_errors=s.agent.max_format_errors,
+            max_repeats=s.agent.max_repeats,
         )
         policy = s.compression.policy(float(config.get("compression_threshold", s.compression.threshold)))
         return ReportingAgent(

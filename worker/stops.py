@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from celery.exceptions import SoftTimeLimitExceeded
 
 from agent.llm.base import ContextOverflow, ModelUnavailable
-from agent.loop import BudgetExceeded, FormatErrors, StepLimit
+from agent.loop import BudgetExceeded, FormatErrors, Repeating, StepLimit
 from contexts import Context, jsonl
 from contexts.masking import mask
 from contexts.names import MESSAGES_FILE
@@ -34,8 +34,10 @@ MODEL_STOPS: dict[type[Exception], str] = {
     ModelUnavailable: "its model stayed unavailable ({})",
     ContextOverflow: "its prompt did not fit the model's context window even once shrunk ({})",
     FormatErrors: "its model stopped writing tool calls ({})",
+    Repeating: "its model was caught in a loop ({}; agent.max_repeats)",
 }
-"""The ``model`` stops: a model that stays down, a prompt that never fits, replies with no call to run."""
+"""The ``model`` stops: a model that stays down, a prompt that never fits, replies with no call to run, one call
+made again and again with the same result."""
 
 
 @dataclass(frozen=True)
