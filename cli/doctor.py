@@ -21,10 +21,11 @@ from cli.common import out
 if TYPE_CHECKING:
     from worker.settings_models import Settings
 
+PROBE_TOOL_NAME = "finish"
 PROBE_TOOL = {
     "type": "function",
     "function": {
-        "name": "finish",
+        "name": PROBE_TOOL_NAME,
         "description": "Say you are done.",
         "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
     },
@@ -150,6 +151,7 @@ def check_model(settings: Settings) -> Check:
     carried a tool call (a model that never calls tools cannot do a task)."""
     from agent.llm import registry
     from agent.llm.retry import RetryPolicy
+    from agent.llm.textcalls import text_calls
     from worker.runtime import llm_config, model_spec
 
     try:
@@ -164,11 +166,15 @@ def check_model(settings: Settings) -> Check:
     except Exception as exc:
         return Check("model", False, f"{where} did not answer: {_first(exc)}",
                      "check the profile's endpoint, model name and API key (the env file), then run again")
-    if not reply.tool_calls:
-        said = (reply.content or "").strip().replace("\n", " ")[:80]
-        return Check("model", False, f"{where} answered without a tool call ({said!r})",
-                     "choose a model (or server option) that supports tool calls; tasks need them")
-    return Check("model", True, f"{where} answered with a tool call ({reply.tool_calls[0].name})")
+    if reply.tool_calls:
+        return Check("model", True, f"{where} answered with a tool call ({reply.tool_calls[0].name})")
+    written = text_calls(reply.content or "", {PROBE_TOOL_NAME})  # as the agent reads a reply
+    if written:
+        return Check("model", True, f"{where} answered with a tool call written in its text ({written[0].name}): "
+                                    "tasks read those too (docs/models.md), though native calls are surer")
+    said = (reply.content or "").strip().replace("\n", " ")[:80]
+    return Check("model", False, f"{where} answered without a tool call ({said!r})",
+                 "choose a model (or server option) that supports tool calls; tasks need them")
 
 
 def check_forge(settings: Settings, forge: str) -> Check:

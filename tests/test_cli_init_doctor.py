@@ -21,6 +21,8 @@ from tests.helpers.model_server import model_server
 
 TOOL_TURN = {"content": None, "tool_calls": [{"name": "finish", "arguments": {"summary": "ok"}}]}
 TEXT_TURN = {"content": "I cannot call tools.", "tool_calls": []}
+# What Qwen2.5-Coder-1.5B on llama-server answers: the call written in its text, which tasks read (textcalls.py)
+WRITTEN_TURN = {"content": '```json\n{"name": "finish", "arguments": {"summary": "ok"}}\n```', "tool_calls": []}
 
 
 def tasuki_command() -> list[str]:
@@ -90,6 +92,12 @@ def test_doctor_all_ok_then_each_part_broken_in_turn(tmp_path: Path, redis_url: 
         assert no_tools.returncode == 1
         assert "answered without a tool call" in lines_of(no_tools)["model"]
         assert "fix: choose a model" in lines_of(no_tools)["model"]
+
+    with model_server([WRITTEN_TURN]) as small:
+        write_config(tmp_path, small.openai_base_url, redis_url, extra=extra)
+        written = run(tmp_path, "doctor", env=env)
+        assert written.returncode == 0, written.stdout + written.stderr
+        assert "answered with a tool call written in its text (finish)" in lines_of(written)["model"]
 
     unreachable = run(tmp_path, "doctor", env=env)  # the replay server is gone: nothing listens there
     assert unreachable.returncode == 1
