@@ -186,3 +186,22 @@ def test_a_killed_eval_run_continues_and_repeats_no_row(fleet: EvalFleet) -> Non
     assert again.returncode == 0, again.stderr
     assert fleet.contexts_of("killed") == {(f"acme__calc-{n}", "gated.1"): 1 for n in (1, 2, 3)}
 
+
+
+def test_a_row_whose_environment_cannot_be_set_up_ends_before_any_model_call(fleet: EvalFleet, tmp_path: Path) -> None:
+    # A run on a machine where the row's `pip install` cannot reach its index spent a small model's whole budget on
+    # a task whose tests could never run: now such a row ends at once, an environment error.
+    row = json.loads(fleet.set_path.read_text().splitlines()[0])
+    broken = tmp_path / "broken-setup.jsonl"
+    broken.write_text(json.dumps({**row, "setup": "echo 'no index answers' >&2; exit 3"}) + "\n")
+    asked = len(fleet.models["oracle"].requests)
+
+    done = fleet.tasuki("eval", "run", str(broken), "--repos", str(fleet.synthetic.repos_dir), "--name", "broken",
+                        "--timeout", "240", "--profile", "oracle", "--json")
+
+    assert done.returncode == 0, done.stderr
+    oracle = json.loads(done.stdout)["profiles"]["oracle"]
+    assert (oracle["tasks"], oracle["resolved"], oracle["reasons"]) == (1, 0, {"environment error": 1})
+    [result] = fleet.results("broken")
+    assert result["error"].startswith("the eval row's environment setup failed (exit code 3 after "), result
+    assert len(fleet.models["oracle"].requests) == asked  # no model call was made for it

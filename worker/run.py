@@ -61,6 +61,10 @@ from worker.workcopy import GitCache
 
 log = structlog.get_logger(__name__)
 
+
+class EvalEnvironmentFailed(TasukiError):
+    """An eval task whose row's environment could not be set up: it ends before its first model call."""
+
 UNTESTED = "The task stopped before its finish: Tasuki ran no checks on this work."
 
 
@@ -463,6 +467,9 @@ class TaskRun:
         report = self.environment.prepare(ctx, checkout)
         if self.request.grading:
             recover(ctx, checkout, self.settings)
+            if report.outcome == "failed":  # its grade would measure the environment, not the agent: no model call
+                raise EvalEnvironmentFailed(f"the eval row's environment setup failed ({report.why_failed}); the row "
+                                            "is not run, since its tests could not be trusted to run")
         return report
 
     def _attempt_work(self, checkout: Checkout, evidence: dict[str, Any] | None) -> dict[str, Any]:
@@ -513,7 +520,7 @@ class TaskRun:
                 log.info("task handed back on shutdown")
                 return {"uuid": self.uuid, "status": "handed_back"}
             return self._end_undelivered(ctx, checkout, "cancelled", str(exc))
-        if isinstance(exc, CredentialError):  # said in one line where it arose: no traceback
+        if isinstance(exc, CredentialError | EvalEnvironmentFailed):  # said in one line where it arose: no traceback
             return self._end_undelivered(ctx, checkout, "failed", str(exc))
         if isinstance(exc, StoreUnavailable):  # the fleet's database out of reach for a whole lease, mid-task
             return self._hand_back_unreachable(ctx, exc)
