@@ -44,12 +44,16 @@ def _progress_printer(stream: Any = None) -> Any:
     """A progress bar on a terminal (rewritten in place), a line per change otherwise."""
     stream = stream or sys.stderr
     tty = stream.isatty()
+    shown = [""]  # the last line written: without a terminal, a line is written only when it changed
 
     def show(progress: Progress) -> None:
         width = 30
         done = int(width * progress.finished / progress.total) if progress.total else width
         line = (f"[{'#' * done}{'.' * (width - done)}] {progress.finished}/{progress.total} finished · "
                 f"{progress.resolved} resolved · {progress.running} running · {progress.queued} queued")
+        if not tty and line == shown[0]:
+            return
+        shown[0] = line
         stream.write(f"\r{line}" if tty else f"{line}\n")
         stream.flush()
 

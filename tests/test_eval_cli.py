@@ -3,6 +3,7 @@ errors: an unknown run, a name that is a path, an unknown profile, a set file th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.evals import _progress_printer
 from evals.rundir import RunDir, TaskKey
+from evals.runs import Progress
 from tests.helpers.cli_process import ok, one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,3 +68,16 @@ def test_errors_are_one_line(tmp_path: Path, run_dir: RunDir) -> None:
 
 def test_list_without_runs(tmp_path: Path) -> None:
     assert ok(tasuki(tmp_path, "eval", "list")) == "no eval runs\n"
+
+
+def test_without_a_terminal_the_progress_is_a_line_per_change_never_the_same_line_twice() -> None:
+    out = io.StringIO()
+    show = _progress_printer(out)
+    for progress in (Progress(2, queued=2), Progress(2, queued=2), Progress(2, running=1, queued=1),
+                     Progress(2, running=1, queued=1), Progress(2, finished=2, resolved=1)):
+        show(progress)
+    assert [line.split("] ", 1)[1] for line in out.getvalue().splitlines()] == [
+        "0/2 finished · 0 resolved · 0 running · 2 queued",
+        "0/2 finished · 0 resolved · 1 running · 1 queued",
+        "2/2 finished · 1 resolved · 0 running · 0 queued",
+    ]
