@@ -99,7 +99,7 @@ def _read(checkout: Path, name: str) -> str | None:
 def _toml(text: str) -> dict[str, object]:
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # a repository's file: nested past Python's stack is no version
         return {}
 
 
@@ -115,7 +115,7 @@ def _node(read: Callable[[str], str | None]) -> list[Wanted]:
     if text:
         try:
             engines = json.loads(text).get("engines") or {}
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, or nested past the stack
             engines = {}
         node = engines.get("node") if isinstance(engines, dict) else None
         version = _lowest_bound(node) if isinstance(node, str) else None

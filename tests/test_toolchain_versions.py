@@ -95,6 +95,11 @@ def test_a_repositorys_links_pipes_and_huge_files_are_never_followed_waited_on_o
     (checkout / "go.mod").symlink_to(outside)  # a link out of the checkout: not read
     os.mkfifo(checkout / "package.json")  # a named pipe: never waited on
     (checkout / "Cargo.toml").write_text("# padding\n" * 40_000 + '[package]\nrust-version = "99.0"\n')  # past the cap
+    deep = tmp_path / "deep"
+    deep.mkdir()  # nested past Python's stack, within the size cap: no version, never a crash of the worker
+    (deep / "package.json").write_text('{"engines": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    (deep / "pyproject.toml").write_text("project = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert wanted(deep) == []
     found: list[Wanted] = []
     reader = threading.Thread(target=lambda: found.extend(wanted(checkout)), daemon=True)
     reader.start()
